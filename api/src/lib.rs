@@ -1,0 +1,288 @@
+//! Wire types of the SandBase HTTP API, shared by the gateway and every client.
+//!
+//! This crate knows nothing about HTTP frameworks, databases or Redis: it is the
+//! JSON contract, with OpenAPI schemas derived from the same definitions.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// The body of every error answer: `{"error":{"code":"…","message":"…"}}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable, machine-readable code such as `invalid_api_key` or `rate_limited`.
+    pub code: String,
+    /// Human-readable explanation; never contains a secret.
+    pub message: String,
+    /// The request id, also sent as the `x-request-id` header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+}
+
+/// A member's role in a team, from most to least privileged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Owner,
+    Admin,
+    Member,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Owner => "owner",
+            Role::Admin => "admin",
+            Role::Member => "member",
+        }
+    }
+
+    /// Privilege rank: higher is more privileged.
+    pub fn rank(self) -> u8 {
+        match self {
+            Role::Owner => 3,
+            Role::Admin => 2,
+            Role::Member => 1,
+        }
+    }
+
+    /// True when this role may do everything `other` may.
+    pub fn at_least(self, other: Role) -> bool {
+        self.rank() >= other.rank()
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        match value {
+            "owner" => Ok(Role::Owner),
+            "admin" => Ok(Role::Admin),
+            "member" => Ok(Role::Member),
+            other => Err(format!(
+                "unknown role `{other}` (expected owner, admin or member)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct User {
+    pub id: Uuid,
+    pub email: String,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Team {
+    pub id: Uuid,
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A team the user belongs to, with the user's role in it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TeamMembership {
+    pub team: Team,
+    pub role: Role,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SignupRequest {
+    pub email: String,
+    /// At least 10 characters.
+    pub password: String,
+    pub team_name: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SignupResponse {
+    pub user: User,
+    pub team: Team,
+    /// The team's first API key. Its `token` is shown only here.
+    pub api_key: CreatedApiKey,
+    pub session: Session,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct LoginRequest {
+    pub email: String,
+    pub password: String,
+    /// Team to open the session for; the user's oldest team when absent.
+    #[serde(default)]
+    pub team_id: Option<Uuid>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct LoginResponse {
+    pub user: User,
+    pub team: Team,
+    pub role: Role,
+    pub session: Session,
+    /// Every team the user belongs to.
+    pub teams: Vec<TeamMembership>,
+}
+
+/// A dashboard session: a short-lived bearer token (JWT, HS256).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Session {
+    pub token: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// Who is calling: answered by `GET /v1/me` for an API key or a session.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Me {
+    pub team: Team,
+    pub role: Role,
+    /// `api_key` or `session`.
+    pub auth: AuthKind,
+    /// The user behind the session, or the user who created the API key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<User>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<ApiKey>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthKind {
+    ApiKey,
+    Session,
+}
+
+/// An API key as listed: never its secret.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ApiKey {
+    pub id: Uuid,
+    /// The public part of the key, `sb_<public_id>_…`; safe to show and log.
+    pub public_id: String,
+    pub name: String,
+    pub role: Role,
+    #[serde(default)]
+    pub created_by: Option<Uuid>,
+    pub created_at: DateTime<Utc>,
+    #[serde(default)]
+    pub last_used_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// A newly created API key, with its full token (shown once).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CreatedApiKey {
+    #[serde(flatten)]
+    pub key: ApiKey,
+    /// `sb_<public_id>_<secret>`; store it now, it cannot be shown again.
+    pub token: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateApiKeyRequest {
+    pub name: String,
+    /// Role of the key; at most the creator's role. Defaults to the creator's role.
+    #[serde(default)]
+    pub role: Option<Role>,
+    /// Absolute expiry time.
+    #[serde(default)]
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Expiry relative to now, in seconds. Exclusive with `expires_at`.
+    #[serde(default)]
+    pub expires_in_secs: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ApiKeyList {
+    pub items: Vec<ApiKey>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Member {
+    pub user_id: Uuid,
+    pub email: String,
+    pub role: Role,
+    pub joined_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MemberList {
+    pub items: Vec<Member>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AddMemberRequest {
+    /// E-mail of an existing user.
+    pub email: String,
+    #[serde(default = "default_member_role")]
+    pub role: Role,
+}
+
+fn default_member_role() -> Role {
+    Role::Member
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateMemberRequest {
+    pub role: Role,
+}
+
+/// One append-only audit record.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AuditEvent {
+    pub id: i64,
+    pub occurred_at: DateTime<Utc>,
+    #[serde(default)]
+    pub team_id: Option<Uuid>,
+    /// `user`, `api_key` or `anonymous`.
+    pub actor_type: String,
+    #[serde(default)]
+    pub actor_id: Option<String>,
+    /// Dotted action name such as `api_key.create` or `auth.failed`.
+    pub action: String,
+    #[serde(default)]
+    pub target: Option<String>,
+    #[serde(default)]
+    pub source_ip: Option<String>,
+    #[serde(default)]
+    pub request_id: Option<String>,
+    /// `success`, `failure` or `denied`.
+    pub outcome: String,
+    #[serde(default)]
+    pub status_code: Option<i32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AuditPage {
+    pub items: Vec<AuditEvent>,
+    /// Pass as `cursor` to get the next (older) page; absent on the last page.
+    #[serde(default)]
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    pub status: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Readiness {
+    pub status: String,
+    pub postgres: String,
+    pub redis: String,
+}

@@ -1,0 +1,155 @@
+//! The HTTP client of the CLI: resolves URL and credentials, and turns the API's error
+//! bodies into readable errors.
+
+use anyhow::Context;
+use reqwest::{Method, StatusCode};
+use sandbase_api::ErrorBody;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::GlobalArgs;
+use crate::credentials;
+
+pub const DEFAULT_URL: &str = "http://127.0.0.1:8080";
+
+pub struct Client {
+    http: reqwest::Client,
+    pub base_url: String,
+    token: Option<String>,
+}
+
+impl Client {
+    /// URL: `--url`/SANDBASE_URL, else the saved one, else the local default.
+    /// Credentials: `--api-key`/SANDBASE_API_KEY, else SANDBASE_TOKEN (a session), else saved.
+    pub fn new(global: &GlobalArgs) -> anyhow::Result<Client> {
+        let saved = credentials::load()?;
+        let base_url = global
+            .url
+            .clone()
+            .or_else(|| saved.as_ref().map(|saved| saved.url.clone()))
+            .unwrap_or_else(|| DEFAULT_URL.to_owned());
+        let token = global
+            .api_key
+            .clone()
+            .or_else(|| {
+                std::env::var("SANDBASE_TOKEN")
+                    .ok()
+                    .filter(|token| !token.is_empty())
+            })
+            .or_else(|| saved.map(|saved| saved.api_key));
+        Client::with_token(base_url, token)
+    }
+
+    pub fn with_token(base_url: String, token: Option<String>) -> anyhow::Result<Client> {
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("sandbase-cli/", env!("CARGO_PKG_VERSION")))
+            .timeout(std::time::Duration::from_secs(60))
+            .build()
+            .context("building the HTTP client")?;
+        Ok(Client {
+            http,
+            base_url: base_url.trim_end_matches('/').to_owned(),
+            token,
+        })
+    }
+
+    pub fn require_token(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.token.is_some(),
+            "no credentials: set SANDBASE_API_KEY, or run `sandbase login` or `sandbase signup`"
+        );
+        Ok(())
+    }
+
+    pub async fn get<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> anyhow::Result<T> {
+        self.send(Method::GET, path, query, Option::<&()>::None)
+            .await
+    }
+
+    pub async fn post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> anyhow::Result<T> {
+        self.send(Method::POST, path, &[], Some(body)).await
+    }
+
+    pub async fn patch<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> anyhow::Result<T> {
+        self.send(Method::PATCH, path, &[], Some(body)).await
+    }
+
+    pub async fn delete(&self, path: &str) -> anyhow::Result<()> {
+        let response = self
+            .request(Method::DELETE, path, &[], Option::<&()>::None)
+            .await?;
+        check(response).await.map(|_| ())
+    }
+
+    async fn send<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&B>,
+    ) -> anyhow::Result<T> {
+        let response = self.request(method, path, query, body).await?;
+        let response = check(response).await?;
+        response
+            .json()
+            .await
+            .with_context(|| format!("reading the answer of {path}"))
+    }
+
+    async fn request<B: Serialize>(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&B>,
+    ) -> anyhow::Result<reqwest::Response> {
+        let url = format!("{}{path}", self.base_url);
+        let mut request = self.http.request(method, &url).query(query);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        request
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the SandBase API at {}", self.base_url))
+    }
+}
+
+async fn check(response: reqwest::Response) -> anyhow::Result<reqwest::Response> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let text = response.text().await.unwrap_or_default();
+    match serde_json::from_str::<ErrorBody>(&text) {
+        Ok(body) => anyhow::bail!(
+            "{} ({}, HTTP {})",
+            body.error.message,
+            body.error.code,
+            status.as_u16()
+        ),
+        Err(_) if status == StatusCode::NOT_FOUND => {
+            anyhow::bail!("HTTP 404: is this a SandBase API?")
+        }
+        Err(_) => anyhow::bail!(
+            "HTTP {}: {}",
+            status.as_u16(),
+            text.chars().take(200).collect::<String>()
+        ),
+    }
+}

@@ -1,0 +1,140 @@
+//! `sandbase`: the server (`server`), the all-in-one single node (`dev`), operator
+//! commands (`migrate`, `admin`) and the client verbs, which talk to `SANDBASE_URL`.
+
+mod client;
+mod commands;
+mod credentials;
+mod output;
+mod serve;
+mod telemetry;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "sandbase",
+    version,
+    about = "SandBase: sandboxes, runs and credits for AI agents"
+)]
+struct Cli {
+    #[command(flatten)]
+    global: GlobalArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Clone)]
+pub struct GlobalArgs {
+    /// Gateway URL for client commands.
+    #[arg(long, global = true, env = "SANDBASE_URL")]
+    url: Option<String>,
+    /// API key for client commands (else SANDBASE_TOKEN, else the saved credentials).
+    #[arg(long, global = true, env = "SANDBASE_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Print the API's JSON instead of a human summary.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway (needs DATABASE_URL, REDIS_URL and auth.jwt_secret).
+    Server(serve::ServerArgs),
+    /// Run everything on this machine with local defaults, and print a ready-to-use API key.
+    Dev(serve::DevArgs),
+    /// Apply database migrations and exit.
+    Migrate {
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+    },
+    /// Operator commands that act on the database directly.
+    #[command(subcommand)]
+    Admin(serve::AdminCommand),
+    #[command(flatten)]
+    Client(ClientCommand),
+}
+
+/// Verbs that talk to a gateway over HTTP.
+#[derive(Subcommand)]
+enum ClientCommand {
+    /// Create an account (user, team, first API key) and save the key for the CLI.
+    Signup(commands::SignupArgs),
+    /// Log in and save a new API key for the CLI.
+    Login(commands::LoginArgs),
+    /// Show who the current credentials belong to.
+    Whoami,
+    /// Manage API keys.
+    #[command(subcommand)]
+    Keys(commands::KeysCommand),
+    /// Manage team members.
+    #[command(subcommand)]
+    Members(commands::MembersCommand),
+    /// Read the team's audit log.
+    Audit(commands::AuditArgs),
+}
+
+fn main() -> ExitCode {
+    // reqwest is built without a default TLS provider; use ring (already in the tree).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Server(args) => serve::server(args),
+        Command::Dev(args) => serve::dev(args),
+        Command::Migrate { database_url } => serve::migrate(database_url),
+        Command::Admin(command) => serve::admin(command),
+        Command::Client(command) => {
+            telemetry::init_client();
+            run_client(cli.global, command)
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_client(global: GlobalArgs, command: ClientCommand) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        match command {
+            ClientCommand::Signup(args) => commands::signup(&global, args).await,
+            ClientCommand::Login(args) => commands::login(&global, args).await,
+            ClientCommand::Whoami => commands::whoami(&global).await,
+            ClientCommand::Keys(command) => commands::keys(&global, command).await,
+            ClientCommand::Members(command) => commands::members(&global, command).await,
+            ClientCommand::Audit(args) => commands::audit(&global, args).await,
+        }
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A listen address argument.
+pub fn parse_listen(value: &str) -> Result<SocketAddr, String> {
+    value
+        .parse()
+        .map_err(|error| format!("`{value}` is not an address like 127.0.0.1:8080: {error}"))
+}
+
+/// Where the CLI keeps state: `$XDG_STATE_HOME/sandbase` or `~/.local/state/sandbase`.
+pub fn default_state_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|dir| !dir.is_empty()) {
+        return PathBuf::from(dir).join("sandbase");
+    }
+    home_dir().join(".local/state/sandbase")
+}
+
+pub fn home_dir() -> PathBuf {
+    std::env::var_os("HOME")
+        .filter(|home| !home.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."))
+}

@@ -1,0 +1,300 @@
+//! `server`, `dev`, `migrate` and `admin`: the commands that run or operate a gateway.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use rand::Rng;
+use rand::distr::Alphanumeric;
+use sandbase_api::Role;
+use sandbase_gateway::auth::api_key::{ApiKeyToken, KeyRecord};
+use sandbase_gateway::auth::password;
+use sandbase_gateway::{Application, Settings, accounts, admin, startup};
+use secrecy::SecretString;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::{credentials, telemetry};
+
+#[derive(Args)]
+pub struct ServerArgs {
+    /// Address to listen on (overrides server.listen).
+    #[arg(long, value_parser = crate::parse_listen)]
+    listen: Option<SocketAddr>,
+    /// TOML configuration file (see sandbase.example.toml).
+    #[arg(long, env = "SANDBASE_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct DevArgs {
+    /// Address to listen on.
+    #[arg(long, value_parser = crate::parse_listen, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// TOML configuration file, layered over the dev defaults.
+    #[arg(long, env = "SANDBASE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Where dev mode keeps its session secret and bootstrap credentials.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+pub enum AdminCommand {
+    /// Set a team's request rate limit (or `--clear` it back to the default).
+    RateLimit {
+        #[arg(long)]
+        team: Uuid,
+        #[arg(long, required_unless_present = "clear")]
+        per_second: Option<u32>,
+        #[arg(long)]
+        burst: Option<u32>,
+        #[arg(long, conflicts_with_all = ["per_second", "burst"])]
+        clear: bool,
+        #[arg(long, env = "SANDBASE_CONFIG")]
+        config: Option<PathBuf>,
+    },
+}
+
+/// The dev-mode defaults: everything on this machine.
+pub const DEV_DATABASE_URL: &str = "postgres://sandbase:sandbase@127.0.0.1:5432/sandbase";
+pub const DEV_REDIS_URL: &str = "redis://127.0.0.1:6379";
+const DEV_EMAIL: &str = "dev@sandbase.local";
+
+pub fn server(args: ServerArgs) -> anyhow::Result<ExitCode> {
+    let mut settings = Settings::load(args.config.as_deref())?;
+    if let Some(listen) = args.listen {
+        settings.server.listen = listen;
+    }
+    let _telemetry = telemetry::init(&settings.telemetry)?;
+    runtime()?.block_on(async move {
+        let application = Application::build(settings).await?;
+        tracing::info!(address = %application.local_addr(), "gateway listening");
+        application.run_until_stopped(shutdown_signal()).await
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
+    let state_dir = args.state_dir.unwrap_or_else(crate::default_state_dir);
+    std::fs::create_dir_all(&state_dir)
+        .with_context(|| format!("creating the state directory {}", state_dir.display()))?;
+    let mut state = DevState::load_or_create(&state_dir)?;
+
+    let mut defaults = Settings::default();
+    defaults.server.listen = args.listen;
+    defaults.database.url = Some(SecretString::from(DEV_DATABASE_URL));
+    defaults.redis.url = Some(SecretString::from(DEV_REDIS_URL));
+    defaults.auth.jwt_secret = Some(SecretString::from(state.jwt_secret.clone()));
+    let mut settings = Settings::load_with_defaults(defaults, args.config.as_deref())?;
+    settings.server.listen = args.listen;
+    let _telemetry = telemetry::init(&settings.telemetry)?;
+
+    runtime()?.block_on(async move {
+        let application = Application::build(settings).await?;
+        let address = application.local_addr();
+        let api_key = ensure_dev_account(&application, &mut state).await?;
+        state.save(&state_dir)?;
+        let url = format!("http://{address}");
+        let saved = credentials::save_if_absent(&url, &api_key)?;
+        println!();
+        println!("  SandBase dev server is running");
+        println!();
+        println!("  API        {url}");
+        println!("  API key    {api_key}");
+        println!("  Login      {} / {}", state.email, state.password);
+        println!("  OpenAPI    {url}/v1/openapi.json");
+        println!();
+        println!("  export SANDBASE_URL={url} SANDBASE_API_KEY={api_key}");
+        if saved {
+            println!("  (saved for the CLI: `sandbase whoami` works as is)");
+        }
+        println!();
+        application.run_until_stopped(shutdown_signal()).await
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn migrate(database_url: String) -> anyhow::Result<ExitCode> {
+    telemetry::init_client();
+    runtime()?.block_on(async move {
+        let mut settings = Settings::default();
+        settings.database.url = Some(SecretString::from(database_url));
+        settings.database.max_connections = 1;
+        let db = startup::connect_database(&settings).await?;
+        startup::migrate(&db).await?;
+        println!("migrations applied");
+        Ok::<(), anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn admin(command: AdminCommand) -> anyhow::Result<ExitCode> {
+    telemetry::init_client();
+    match command {
+        AdminCommand::RateLimit {
+            team,
+            per_second,
+            burst,
+            clear,
+            config,
+        } => {
+            let settings = load_operator_settings(config.as_deref())?;
+            let limit = if clear {
+                None
+            } else {
+                let per_second = per_second.context("--per-second is required")?;
+                anyhow::ensure!(per_second > 0, "--per-second must be at least 1");
+                let burst = burst.unwrap_or(per_second);
+                anyhow::ensure!(burst > 0, "--burst must be at least 1");
+                Some((per_second, burst))
+            };
+            runtime()?.block_on(async move {
+                let db = startup::connect_database(&settings).await?;
+                let redis = startup::connect_redis(&settings).await?;
+                admin::set_team_rate_limit(&db, redis, &settings.redis.key_prefix, team, limit)
+                    .await
+            })?;
+            match limit {
+                Some((per_second, burst)) => {
+                    println!("team {team}: {per_second} requests/s, burst {burst}")
+                }
+                None => println!("team {team}: default rate limit"),
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Operator commands need the database and Redis, not the session secret.
+fn load_operator_settings(config: Option<&Path>) -> anyhow::Result<Settings> {
+    let mut defaults = Settings::default();
+    // A placeholder that only satisfies validation: operator commands sign nothing.
+    defaults.auth.jwt_secret = Some(SecretString::from("x".repeat(32)));
+    Ok(Settings::load_with_defaults(defaults, config)?)
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+async fn shutdown_signal() {
+    let interrupt = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %error, "listening for ctrl-c failed");
+            std::future::pending::<()>().await;
+        }
+    };
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(error = %error, "listening for SIGTERM failed");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+}
+
+/// What dev mode remembers between starts.
+#[derive(Serialize, Deserialize)]
+struct DevState {
+    jwt_secret: String,
+    email: String,
+    password: String,
+    #[serde(default)]
+    api_key: Option<String>,
+}
+
+impl DevState {
+    const FILE: &'static str = "dev.json";
+
+    fn load_or_create(dir: &Path) -> anyhow::Result<DevState> {
+        let path = dir.join(Self::FILE);
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .with_context(|| format!("reading {} (delete it to start over)", path.display())),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(DevState {
+                jwt_secret: random_string(48),
+                email: DEV_EMAIL.to_owned(),
+                password: random_string(20),
+                api_key: None,
+            }),
+            Err(error) => Err(error).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+
+    fn save(&self, dir: &Path) -> anyhow::Result<()> {
+        credentials::write_private(&dir.join(Self::FILE), &serde_json::to_vec_pretty(self)?)
+    }
+}
+
+fn random_string(length: usize) -> String {
+    rand::rng()
+        .sample_iter(Alphanumeric)
+        .take(length)
+        .map(char::from)
+        .collect()
+}
+
+/// Makes sure the dev user, team and a working API key exist; returns the key.
+async fn ensure_dev_account(
+    application: &Application,
+    state: &mut DevState,
+) -> anyhow::Result<String> {
+    let db = &application.state().db;
+    if let Some(key) = &state.api_key
+        && let Some(token) = ApiKeyToken::parse(key)
+        && let Some(record) = KeyRecord::load(db, &token.public_id).await?
+        && token.matches(&record.secret_hash)
+        && !record.revoked
+        && record.expires_at.is_none()
+    {
+        return Ok(key.clone());
+    }
+    let mut transaction = db.begin().await?;
+    let (team_id, user_id) =
+        match accounts::find_user_by_email(&mut transaction, &state.email).await? {
+            Some(user) => {
+                let memberships = accounts::memberships(&mut transaction, user.id).await?;
+                let (team, _) = memberships
+                    .first()
+                    .context("the dev user belongs to no team; remove it or the state file")?;
+                (team.id, user.id)
+            }
+            None => {
+                let hash = password::hash(SecretString::from(state.password.clone()))
+                    .await
+                    .map_err(|error| anyhow::anyhow!("hashing the dev password: {error}"))?;
+                let (user, team) =
+                    accounts::create_user_with_team(&mut transaction, &state.email, &hash, "dev")
+                        .await
+                        .map_err(|error| anyhow::anyhow!("creating the dev account: {error}"))?;
+                (team.id, user.id)
+            }
+        };
+    let created = accounts::create_api_key(
+        &mut transaction,
+        team_id,
+        "dev",
+        Role::Owner,
+        Some(user_id),
+        None,
+    )
+    .await
+    .map_err(|error| anyhow::anyhow!("creating the dev API key: {error}"))?;
+    transaction.commit().await?;
+    state.api_key = Some(created.token.clone());
+    Ok(created.token)
+}

@@ -1,0 +1,145 @@
+use serde_json::Value;
+
+use crate::{Server, stderr, stdout};
+
+#[tokio::test]
+async fn signup_whoami_keys_and_audit_from_the_command_line() {
+    let server = Server::start(&[]).await;
+    let email = format!("cli-{}@example.com", uuid::Uuid::new_v4().simple());
+
+    let output = server.cli(
+        &[
+            "signup",
+            "--email",
+            &email,
+            "--team",
+            "Command Line",
+            "--password-stdin",
+        ],
+        &[],
+        Some("a long enough password\n"),
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        stdout(&output).contains("API key:  sb_"),
+        "{}",
+        stdout(&output)
+    );
+
+    // The key was saved, so whoami works with no further set-up.
+    let output = server.cli(&["whoami"], &[], None);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    assert!(
+        text.contains("Command Line") && text.contains("owner") && text.contains(&email),
+        "{text}"
+    );
+
+    let output = server.cli(&["--json", "whoami"], &[], None);
+    let me: Value = serde_json::from_slice(&output.stdout).expect("JSON from --json");
+    assert_eq!(me["team"]["name"], "Command Line");
+
+    let output = server.cli(
+        &[
+            "keys",
+            "create",
+            "ci",
+            "--role",
+            "member",
+            "--expires-in",
+            "3600",
+            "--json",
+        ],
+        &[],
+        None,
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let created: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let token = created["token"].as_str().unwrap().to_owned();
+    let id = created["id"].as_str().unwrap().to_owned();
+
+    let output = server.cli(&["whoami"], &[("SANDBASE_API_KEY", &token)], None);
+    assert!(stdout(&output).contains("member"), "{}", stdout(&output));
+
+    let output = server.cli(&["keys", "ls"], &[], None);
+    let listing = stdout(&output);
+    assert!(
+        listing.lines().next().unwrap().starts_with("ID"),
+        "{listing}"
+    );
+    assert!(
+        listing.contains("ci") && !listing.contains(&token),
+        "{listing}"
+    );
+
+    let output = server.cli(&["keys", "revoke", &id], &[], None);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let output = server.cli(&["whoami"], &[("SANDBASE_API_KEY", &token)], None);
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("api_key_revoked"),
+        "{}",
+        stderr(&output)
+    );
+
+    let output = server.cli(&["--json", "audit", "--action", "api_key.*"], &[], None);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let events: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let actions: Vec<&str> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["api_key.revoke", "api_key.create"]);
+
+    // Login mints and saves a key for this machine.
+    let output = server.cli(
+        &["login", "--email", &email, "--password-stdin"],
+        &[],
+        Some("a long enough password\n"),
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let output = server.cli(
+        &["login", "--email", &email, "--password-stdin"],
+        &[],
+        Some("wrong password\n"),
+    );
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("invalid_credentials"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[tokio::test]
+async fn client_errors_are_readable() {
+    let server = Server::start(&[]).await;
+    let output = server.cli(&["whoami"], &[], None);
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("no credentials"),
+        "{}",
+        stderr(&output)
+    );
+    let output = server.cli(&["whoami"], &[("SANDBASE_API_KEY", "sb_nope")], None);
+    assert!(
+        stderr(&output).contains("invalid_api_key"),
+        "{}",
+        stderr(&output)
+    );
+    let output = server.cli(
+        &["whoami"],
+        &[
+            ("SANDBASE_URL", "http://127.0.0.1:1"),
+            ("SANDBASE_API_KEY", "x"),
+        ],
+        None,
+    );
+    assert!(
+        stderr(&output).contains("cannot reach"),
+        "{}",
+        stderr(&output)
+    );
+}

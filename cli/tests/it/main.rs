@@ -1,0 +1,157 @@
+//! Tests of the `sandbase` binary itself: the server process, its configuration errors,
+//! signals and telemetry, and the client verbs against it.
+
+#![allow(clippy::unwrap_used)] // Tests panic on purpose when an expectation fails.
+
+mod client;
+mod server;
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+
+pub const BINARY: &str = env!("CARGO_BIN_EXE_sandbase");
+
+/// A `sandbase server` child process with its own database and Redis prefix.
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+    pub config_home: PathBuf,
+}
+
+impl Server {
+    pub async fn start(extra_env: &[(&str, String)]) -> Server {
+        install_crypto_provider();
+        let database_url = sandbase_gateway::testing::fresh_database().await;
+        let port = free_port();
+        let config_home =
+            std::env::temp_dir().join(format!("sandbase-cli-{}", Uuid::new_v4().simple()));
+        let mut command = Command::new(BINARY);
+        command
+            .args(["server", "--listen", &format!("127.0.0.1:{port}")])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("DATABASE_URL", database_url)
+            .env("REDIS_URL", sandbase_gateway::testing::redis_url())
+            .env(
+                "SANDBASE_REDIS__KEY_PREFIX",
+                format!("sandbase-cli-test:{}:", Uuid::new_v4().simple()),
+            )
+            .env(
+                "SANDBASE_AUTH__JWT_SECRET",
+                format!("{}{}", Uuid::new_v4().simple(), Uuid::new_v4().simple()),
+            )
+            .env("SANDBASE_SERVER__SHUTDOWN_GRACE_SECS", "10")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (key, value) in extra_env {
+            command.env(key, value);
+        }
+        let child = command.spawn().expect("start sandbase server");
+        let server = Server {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            config_home,
+        };
+        server.wait_ready().await;
+        server
+    }
+
+    async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let client = reqwest::Client::new();
+        loop {
+            if let Ok(response) = client.get(format!("{}/readyz", self.url)).send().await
+                && response.status() == 200
+            {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the server did not become ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Runs a client verb against this server, with its own credentials file.
+    pub fn cli(&self, args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Output {
+        let mut command = Command::new(BINARY);
+        command
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", &self.config_home)
+            .env("XDG_CONFIG_HOME", &self.config_home)
+            .env("SANDBASE_URL", &self.url)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let mut child = command.spawn().expect("run the CLI");
+        if let Some(input) = stdin {
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(input.as_bytes())
+                .expect("write stdin");
+        }
+        drop(child.stdin.take());
+        child.wait_with_output().expect("CLI output")
+    }
+
+    /// Sends SIGTERM and waits (at most `limit`) for the exit status.
+    pub fn terminate(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server did not stop after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.config_home);
+    }
+}
+
+/// reqwest is built without a default TLS provider (the binary installs ring at start).
+pub fn install_crypto_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .expect("a free port")
+}
+
+pub fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}

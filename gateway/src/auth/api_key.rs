@@ -1,0 +1,477 @@
+//! API keys: the `sb_<public id>_<secret>` format, hashing, the in-process cache and
+//! its cross-instance invalidation over Redis pub/sub.
+//!
+//! The hot path (a cached key) costs one SHA-256 and a hash-map read: no Postgres.
+//! The cache is trusted only while this instance's invalidation subscription is
+//! live, so a revocation published by any gateway is honoured here at once; while
+//! the subscription is down every lookup goes to Postgres.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::StreamExt;
+use rand::Rng;
+use rand::distr::Alphanumeric;
+use sandbase_api::Role;
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+use subtle::ConstantTimeEq;
+use uuid::Uuid;
+
+const PREFIX: &str = "sb_";
+const PUBLIC_ID_LENGTH: usize = 16;
+const SECRET_LENGTH: usize = 40;
+
+/// A parsed bearer token of the API-key form. The secret is never logged or stored.
+pub struct ApiKeyToken {
+    pub public_id: String,
+    secret: String,
+}
+
+impl ApiKeyToken {
+    /// Parses `sb_<16 lowercase alphanumerics>_<40 alphanumerics>`.
+    pub fn parse(token: &str) -> Option<ApiKeyToken> {
+        let rest = token.strip_prefix(PREFIX)?;
+        let (public_id, secret) = rest.split_once('_')?;
+        let public_ok = public_id.len() == PUBLIC_ID_LENGTH
+            && public_id
+                .bytes()
+                .all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit());
+        let secret_ok = secret.len() == SECRET_LENGTH
+            && secret.bytes().all(|byte| byte.is_ascii_alphanumeric());
+        (public_ok && secret_ok).then(|| ApiKeyToken {
+            public_id: public_id.to_owned(),
+            secret: secret.to_owned(),
+        })
+    }
+
+    /// A new random key: a 16-character public id and a 40-character secret (~238 bits).
+    pub fn generate() -> ApiKeyToken {
+        let mut rng = rand::rng();
+        let public_id: String = (0..PUBLIC_ID_LENGTH)
+            .map(|_| {
+                const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+                char::from(ALPHABET[rng.random_range(0..ALPHABET.len())])
+            })
+            .collect();
+        let secret: String = (&mut rng)
+            .sample_iter(Alphanumeric)
+            .take(SECRET_LENGTH)
+            .map(char::from)
+            .collect();
+        ApiKeyToken { public_id, secret }
+    }
+
+    /// The full token, to hand to the caller exactly once.
+    pub fn reveal(&self) -> String {
+        format!("{PREFIX}{}_{}", self.public_id, self.secret)
+    }
+
+    /// SHA-256 of the secret. The secret is 238 random bits, so a fast hash is enough:
+    /// there is nothing to brute-force.
+    pub fn secret_hash(&self) -> [u8; 32] {
+        Sha256::digest(self.secret.as_bytes()).into()
+    }
+
+    /// Constant-time comparison of this token's secret with a stored hash.
+    pub fn matches(&self, stored_hash: &[u8]) -> bool {
+        bool::from(self.secret_hash().as_slice().ct_eq(stored_hash))
+    }
+}
+
+/// What authentication needs to know about a key, as cached.
+#[derive(Debug, Clone)]
+pub struct KeyRecord {
+    pub id: Uuid,
+    pub team_id: Uuid,
+    pub public_id: String,
+    pub secret_hash: Vec<u8>,
+    pub role: Role,
+    pub created_by: Option<Uuid>,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub revoked: bool,
+    pub rate_limit: Option<(u32, u32)>,
+    /// What `GET /v1/me` shows, cached so that answering it needs no Postgres round trip.
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+    pub team: sandbase_api::Team,
+    pub creator: Option<sandbase_api::User>,
+}
+
+impl KeyRecord {
+    /// The key as listed by the API, with `last_used` as its last use.
+    pub fn to_api(&self, last_used: Option<DateTime<Utc>>) -> sandbase_api::ApiKey {
+        sandbase_api::ApiKey {
+            id: self.id,
+            public_id: self.public_id.clone(),
+            name: self.name.clone(),
+            role: self.role,
+            created_by: self.created_by,
+            created_at: self.created_at,
+            last_used_at: last_used,
+            expires_at: self.expires_at,
+        }
+    }
+
+    /// Loads a key (revoked or not) with its team's rate limit.
+    pub async fn load(db: &PgPool, public_id: &str) -> Result<Option<KeyRecord>, sqlx::Error> {
+        let row: Option<KeyRow> = sqlx::query_as(
+            "SELECT k.id, k.team_id, k.public_id, k.secret_hash, k.role, k.created_by, \
+                    k.expires_at, k.revoked_at IS NOT NULL AS revoked, \
+                    t.rate_limit_per_sec, t.rate_limit_burst, k.name, k.created_at, \
+                    t.name AS team_name, t.created_at AS team_created_at, \
+                    u.email AS creator_email, u.created_at AS creator_created_at \
+             FROM api_keys k JOIN teams t ON t.id = k.team_id \
+             LEFT JOIN users u ON u.id = k.created_by \
+             WHERE k.public_id = $1",
+        )
+        .bind(public_id)
+        .fetch_optional(db)
+        .await?;
+        Ok(row.map(KeyRow::into_record))
+    }
+}
+
+#[derive(sqlx::FromRow)]
+struct KeyRow {
+    id: Uuid,
+    team_id: Uuid,
+    public_id: String,
+    secret_hash: Vec<u8>,
+    role: String,
+    created_by: Option<Uuid>,
+    expires_at: Option<DateTime<Utc>>,
+    revoked: bool,
+    rate_limit_per_sec: Option<i32>,
+    rate_limit_burst: Option<i32>,
+    name: String,
+    created_at: DateTime<Utc>,
+    team_name: String,
+    team_created_at: DateTime<Utc>,
+    creator_email: Option<String>,
+    creator_created_at: Option<DateTime<Utc>>,
+}
+
+impl KeyRow {
+    fn into_record(self) -> KeyRecord {
+        let rate_limit = team_rate_limit(self.rate_limit_per_sec, self.rate_limit_burst);
+        KeyRecord {
+            id: self.id,
+            team_id: self.team_id,
+            public_id: self.public_id,
+            secret_hash: self.secret_hash,
+            // The column has a CHECK constraint; an unknown value would be a schema bug,
+            // and the least privilege is the safe reading of it.
+            role: self.role.parse().unwrap_or(Role::Member),
+            created_by: self.created_by,
+            expires_at: self.expires_at,
+            revoked: self.revoked,
+            rate_limit,
+            name: self.name,
+            created_at: self.created_at,
+            team: sandbase_api::Team {
+                id: self.team_id,
+                name: self.team_name,
+                created_at: self.team_created_at,
+            },
+            creator: match (self.created_by, self.creator_email, self.creator_created_at) {
+                (Some(id), Some(email), Some(created_at)) => Some(sandbase_api::User {
+                    id,
+                    email,
+                    created_at,
+                }),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// A team's rate-limit override from its row; `None` when the team uses the defaults.
+/// A rate without a burst allows one second's worth at once.
+pub fn team_rate_limit(per_second: Option<i32>, burst: Option<i32>) -> Option<(u32, u32)> {
+    let per_second = u32::try_from(per_second?).ok()?.max(1);
+    let burst = burst
+        .and_then(|burst| u32::try_from(burst).ok())
+        .unwrap_or(per_second)
+        .max(1);
+    Some((per_second, burst))
+}
+
+/// The in-process key cache.
+pub struct KeyCache {
+    entries: RwLock<HashMap<String, Arc<KeyRecord>>>,
+    capacity: usize,
+    /// Bumped by every invalidation, so a lookup that raced one does not re-insert stale data.
+    epoch: AtomicU64,
+    /// True while the invalidation subscription is connected.
+    live: AtomicBool,
+}
+
+impl KeyCache {
+    pub fn new(capacity: usize) -> Self {
+        KeyCache {
+            entries: RwLock::new(HashMap::new()),
+            capacity: capacity.max(1),
+            epoch: AtomicU64::new(0),
+            live: AtomicBool::new(false),
+        }
+    }
+
+    pub fn get(&self, public_id: &str) -> Option<Arc<KeyRecord>> {
+        if !self.live.load(Ordering::Acquire) {
+            return None;
+        }
+        read(&self.entries).get(public_id).cloned()
+    }
+
+    /// The epoch to pass to [`KeyCache::insert`] for a lookup that starts now.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Caches `record` unless an invalidation happened since `epoch` was read.
+    pub fn insert(&self, epoch: u64, record: Arc<KeyRecord>) {
+        let mut entries = write(&self.entries);
+        if self.epoch.load(Ordering::Acquire) != epoch || !self.live.load(Ordering::Acquire) {
+            return;
+        }
+        if entries.len() >= self.capacity {
+            // Crude but bounded: at capacity, start over rather than track recency.
+            entries.clear();
+        }
+        entries.insert(record.public_id.clone(), record);
+    }
+
+    pub fn invalidate_key(&self, public_id: &str) {
+        let mut entries = write(&self.entries);
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        entries.remove(public_id);
+    }
+
+    pub fn invalidate_team(&self, team_id: Uuid) {
+        let mut entries = write(&self.entries);
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        entries.retain(|_, record| record.team_id != team_id);
+    }
+
+    pub fn clear(&self) {
+        let mut entries = write(&self.entries);
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        entries.clear();
+    }
+
+    fn set_live(&self, live: bool) {
+        if !live {
+            self.live.store(false, Ordering::Release);
+        }
+        self.clear();
+        if live {
+            self.live.store(true, Ordering::Release);
+        }
+    }
+
+    pub fn is_live(&self) -> bool {
+        self.live.load(Ordering::Acquire)
+    }
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    // A panic while holding this lock cannot leave the map half-updated, so poison is ignored.
+    lock.read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// What an invalidation message names.
+pub enum Invalidation {
+    Key(String),
+    Team(Uuid),
+}
+
+impl Invalidation {
+    fn encode(&self) -> String {
+        match self {
+            Invalidation::Key(public_id) => format!("key:{public_id}"),
+            Invalidation::Team(team_id) => format!("team:{team_id}"),
+        }
+    }
+
+    fn apply(message: &str, cache: &KeyCache) {
+        match message.split_once(':') {
+            Some(("key", public_id)) => cache.invalidate_key(public_id),
+            Some(("team", team)) => match team.parse() {
+                Ok(team_id) => cache.invalidate_team(team_id),
+                Err(_) => cache.clear(),
+            },
+            // Unknown messages (a newer gateway?) clear everything: always safe.
+            _ => cache.clear(),
+        }
+    }
+}
+
+/// Publishes invalidations to every gateway (this one included, through its own subscription).
+#[derive(Clone)]
+pub struct Invalidator {
+    redis: redis::aio::ConnectionManager,
+    channel: String,
+    cache: Arc<KeyCache>,
+}
+
+impl Invalidator {
+    pub fn new(
+        redis: redis::aio::ConnectionManager,
+        channel: String,
+        cache: Arc<KeyCache>,
+    ) -> Self {
+        Invalidator {
+            redis,
+            channel,
+            cache,
+        }
+    }
+
+    /// Call after the change is committed. Applies locally at once, then tells the others.
+    pub async fn publish(&self, invalidation: Invalidation) {
+        let message = invalidation.encode();
+        Invalidation::apply(&message, &self.cache);
+        let mut redis = self.redis.clone();
+        for attempt in 0..3u64 {
+            let result: redis::RedisResult<i64> = redis::cmd("PUBLISH")
+                .arg(&self.channel)
+                .arg(&message)
+                .query_async(&mut redis)
+                .await;
+            match result {
+                Ok(_) => return,
+                Err(error) => {
+                    tracing::warn!(error = %error, attempt, "publishing a key invalidation failed");
+                    tokio::time::sleep(Duration::from_millis(50 * (attempt + 1))).await;
+                }
+            }
+        }
+        // Other gateways lose their subscription when Redis is unreachable, and then bypass
+        // their caches; the change itself is already committed in Postgres.
+        tracing::error!("key invalidation could not be published");
+    }
+}
+
+/// Keeps this gateway subscribed to invalidations, reconnecting with backoff. The cache is
+/// only used while the subscription is up.
+pub async fn run_invalidation_listener(
+    client: redis::Client,
+    channel: String,
+    cache: Arc<KeyCache>,
+) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match client.get_async_pubsub().await {
+            Ok(mut pubsub) => match pubsub.subscribe(&channel).await {
+                Ok(()) => {
+                    backoff = Duration::from_millis(100);
+                    cache.set_live(true);
+                    tracing::debug!("key invalidation subscription is live");
+                    let mut messages = pubsub.on_message();
+                    while let Some(message) = messages.next().await {
+                        match message.get_payload::<String>() {
+                            Ok(payload) => Invalidation::apply(&payload, &cache),
+                            Err(_) => cache.clear(),
+                        }
+                    }
+                    cache.set_live(false);
+                    tracing::warn!("key invalidation subscription ended; reconnecting");
+                }
+                Err(error) => {
+                    cache.set_live(false);
+                    tracing::warn!(error = %error, "subscribing to key invalidations failed");
+                }
+            },
+            Err(error) => {
+                cache.set_live(false);
+                tracing::warn!(error = %error, "connecting to Redis for key invalidations failed");
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Batches `last_used_at` updates so authentication never waits on a Postgres write.
+#[derive(Default)]
+pub struct LastUsed {
+    pending: Mutex<HashMap<Uuid, DateTime<Utc>>>,
+}
+
+impl LastUsed {
+    pub fn touch(&self, key_id: Uuid, at: DateTime<Utc>) {
+        let mut pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        pending.insert(key_id, at);
+    }
+
+    /// Writes what accumulated since the last flush in one statement.
+    pub async fn flush(&self, db: &PgPool) -> Result<(), sqlx::Error> {
+        let batch: Vec<(Uuid, DateTime<Utc>)> = {
+            let mut pending = self
+                .pending
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            pending.drain().collect()
+        };
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let (ids, times): (Vec<Uuid>, Vec<DateTime<Utc>>) = batch.into_iter().unzip();
+        sqlx::query(
+            "UPDATE api_keys k SET last_used_at = GREATEST(COALESCE(k.last_used_at, u.at), u.at) \
+             FROM UNNEST($1::uuid[], $2::timestamptz[]) AS u(id, at) WHERE k.id = u.id",
+        )
+        .bind(&ids)
+        .bind(&times)
+        .execute(db)
+        .await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_tokens_parse_back() {
+        let token = ApiKeyToken::generate();
+        let text = token.reveal();
+        let parsed = ApiKeyToken::parse(&text).expect("parses");
+        assert_eq!(parsed.public_id, token.public_id);
+        assert!(parsed.matches(&token.secret_hash()));
+    }
+
+    #[test]
+    fn malformed_tokens_do_not_parse() {
+        let good = ApiKeyToken::generate().reveal();
+        for bad in [
+            "",
+            "sb_",
+            "sk_abc_def",
+            &good[..good.len() - 1],
+            &format!("{good}x"),
+            &good.replace("sb_", "SB_"),
+            &format!("sb_{}_{}", "A".repeat(16), "a".repeat(40)),
+            &format!("sb_{}_{}", "a".repeat(16), "a-".repeat(20)),
+        ] {
+            assert!(
+                ApiKeyToken::parse(bad).is_none(),
+                "{bad:?} should not parse"
+            );
+        }
+    }
+}

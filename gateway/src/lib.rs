@@ -1,0 +1,23 @@
+//! The SandBase gateway: the public HTTP API.
+//!
+//! `startup::Application` builds and runs it; `config::Settings` is its configuration.
+//! See ARCHITECTURE.md for the map.
+
+pub mod accounts;
+pub mod admin;
+pub mod audit;
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod extract;
+pub mod observe;
+pub mod ratelimit;
+pub mod request_id;
+mod routes;
+pub mod startup;
+pub mod state;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use config::Settings;
+pub use startup::Application;

@@ -1,0 +1,145 @@
+//! Sign-up and login.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use sandbase_api::{
+    ErrorBody, LoginRequest, LoginResponse, Role, Session, SignupRequest, SignupResponse,
+    TeamMembership,
+};
+use secrecy::SecretString;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::accounts;
+use crate::audit::RequestContext;
+use crate::auth::password;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::ApiJson;
+use crate::state::AppState;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(signup))
+        .routes(routes!(login))
+}
+
+/// Create an account: a user, their team, a first API key and a dashboard session.
+#[utoipa::path(post, path = "/v1/auth/signup", tag = "auth", request_body = SignupRequest,
+    responses(
+        (status = 201, description = "Account created; the API key token is shown only here", body = SignupResponse),
+        (status = 409, description = "E-mail already registered (`email_taken`)", body = ErrorBody),
+        (status = 422, description = "Invalid field (`invalid_request`)", body = ErrorBody),
+    ))]
+async fn signup(
+    State(state): State<AppState>,
+    context: RequestContext,
+    ApiJson(request): ApiJson<SignupRequest>,
+) -> ApiResult<(StatusCode, Json<SignupResponse>)> {
+    let email = accounts::parse_email(&request.email)?;
+    let team_name = accounts::parse_name("team_name", &request.team_name)?;
+    password::check_new(&request.password)?;
+    let password_hash = password::hash(SecretString::from(request.password)).await?;
+
+    let mut transaction = state.db.begin().await?;
+    let (user, team) =
+        accounts::create_user_with_team(&mut transaction, &email, &password_hash, &team_name)
+            .await?;
+    let api_key = accounts::create_api_key(
+        &mut transaction,
+        team.id,
+        "default",
+        Role::Owner,
+        Some(user.id),
+        None,
+    )
+    .await?;
+    context
+        .record_as(
+            &mut transaction,
+            Some(team.id),
+            "user",
+            Some(user.id.to_string()),
+            Some(format!("user:{}", user.id)),
+            serde_json::json!({ "api_key": api_key.key.public_id }),
+        )
+        .await?;
+    transaction.commit().await?;
+
+    let (token, expires_at) = state.sessions.issue(user.id, team.id);
+    tracing::info!(user_id = %user.id, team_id = %team.id, "account created");
+    Ok((
+        StatusCode::CREATED,
+        Json(SignupResponse {
+            user: user.to_api(),
+            team: team.into(),
+            api_key,
+            session: Session { token, expires_at },
+        }),
+    ))
+}
+
+/// Log in with e-mail and password; returns a dashboard session for one of the user's teams.
+#[utoipa::path(post, path = "/v1/auth/login", tag = "auth", request_body = LoginRequest,
+    responses(
+        (status = 200, description = "OK", body = LoginResponse),
+        (status = 401, description = "Wrong e-mail or password (`invalid_credentials`)", body = ErrorBody),
+    ))]
+async fn login(
+    State(state): State<AppState>,
+    context: RequestContext,
+    ApiJson(request): ApiJson<LoginRequest>,
+) -> ApiResult<Json<LoginResponse>> {
+    if request.password.len() > password::MAX_LENGTH * 4 {
+        return Err(ApiError::InvalidCredentials);
+    }
+    let mut connection = state.db.acquire().await?;
+    let user = accounts::find_user_by_email(&mut connection, request.email.trim()).await?;
+    let stored_hash = user.as_ref().map(|user| user.password_hash.clone());
+    let verified = password::verify(SecretString::from(request.password), stored_hash).await?;
+    let user = match user {
+        Some(user) if verified => user,
+        _ => return Err(ApiError::InvalidCredentials),
+    };
+    let memberships = accounts::memberships(&mut connection, user.id).await?;
+    let chosen = match request.team_id {
+        Some(team_id) => memberships.iter().find(|(team, _)| team.id == team_id),
+        None => memberships.first(),
+    }
+    .ok_or(ApiError::NotFound("team"))?;
+    let team_id = chosen.0.id;
+    let role: Role = chosen
+        .1
+        .parse()
+        .map_err(|error: String| anyhow::anyhow!(error))?;
+    context
+        .record_as(
+            &mut connection,
+            Some(team_id),
+            "user",
+            Some(user.id.to_string()),
+            Some(format!("user:{}", user.id)),
+            serde_json::json!({}),
+        )
+        .await?;
+    let (token, expires_at) = state.sessions.issue(user.id, team_id);
+    let teams: Vec<TeamMembership> = memberships
+        .into_iter()
+        .map(|(team, role)| TeamMembership {
+            team: team.into(),
+            role: role.parse().unwrap_or(Role::Member),
+        })
+        .collect();
+    let team = teams
+        .iter()
+        .find(|membership| membership.team.id == team_id)
+        .map(|membership| membership.team.clone())
+        .ok_or_else(|| anyhow::anyhow!("chosen team vanished from the membership list"))?;
+    Ok(Json(LoginResponse {
+        user: user.to_api(),
+        team,
+        role,
+        session: Session { token, expires_at },
+        teams,
+    }))
+}

@@ -1,0 +1,83 @@
+//! The HTTP surface: every route is registered through `OpenApiRouter`, so the served
+//! OpenAPI document and the router are built from the same list and cannot drift.
+
+mod api_keys;
+mod audit;
+mod auth;
+mod health;
+mod me;
+mod members;
+
+use axum::Json;
+use axum::http::Uri;
+use utoipa::openapi::OpenApi as OpenApiDocument;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "SandBase API",
+        description = "Sandboxes, runs, credentials and credits for AI agents. Authenticate with \
+                       `Authorization: Bearer <API key or session token>`. Errors are \
+                       `{\"error\":{\"code\":\"…\",\"message\":\"…\"}}` with a stable code.",
+        license(name = "MIT", identifier = "MIT")
+    ),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "auth", description = "Sign-up, login, and who the caller is"),
+        (name = "api-keys", description = "API keys of the caller's team"),
+        (name = "team", description = "Members and roles"),
+        (name = "audit", description = "The append-only audit log"),
+        (name = "operations", description = "Health, readiness, metrics, this document"),
+    )
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut OpenApiDocument) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+    }
+}
+
+/// The API routes (behind the audit layer) and the operational ones, with their document.
+pub fn api_router() -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>) {
+    let api = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(auth::router())
+        .merge(me::router())
+        .merge(api_keys::router())
+        .merge(members::router())
+        .merge(audit::router());
+    let operations = OpenApiRouter::new()
+        .merge(health::router())
+        .routes(routes!(openapi_document));
+    (api, operations)
+}
+
+/// The OpenAPI 3.1 document of this API, generated from the handlers.
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "operations",
+    responses((status = 200, description = "OpenAPI 3.1 document", content_type = "application/json")))]
+async fn openapi_document(
+    axum::extract::State(state): axum::extract::State<AppState>,
+) -> Json<serde_json::Value> {
+    Json(state.openapi.as_ref().clone())
+}
+
+pub async fn fallback(uri: Uri) -> ApiError {
+    ApiError::RouteNotFound(uri.path().to_owned())
+}
+
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}

@@ -1,0 +1,26 @@
+//! Shared state of the HTTP handlers.
+
+use std::sync::Arc;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use sqlx::PgPool;
+
+use crate::auth::api_key::{Invalidator, KeyCache, LastUsed};
+use crate::auth::session::SessionKeys;
+use crate::config::Settings;
+use crate::ratelimit::RateLimiter;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub db: PgPool,
+    pub redis: redis::aio::ConnectionManager,
+    pub settings: Arc<Settings>,
+    pub keys: Arc<KeyCache>,
+    pub invalidator: Invalidator,
+    pub last_used: Arc<LastUsed>,
+    pub sessions: Arc<SessionKeys>,
+    pub rate_limiter: RateLimiter,
+    pub metrics: PrometheusHandle,
+    /// The served OpenAPI document, rendered once at start-up.
+    pub openapi: Arc<serde_json::Value>,
+}

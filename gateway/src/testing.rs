@@ -1,0 +1,60 @@
+//! Helpers for tests against real PostgreSQL and Redis (the `testing` feature).
+//!
+//! Every test gets its own database (`sandbase_test_<id>`, created from
+//! `SANDBASE_TEST_DATABASE_URL`) and its own Redis key prefix, so tests run in parallel
+//! without seeing each other. `scripts/test` drops the databases of earlier runs.
+
+use std::str::FromStr;
+
+use secrecy::SecretString;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, Connection};
+use uuid::Uuid;
+
+use crate::config::Settings;
+
+pub const DEFAULT_DATABASE_URL: &str = "postgres://sandbase:sandbase@127.0.0.1:5432/sandbase";
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+
+pub fn redis_url() -> String {
+    std::env::var("SANDBASE_TEST_REDIS_URL").unwrap_or_else(|_| DEFAULT_REDIS_URL.to_owned())
+}
+
+/// Creates an empty database and returns its URL.
+pub async fn fresh_database() -> String {
+    let base = std::env::var("SANDBASE_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned());
+    let options =
+        PgConnectOptions::from_str(&base).expect("SANDBASE_TEST_DATABASE_URL is a PostgreSQL URL");
+    let name = format!("sandbase_test_{}", Uuid::new_v4().simple());
+    let mut connection = options
+        .connect()
+        .await
+        .expect("connect to PostgreSQL (run scripts/setup, or set SANDBASE_TEST_DATABASE_URL)");
+    sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+        .execute(&mut connection)
+        .await
+        .expect("create a test database");
+    connection.close().await.ok();
+    options.database(&name).to_url_lossy().to_string()
+}
+
+/// Settings for a test gateway: its own database and Redis prefix, port 0, a random
+/// session secret, and a rate limit high enough not to interfere.
+pub async fn settings() -> Settings {
+    let mut settings = Settings::default();
+    settings.server.listen = "127.0.0.1:0".parse().expect("literal address");
+    settings.server.shutdown_grace_secs = 5;
+    settings.database.url = Some(SecretString::from(fresh_database().await));
+    settings.database.max_connections = 10;
+    settings.redis.url = Some(SecretString::from(redis_url()));
+    settings.redis.key_prefix = format!("sandbase-test:{}:", Uuid::new_v4().simple());
+    settings.auth.jwt_secret = Some(SecretString::from(format!(
+        "{}{}",
+        Uuid::new_v4().simple(),
+        Uuid::new_v4().simple()
+    )));
+    settings.rate_limit.per_second = 10_000;
+    settings.rate_limit.burst = 10_000;
+    settings
+}

@@ -1,0 +1,239 @@
+//! `spawn_app()`: a real gateway on a random port, with its own database and Redis prefix.
+
+use std::sync::Once;
+
+use reqwest::{Method, StatusCode};
+use sandbase_api::SignupResponse;
+use sandbase_gateway::{Application, Settings, testing};
+use secrecy::ExposeSecret;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+pub struct TestApp {
+    pub address: String,
+    pub db: PgPool,
+    pub settings: Settings,
+    pub http: reqwest::Client,
+    _shutdown: oneshot::Sender<()>,
+}
+
+/// The answer of a request: status, headers and JSON body (`Value::Null` when not JSON).
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Value,
+}
+
+impl Answer {
+    /// The `error.code` of an error body.
+    pub fn code(&self) -> &str {
+        self.body["error"]["code"]
+            .as_str()
+            .unwrap_or("<no error code>")
+    }
+
+    #[track_caller]
+    pub fn assert_error(&self, status: u16, code: &str) {
+        assert_eq!(
+            (self.status.as_u16(), self.code()),
+            (status, code),
+            "unexpected answer: {}",
+            self.body
+        );
+        assert!(
+            self.body["error"]["message"]
+                .as_str()
+                .is_some_and(|message| !message.is_empty()),
+            "error without a message: {}",
+            self.body
+        );
+    }
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}).await
+}
+
+pub async fn spawn_app_with(configure: impl FnOnce(&mut Settings)) -> TestApp {
+    let mut settings = testing::settings().await;
+    configure(&mut settings);
+    spawn_with_settings(settings).await
+}
+
+/// Starts a gateway with exactly these settings (a second instance on the same database
+/// and Redis prefix behaves like another replica).
+pub async fn spawn_with_settings(settings: Settings) -> TestApp {
+    static PROVIDER: Once = Once::new();
+    PROVIDER.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+    let application = Application::build(settings.clone())
+        .await
+        .expect("build the application");
+    let address = format!("http://{}", application.local_addr());
+    let (shutdown, stopped) = oneshot::channel::<()>();
+    tokio::spawn(application.run_until_stopped(async move {
+        let _ = stopped.await;
+    }));
+    let db = PgPool::connect(
+        settings
+            .database
+            .url
+            .as_ref()
+            .expect("test settings have a database")
+            .expose_secret(),
+    )
+    .await
+    .expect("connect to the test database");
+    TestApp {
+        address,
+        db,
+        settings,
+        http: reqwest::Client::new(),
+        _shutdown: shutdown,
+    }
+}
+
+impl TestApp {
+    pub async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> Answer {
+        let mut request = self.http.request(method, format!("{}{path}", self.address));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        answer(request.send().await.expect("send the request")).await
+    }
+
+    pub async fn get(&self, path: &str, token: &str) -> Answer {
+        self.request(Method::GET, path, Some(token), None).await
+    }
+
+    pub async fn post(&self, path: &str, token: &str, body: Value) -> Answer {
+        self.request(Method::POST, path, Some(token), Some(body))
+            .await
+    }
+
+    pub async fn patch(&self, path: &str, token: &str, body: Value) -> Answer {
+        self.request(Method::PATCH, path, Some(token), Some(body))
+            .await
+    }
+
+    pub async fn delete(&self, path: &str, token: &str) -> Answer {
+        self.request(Method::DELETE, path, Some(token), None).await
+    }
+
+    /// Sends raw bytes with a content type, for malformed-input tests.
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        token: Option<&str>,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> Answer {
+        let mut request = self
+            .http
+            .post(format!("{}{path}", self.address))
+            .header("content-type", content_type)
+            .body(body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        answer(request.send().await.expect("send the request")).await
+    }
+
+    /// Signs up a new account; panics unless it answers 201.
+    pub async fn signup(&self, email: &str, team: &str) -> SignupResponse {
+        let answer = self
+            .request(
+                Method::POST,
+                "/v1/auth/signup",
+                None,
+                Some(json!({ "email": email, "password": PASSWORD, "team_name": team })),
+            )
+            .await;
+        assert_eq!(
+            answer.status,
+            StatusCode::CREATED,
+            "signup failed: {}",
+            answer.body
+        );
+        serde_json::from_value(answer.body).expect("a signup response")
+    }
+
+    /// Logs in and returns the session token.
+    pub async fn login(&self, email: &str, team_id: Option<Uuid>) -> String {
+        let answer = self
+            .request(
+                Method::POST,
+                "/v1/auth/login",
+                None,
+                Some(json!({ "email": email, "password": PASSWORD, "team_id": team_id })),
+            )
+            .await;
+        assert_eq!(
+            answer.status,
+            StatusCode::OK,
+            "login failed: {}",
+            answer.body
+        );
+        answer.body["session"]["token"]
+            .as_str()
+            .expect("a session token")
+            .to_owned()
+    }
+
+    /// Creates an API key with the given token and returns (id, token).
+    pub async fn create_key(&self, token: &str, body: Value) -> (Uuid, String) {
+        let answer = self.post("/v1/api-keys", token, body).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::CREATED,
+            "key creation failed: {}",
+            answer.body
+        );
+        (
+            answer.body["id"]
+                .as_str()
+                .expect("id")
+                .parse()
+                .expect("uuid"),
+            answer.body["token"].as_str().expect("token").to_owned(),
+        )
+    }
+
+    pub async fn count(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(&self.db)
+            .await
+            .expect("count query")
+    }
+}
+
+pub const PASSWORD: &str = "correct horse battery staple";
+
+async fn answer(response: reqwest::Response) -> Answer {
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = response.bytes().await.expect("read the body");
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// A unique e-mail address for this test.
+pub fn email(name: &str) -> String {
+    format!("{name}-{}@example.com", Uuid::new_v4().simple())
+}

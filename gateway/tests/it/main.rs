@@ -1,0 +1,14 @@
+//! Integration tests of the gateway over HTTP, against real PostgreSQL and Redis.
+
+#![allow(clippy::unwrap_used)] // Tests panic on purpose when an expectation fails.
+
+mod accounts;
+mod api_keys;
+mod audit;
+mod bad_input;
+mod helpers;
+mod isolation;
+mod members;
+mod openapi;
+mod operations;
+mod rate_limit;

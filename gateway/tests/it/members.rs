@@ -1,0 +1,212 @@
+use serde_json::json;
+
+use crate::helpers::{email, spawn_app};
+
+#[tokio::test]
+async fn roles_govern_what_members_may_do() {
+    let app = spawn_app().await;
+    let owner_email = email("owner");
+    let owner = app.signup(&owner_email, "Team").await;
+    let owner_key = owner.api_key.token.as_str();
+    let bob_email = email("bob");
+    let bob = app.signup(&bob_email, "Bob's own").await;
+
+    // Adding: unknown users are not found, known ones join once.
+    app.post(
+        "/v1/team/members",
+        owner_key,
+        json!({ "email": "ghost@example.com" }),
+    )
+    .await
+    .assert_error(404, "not_found");
+    let added = app
+        .post("/v1/team/members", owner_key, json!({ "email": bob_email }))
+        .await;
+    assert_eq!(added.status, 201, "{}", added.body);
+    assert_eq!(added.body["role"], "member");
+    app.post(
+        "/v1/team/members",
+        owner_key,
+        json!({ "email": bob_email.to_uppercase() }),
+    )
+    .await
+    .assert_error(409, "already_member");
+
+    // Bob, as a member of the owner's team.
+    let bob_session = app.login(&bob_email, Some(owner.team.id)).await;
+    let members = app.get("/v1/team/members", &bob_session).await;
+    assert_eq!(members.body["items"].as_array().unwrap().len(), 2);
+    app.post(
+        "/v1/team/members",
+        &bob_session,
+        json!({ "email": owner_email }),
+    )
+    .await
+    .assert_error(403, "forbidden");
+    app.patch(
+        &format!("/v1/team/members/{}", bob.user.id),
+        &bob_session,
+        json!({ "role": "owner" }),
+    )
+    .await
+    .assert_error(403, "forbidden");
+    app.get("/v1/audit", &bob_session)
+        .await
+        .assert_error(403, "forbidden");
+    let (bob_key_id, bob_key) = app.create_key(&bob_session, json!({ "name": "bob" })).await;
+    assert_eq!(app.get("/v1/me", &bob_key).await.body["role"], "member");
+    // A member revokes their own keys, not others'.
+    app.delete(
+        &format!("/v1/api-keys/{}", owner.api_key.key.id),
+        &bob_session,
+    )
+    .await
+    .assert_error(403, "forbidden");
+    let (_, spare) = app
+        .create_key(&bob_session, json!({ "name": "spare" }))
+        .await;
+    let spare_id = app.get("/v1/me", &spare).await.body["api_key"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        app.delete(&format!("/v1/api-keys/{spare_id}"), &bob_key)
+            .await
+            .status,
+        204
+    );
+
+    // Promoted to admin, Bob manages members but not owners.
+    let promoted = app
+        .patch(
+            &format!("/v1/team/members/{}", bob.user.id),
+            owner_key,
+            json!({ "role": "admin" }),
+        )
+        .await;
+    assert_eq!(promoted.status, 200, "{}", promoted.body);
+    assert_eq!(promoted.body["role"], "admin");
+    let (_, bob_admin_key) = app
+        .create_key(&bob_session, json!({ "name": "admin key" }))
+        .await;
+    assert_eq!(
+        app.get("/v1/me", &bob_admin_key).await.body["role"],
+        "admin"
+    );
+    app.delete(&format!("/v1/team/members/{}", owner.user.id), &bob_session)
+        .await
+        .assert_error(403, "forbidden");
+    app.patch(
+        &format!("/v1/team/members/{}", owner.user.id),
+        &bob_session,
+        json!({ "role": "member" }),
+    )
+    .await
+    .assert_error(403, "forbidden");
+
+    // Demoted again: his admin key is capped to member at once.
+    app.patch(
+        &format!("/v1/team/members/{}", bob.user.id),
+        owner_key,
+        json!({ "role": "member" }),
+    )
+    .await;
+    assert_eq!(
+        app.get("/v1/me", &bob_admin_key).await.body["role"],
+        "member"
+    );
+
+    // Removed: his session and his keys for this team stop working; his own team is untouched.
+    let removed = app
+        .delete(&format!("/v1/team/members/{}", bob.user.id), owner_key)
+        .await;
+    assert_eq!(removed.status, 204, "{}", removed.body);
+    app.get("/v1/me", &bob_session)
+        .await
+        .assert_error(401, "invalid_session");
+    app.get("/v1/me", &bob_key)
+        .await
+        .assert_error(401, "api_key_revoked");
+    assert_eq!(app.get("/v1/me", &bob.api_key.token).await.status, 200);
+    let revoked = app
+        .count(&format!(
+            "SELECT count(*) FROM api_keys WHERE id = '{bob_key_id}' AND revoked_at IS NOT NULL"
+        ))
+        .await;
+    assert_eq!(revoked, 1);
+}
+
+#[tokio::test]
+async fn the_last_owner_can_be_neither_removed_nor_demoted() {
+    let app = spawn_app().await;
+    let owner = app.signup(&email("only"), "Solo").await;
+    let key = owner.api_key.token.as_str();
+    let me = format!("/v1/team/members/{}", owner.user.id);
+    app.delete(&me, key).await.assert_error(409, "last_owner");
+    app.patch(&me, key, json!({ "role": "admin" }))
+        .await
+        .assert_error(409, "last_owner");
+    assert_eq!(
+        app.count("SELECT count(*) FROM team_members WHERE role = 'owner'")
+            .await,
+        1
+    );
+
+    // With a second owner, the first may leave.
+    let heir_email = email("heir");
+    let heir = app.signup(&heir_email, "Heir's").await;
+    let added = app
+        .post(
+            "/v1/team/members",
+            key,
+            json!({ "email": heir_email, "role": "owner" }),
+        )
+        .await;
+    assert_eq!(added.status, 201, "{}", added.body);
+    assert_eq!(app.delete(&me, key).await.status, 204);
+    // The leaver's key for the team was revoked with the membership.
+    app.get("/v1/me", key)
+        .await
+        .assert_error(401, "api_key_revoked");
+    let heir_session = app.login(&heir_email, Some(owner.team.id)).await;
+    let heir_path = format!("/v1/team/members/{}", heir.user.id);
+    app.delete(&heir_path, &heir_session)
+        .await
+        .assert_error(409, "last_owner");
+}
+
+#[tokio::test]
+async fn concurrent_owner_removals_keep_one_owner() {
+    let app = spawn_app().await;
+    let first = app.signup(&email("a"), "Pair").await;
+    let second_email = email("b");
+    let second = app.signup(&second_email, "B").await;
+    app.post(
+        "/v1/team/members",
+        &first.api_key.token,
+        json!({ "email": second_email, "role": "owner" }),
+    )
+    .await;
+    let second_session = app.login(&second_email, Some(first.team.id)).await;
+    // Each owner removes the other at the same moment: one must fail.
+    let remove_second = format!("/v1/team/members/{}", second.user.id);
+    let remove_first = format!("/v1/team/members/{}", first.user.id);
+    let (a, b) = tokio::join!(
+        app.delete(&remove_second, &first.api_key.token),
+        app.delete(&remove_first, &second_session),
+    );
+    let statuses = [a.status.as_u16(), b.status.as_u16()];
+    assert!(statuses.contains(&204), "{statuses:?}");
+    assert!(
+        statuses.contains(&409) || statuses.contains(&401),
+        "both removals succeeded: {statuses:?}"
+    );
+    let owners: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM team_members WHERE team_id = $1 AND role = 'owner'",
+    )
+    .bind(first.team.id)
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(owners, 1);
+}
