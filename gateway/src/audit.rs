@@ -20,20 +20,33 @@ use crate::error::ApiError;
 use crate::request_id::RequestId;
 use crate::state::AppState;
 
-/// Per-request audit context, shared between the middleware and the handler.
-#[derive(Clone, Default)]
+/// Per-request audit context, shared between the middleware and the handler. It is made
+/// for every API request, so it holds only cheap values; the action name is derived when
+/// a row is written.
+#[derive(Clone)]
 pub struct AuditSlot(Arc<Mutex<SlotState>>);
 
-#[derive(Default)]
 struct SlotState {
-    action: String,
+    method: Method,
+    route: Option<MatchedPath>,
     request_id: Option<String>,
-    source_ip: Option<String>,
-    principal: Option<(Uuid, &'static str, String)>,
+    source_ip: Option<IpAddr>,
+    /// The authenticated caller (cheap to clone: the key record is shared).
+    principal: Option<Principal>,
     /// Set when authentication failed; holds the team the credential belonged to, if known.
     authentication_failure: Option<Option<Uuid>>,
     /// Set when the handler wrote its own row.
     written: bool,
+}
+
+impl SlotState {
+    fn route(&self) -> &str {
+        self.route.as_ref().map_or("", MatchedPath::as_str)
+    }
+
+    fn action(&self) -> String {
+        action_name(&self.method, self.route())
+    }
 }
 
 impl AuditSlot {
@@ -44,11 +57,7 @@ impl AuditSlot {
     }
 
     pub fn set_principal(&self, principal: &Principal) {
-        self.lock().principal = Some((
-            principal.team_id,
-            principal.actor_type(),
-            principal.actor_id(),
-        ));
+        self.lock().principal = Some(principal.clone());
     }
 
     pub fn set_authentication_failure(&self, team_id: Option<Uuid>) {
@@ -123,11 +132,7 @@ impl RequestContext {
     ) -> Result<(), sqlx::Error> {
         let (action, request_id, source_ip) = {
             let state = self.slot.lock();
-            (
-                state.action.clone(),
-                state.request_id.clone(),
-                state.source_ip.clone(),
-            )
+            (state.action(), state.request_id.clone(), state.source_ip)
         };
         insert(
             executor,
@@ -142,16 +147,11 @@ impl RequestContext {
                 details,
             },
             request_id.as_deref(),
-            source_ip.as_deref(),
+            source_ip,
         )
         .await?;
         self.slot.lock().written = true;
         Ok(())
-    }
-
-    /// The client's address, as recorded in the audit log.
-    pub fn source_ip(&self) -> Option<String> {
-        self.slot.lock().source_ip.clone()
     }
 }
 
@@ -160,7 +160,7 @@ pub async fn insert(
     executor: &mut sqlx::PgConnection,
     entry: &Entry,
     request_id: Option<&str>,
-    source_ip: Option<&str>,
+    source_ip: Option<IpAddr>,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO audit_events \
@@ -172,7 +172,7 @@ pub async fn insert(
     .bind(&entry.actor_id)
     .bind(&entry.action)
     .bind(&entry.target)
-    .bind(source_ip)
+    .bind(source_ip.map(|ip| ip.to_string()))
     .bind(request_id)
     .bind(entry.outcome)
     .bind(entry.status_code.map(i32::from))
@@ -189,23 +189,18 @@ pub async fn middleware(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let method = request.method().clone();
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|path| path.as_str().to_owned())
-        .unwrap_or_else(|| request.uri().path().to_owned());
-    let slot = AuditSlot::default();
-    {
-        let mut slot_state = slot.lock();
-        slot_state.action = action_name(&method, &route);
-        slot_state.request_id = request
+    let slot = AuditSlot(Arc::new(Mutex::new(SlotState {
+        method: request.method().clone(),
+        route: request.extensions().get::<MatchedPath>().cloned(),
+        request_id: request
             .extensions()
             .get::<RequestId>()
-            .map(|id| id.0.clone());
-        slot_state.source_ip =
-            client_ip(&request, state.settings.server.trust_forwarded_for).map(|ip| ip.to_string());
-    }
+            .map(|id| id.0.clone()),
+        source_ip: client_ip(&request, state.settings.server.trust_forwarded_for),
+        principal: None,
+        authentication_failure: None,
+        written: false,
+    })));
     request.extensions_mut().insert(slot.clone());
 
     let response = next.run(request).await;
@@ -216,7 +211,8 @@ pub async fn middleware(
         if slot_state.written {
             return response;
         }
-        let mutating = !matches!(method, Method::GET | Method::HEAD | Method::OPTIONS);
+        let method = &slot_state.method;
+        let mutating = !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
         if let Some(team_id) = slot_state.authentication_failure {
             Some((
                 Entry {
@@ -224,21 +220,23 @@ pub async fn middleware(
                     actor_type: "anonymous",
                     actor_id: None,
                     action: "auth.failed".to_owned(),
-                    target: Some(format!("{method} {route}")),
+                    target: Some(format!("{method} {}", slot_state.route())),
                     outcome: "denied",
                     status_code: Some(status.as_u16()),
                     details: serde_json::json!({}),
                 },
                 slot_state.request_id.clone(),
-                slot_state.source_ip.clone(),
+                slot_state.source_ip,
             ))
         } else if mutating && status != StatusCode::TOO_MANY_REQUESTS && !status.is_success() {
             // Rate-limited calls are counted in metrics, not written: a flood must not turn
             // into a flood of Postgres writes.
             let (team_id, actor_type, actor_id) = match &slot_state.principal {
-                Some((team_id, actor_type, actor_id)) => {
-                    (Some(*team_id), *actor_type, Some(actor_id.clone()))
-                }
+                Some(principal) => (
+                    Some(principal.team_id),
+                    principal.actor_type(),
+                    Some(principal.actor_id()),
+                ),
                 None => (None, "anonymous", None),
             };
             let outcome = if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
@@ -251,14 +249,14 @@ pub async fn middleware(
                     team_id,
                     actor_type,
                     actor_id,
-                    action: slot_state.action.clone(),
+                    action: slot_state.action(),
                     target: None,
                     outcome,
                     status_code: Some(status.as_u16()),
                     details: serde_json::json!({}),
                 },
                 slot_state.request_id.clone(),
-                slot_state.source_ip.clone(),
+                slot_state.source_ip,
             ))
         } else {
             None
@@ -267,13 +265,7 @@ pub async fn middleware(
     if let Some((entry, request_id, source_ip)) = entry {
         let result = async {
             let mut connection = state.db.acquire().await?;
-            insert(
-                &mut connection,
-                &entry,
-                request_id.as_deref(),
-                source_ip.as_deref(),
-            )
-            .await
+            insert(&mut connection, &entry, request_id.as_deref(), source_ip).await
         }
         .await;
         if let Err(error) = result {

@@ -5,6 +5,7 @@ use axum::extract::Request;
 use axum::http::HeaderValue;
 use axum::middleware::Next;
 use axum::response::Response;
+use tracing::Instrument;
 
 pub const HEADER: &str = "x-request-id";
 
@@ -31,7 +32,13 @@ pub async fn middleware(mut request: Request, next: Next) -> Response {
         .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
     request.extensions_mut().insert(RequestId(id.clone()));
     let header_value = HeaderValue::from_str(&id).ok();
-    let mut response = CURRENT.scope(id, next.run(request)).await;
+    let span = tracing::info_span!(
+        "http_request",
+        http.method = %request.method(),
+        http.path = %request.uri().path(),
+        request_id = %id,
+    );
+    let mut response = CURRENT.scope(id, next.run(request)).instrument(span).await;
     if let Some(value) = header_value {
         response.headers_mut().insert(HEADER, value);
     }

@@ -22,7 +22,7 @@ use crate::auth::api_key::{self, Invalidator, KeyCache, LastUsed};
 use crate::auth::session::SessionKeys;
 use crate::config::Settings;
 use crate::ratelimit::RateLimiter;
-use crate::state::AppState;
+use crate::state::{AppState, Services};
 use crate::{audit, observe, request_id, routes};
 
 /// How often batched `last_used_at` updates are written.
@@ -101,7 +101,7 @@ impl Application {
         let openapi =
             Arc::new(serde_json::to_value(&document).context("rendering the OpenAPI document")?);
 
-        let state = AppState {
+        let state = AppState::new(Services {
             db: db.clone(),
             redis,
             rate_limiter: RateLimiter::new(&settings.redis.key_prefix),
@@ -112,7 +112,7 @@ impl Application {
             sessions,
             metrics: observe::prometheus_handle(),
             openapi,
-        };
+        });
 
         let router = api_router
             .route_layer(from_fn_with_state(state.clone(), audit::middleware))

@@ -10,8 +10,25 @@ use crate::auth::session::SessionKeys;
 use crate::config::Settings;
 use crate::ratelimit::RateLimiter;
 
+/// Cloned for every request by axum's extractors and middleware, so it is one `Arc`.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Services>);
+
+impl AppState {
+    pub fn new(services: Services) -> Self {
+        AppState(Arc::new(services))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Services;
+
+    fn deref(&self) -> &Services {
+        &self.0
+    }
+}
+
+pub struct Services {
     pub db: PgPool,
     pub redis: redis::aio::ConnectionManager,
     pub settings: Arc<Settings>,

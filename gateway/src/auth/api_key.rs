@@ -7,7 +7,7 @@
 //! the subscription is down every lookup goes to Postgres.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -26,14 +26,14 @@ const PUBLIC_ID_LENGTH: usize = 16;
 const SECRET_LENGTH: usize = 40;
 
 /// A parsed bearer token of the API-key form. The secret is never logged or stored.
-pub struct ApiKeyToken {
-    pub public_id: String,
-    secret: String,
+pub struct ApiKeyToken<'a> {
+    pub public_id: std::borrow::Cow<'a, str>,
+    secret: std::borrow::Cow<'a, str>,
 }
 
-impl ApiKeyToken {
-    /// Parses `sb_<16 lowercase alphanumerics>_<40 alphanumerics>`.
-    pub fn parse(token: &str) -> Option<ApiKeyToken> {
+impl<'a> ApiKeyToken<'a> {
+    /// Parses `sb_<16 lowercase alphanumerics>_<40 alphanumerics>`, without copying.
+    pub fn parse(token: &'a str) -> Option<ApiKeyToken<'a>> {
         let rest = token.strip_prefix(PREFIX)?;
         let (public_id, secret) = rest.split_once('_')?;
         let public_ok = public_id.len() == PUBLIC_ID_LENGTH
@@ -42,14 +42,14 @@ impl ApiKeyToken {
                 .all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit());
         let secret_ok = secret.len() == SECRET_LENGTH
             && secret.bytes().all(|byte| byte.is_ascii_alphanumeric());
-        (public_ok && secret_ok).then(|| ApiKeyToken {
-            public_id: public_id.to_owned(),
-            secret: secret.to_owned(),
+        (public_ok && secret_ok).then_some(ApiKeyToken {
+            public_id: public_id.into(),
+            secret: secret.into(),
         })
     }
 
     /// A new random key: a 16-character public id and a 40-character secret (~238 bits).
-    pub fn generate() -> ApiKeyToken {
+    pub fn generate() -> ApiKeyToken<'static> {
         let mut rng = rand::rng();
         let public_id: String = (0..PUBLIC_ID_LENGTH)
             .map(|_| {
@@ -62,7 +62,10 @@ impl ApiKeyToken {
             .take(SECRET_LENGTH)
             .map(char::from)
             .collect();
-        ApiKeyToken { public_id, secret }
+        ApiKeyToken {
+            public_id: public_id.into(),
+            secret: secret.into(),
+        }
     }
 
     /// The full token, to hand to the caller exactly once.
@@ -83,7 +86,7 @@ impl ApiKeyToken {
 }
 
 /// What authentication needs to know about a key, as cached.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct KeyRecord {
     pub id: Uuid,
     pub team_id: Uuid,
@@ -99,9 +102,22 @@ pub struct KeyRecord {
     pub created_at: DateTime<Utc>,
     pub team: sandbase_api::Team,
     pub creator: Option<sandbase_api::User>,
+    /// Unix second of the last use handed to [`LastUsed`], so a busy key touches the
+    /// shared map once a second rather than on every request.
+    last_touched: AtomicI64,
+    /// Rate-limit tokens this gateway holds for the key.
+    pub lease: Arc<crate::ratelimit::Lease>,
 }
 
 impl KeyRecord {
+    /// Records a use, at most once per second per key.
+    pub fn touch(&self, last_used: &LastUsed, now: DateTime<Utc>) {
+        let second = now.timestamp();
+        if self.last_touched.swap(second, Ordering::Relaxed) != second {
+            last_used.touch(self.id, now);
+        }
+    }
+
     /// The key as listed by the API, with `last_used` as its last use.
     pub fn to_api(&self, last_used: Option<DateTime<Utc>>) -> sandbase_api::ApiKey {
         sandbase_api::ApiKey {
@@ -185,6 +201,8 @@ impl KeyRow {
                 }),
                 _ => None,
             },
+            last_touched: AtomicI64::new(0),
+            lease: Arc::default(),
         }
     }
 }
@@ -232,17 +250,23 @@ impl KeyCache {
         self.epoch.load(Ordering::Acquire)
     }
 
-    /// Caches `record` unless an invalidation happened since `epoch` was read.
-    pub fn insert(&self, epoch: u64, record: Arc<KeyRecord>) {
+    /// Caches `record` unless an invalidation happened since `epoch` was read, and returns
+    /// the record to use: the one already cached when a concurrent lookup got there first,
+    /// so every request for a key shares one record (and its rate-limit lease).
+    pub fn insert(&self, epoch: u64, record: Arc<KeyRecord>) -> Arc<KeyRecord> {
         let mut entries = write(&self.entries);
         if self.epoch.load(Ordering::Acquire) != epoch || !self.live.load(Ordering::Acquire) {
-            return;
+            return record;
+        }
+        if let Some(existing) = entries.get(&record.public_id) {
+            return existing.clone();
         }
         if entries.len() >= self.capacity {
             // Crude but bounded: at capacity, start over rather than track recency.
             entries.clear();
         }
-        entries.insert(record.public_id.clone(), record);
+        entries.insert(record.public_id.clone(), record.clone());
+        record
     }
 
     pub fn invalidate_key(&self, public_id: &str) {

@@ -128,9 +128,7 @@ async fn authenticate_api_key(token: &str, state: &AppState) -> Result<Principal
             let record = KeyRecord::load(&state.db, &token.public_id)
                 .await?
                 .ok_or(ApiError::InvalidApiKey { team_id: None })?;
-            let record = Arc::new(record);
-            state.keys.insert(epoch, record.clone());
-            record
+            state.keys.insert(epoch, Arc::new(record))
         }
     };
     // Check the secret before saying anything about the key's state, so a guessed
@@ -154,7 +152,7 @@ async fn authenticate_api_key(token: &str, state: &AppState) -> Result<Principal
             team_id: record.team_id,
         });
     }
-    state.last_used.touch(record.id, now);
+    record.touch(&state.last_used, now);
     Ok(Principal {
         team_id: record.team_id,
         role: record.role,
@@ -191,9 +189,9 @@ async fn authenticate_session(token: &str, state: &AppState) -> Result<Principal
 
 async fn rate_limit(principal: &Principal, state: &AppState) -> Result<(), ApiError> {
     let defaults = state.settings.rate_limit;
-    let subject = match &principal.actor {
-        Actor::ApiKey(record) => format!("key:{}", record.public_id),
-        Actor::User { id } => format!("user:{id}:{}", principal.team_id),
+    let (subject, lease) = match &principal.actor {
+        Actor::ApiKey(record) => (format!("key:{}", record.public_id), Some(&record.lease)),
+        Actor::User { id } => (format!("user:{id}:{}", principal.team_id), None),
     };
     let (per_second, burst) = principal
         .rate_limit
@@ -201,10 +199,10 @@ async fn rate_limit(principal: &Principal, state: &AppState) -> Result<(), ApiEr
     let mut redis = state.redis.clone();
     match state
         .rate_limiter
-        .check(&mut redis, &subject, per_second, burst)
+        .check(&mut redis, &subject, lease, per_second, burst)
         .await
     {
-        Ok(Decision::Allowed { .. }) => Ok(()),
+        Ok(Decision::Allowed) => Ok(()),
         Ok(Decision::Limited { retry_after_secs }) => {
             metrics::counter!("sandbase_rate_limited_total").increment(1);
             Err(ApiError::RateLimited { retry_after_secs })

@@ -128,12 +128,7 @@ async fn update_member(
 ) -> ApiResult<Json<Member>> {
     principal.require(Role::Admin)?;
     let mut transaction = state.db.begin().await?;
-    lock_team(&mut transaction, principal.team_id).await?;
-    let current = find_member(&mut transaction, principal.team_id, user_id).await?;
-    let current_role: Role = current
-        .role
-        .parse()
-        .map_err(|error: String| anyhow::anyhow!(error))?;
+    let current_role = lock_member(&mut transaction, principal.team_id, user_id).await?;
     if current_role == Role::Owner || request.role == Role::Owner {
         principal.require(Role::Owner)?;
     }
@@ -200,12 +195,7 @@ async fn remove_member(
         principal.require(Role::Admin)?;
     }
     let mut transaction = state.db.begin().await?;
-    lock_team(&mut transaction, principal.team_id).await?;
-    let current = find_member(&mut transaction, principal.team_id, user_id).await?;
-    let current_role: Role = current
-        .role
-        .parse()
-        .map_err(|error: String| anyhow::anyhow!(error))?;
+    let current_role = lock_member(&mut transaction, principal.team_id, user_id).await?;
     if current_role == Role::Owner {
         if !leaving {
             principal.require(Role::Owner)?;
@@ -249,6 +239,20 @@ async fn lock_team(connection: &mut PgConnection, team_id: Uuid) -> ApiResult<()
         .await?
         .ok_or(ApiError::NotFound("team"))?;
     Ok(())
+}
+
+/// Locks the team and returns the role of one of its members.
+async fn lock_member(
+    connection: &mut PgConnection,
+    team_id: Uuid,
+    user_id: Uuid,
+) -> ApiResult<Role> {
+    lock_team(&mut *connection, team_id).await?;
+    let member = find_member(connection, team_id, user_id).await?;
+    Ok(member
+        .role
+        .parse()
+        .map_err(|error: String| anyhow::anyhow!(error))?)
 }
 
 async fn find_member(

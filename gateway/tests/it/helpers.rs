@@ -211,6 +211,22 @@ impl TestApp {
         )
     }
 
+    /// Sets a team's rate limit the way `sandbase admin rate-limit` does.
+    pub async fn set_rate_limit(&self, team_id: Uuid, limit: Option<(u32, u32)>) {
+        let redis = sandbase_gateway::startup::connect_redis(&self.settings)
+            .await
+            .unwrap();
+        sandbase_gateway::admin::set_team_rate_limit(
+            &self.db,
+            redis,
+            &self.settings.redis.key_prefix,
+            team_id,
+            limit,
+        )
+        .await
+        .unwrap();
+    }
+
     pub async fn count(&self, sql: &str) -> i64 {
         sqlx::query_scalar(sql)
             .fetch_one(&self.db)
