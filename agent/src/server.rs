@@ -1,0 +1,522 @@
+//! The agent's server: one thread per connection, one reaper for every child.
+//!
+//! As PID 1 the agent inherits every orphan in the sandbox, so it must reap them all; it
+//! is also the parent of every process it starts and needs their exit statuses. One
+//! reaper thread is the only caller of `wait`: it hands statuses of processes the agent
+//! started to whoever waits for them, and simply reaps the rest. A process that exits
+//! before its starter registered it is kept in `early` until it does.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, WaitOptions, WaitStatus};
+
+use crate::protocol::{
+    AgentError, Entry, ExecRequest, ExitInfo, FrameKind, Owner, Reply, Request, Stat, read_frame,
+    read_json, write_frame, write_json,
+};
+
+/// How long output may keep flowing after the process exited (from children it left
+/// running with the same pipes) before the exit is reported anyway.
+const OUTPUT_DRAIN: Duration = Duration::from_millis(250);
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Binds `socket` (mode 0600: only the agent's own user may connect) and serves forever.
+pub fn run(socket: &Path) -> io::Result<()> {
+    let _ = fs::remove_file(socket);
+    let listener = UnixListener::bind(socket)?;
+    fs::set_permissions(socket, fs::Permissions::from_mode(0o600))?;
+    thread::Builder::new()
+        .name("reaper".to_owned())
+        .spawn(reap_forever)?;
+    for connection in listener.incoming() {
+        match connection {
+            Ok(stream) => {
+                let _ = thread::Builder::new()
+                    .name("connection".to_owned())
+                    .spawn(move || {
+                        let _ = serve(stream);
+                    });
+            }
+            Err(error) => eprintln!("sandbase-agent: accept failed: {error}"),
+        }
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Children {
+    waiting: HashMap<u32, Sender<WaitStatus>>,
+    early: HashMap<u32, WaitStatus>,
+}
+
+fn children() -> MutexGuard<'static, Children> {
+    static CHILDREN: OnceLock<Mutex<Children>> = OnceLock::new();
+    CHILDREN
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn reap_forever() {
+    loop {
+        match rustix::process::wait(WaitOptions::empty()) {
+            Ok(Some((pid, status))) => {
+                let pid = pid.as_raw_nonzero().get() as u32;
+                let mut children = children();
+                match children.waiting.remove(&pid) {
+                    Some(sender) => {
+                        let _ = sender.send(status);
+                    }
+                    None => {
+                        // Either an orphan (nobody waits) or a child whose starter has not
+                        // registered yet; keep a bounded memory of the latter.
+                        if children.early.len() > 10_000 {
+                            children.early.clear();
+                        }
+                        children.early.insert(pid, status);
+                    }
+                }
+            }
+            Ok(None) => {}
+            // No children right now.
+            Err(_) => thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+fn serve(stream: UnixStream) -> io::Result<()> {
+    let mut reader = stream.try_clone()?;
+    let writer = Arc::new(Mutex::new(stream));
+    let request: Request = read_json(&mut reader)?;
+    match request {
+        Request::Ping => reply(&writer, &Reply::Ok(None)),
+        Request::Exec(exec_request) => exec(exec_request, &mut reader, &writer),
+        Request::ReadFile { path } => read_file(&path, &writer),
+        Request::WriteFile { path, mode, owner } => {
+            write_file(&path, mode, owner, &mut reader, &writer)
+        }
+        Request::List { path } => list(&path, &writer),
+        Request::Stat { path } => match stat(Path::new(&path)) {
+            Ok(stat) => reply(&writer, &Reply::Ok(Some(stat))),
+            Err(error) => reply_error(&writer, &error, &path),
+        },
+        Request::Mkdir { path, owner } => match mkdir(Path::new(&path), owner) {
+            Ok(()) => reply(&writer, &Reply::Ok(stat(Path::new(&path)).ok())),
+            Err(error) => reply_error(&writer, &error, &path),
+        },
+        Request::Remove { path, recursive } => {
+            let target = Path::new(&path);
+            let result = match fs::symlink_metadata(target) {
+                Ok(metadata) if metadata.is_dir() && recursive => fs::remove_dir_all(target),
+                Ok(metadata) if metadata.is_dir() => fs::remove_dir(target),
+                Ok(_) => fs::remove_file(target),
+                Err(error) => Err(error),
+            };
+            match result {
+                Ok(()) => reply(&writer, &Reply::Ok(None)),
+                Err(error) => reply_error(&writer, &error, &path),
+            }
+        }
+        Request::Rename { from, to } => match fs::rename(&from, &to) {
+            Ok(()) => reply(&writer, &Reply::Ok(stat(Path::new(&to)).ok())),
+            Err(error) => reply_error(&writer, &error, &from),
+        },
+    }
+}
+
+fn lock(writer: &Mutex<UnixStream>) -> MutexGuard<'_, UnixStream> {
+    writer
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn reply(writer: &Mutex<UnixStream>, message: &Reply) -> io::Result<()> {
+    write_json(&mut *lock(writer), message)
+}
+
+fn reply_error(writer: &Mutex<UnixStream>, error: &io::Error, context: &str) -> io::Result<()> {
+    reply(writer, &Reply::Error(AgentError::from_io(error, context)))
+}
+
+fn exec(
+    request: ExecRequest,
+    reader: &mut UnixStream,
+    writer: &Arc<Mutex<UnixStream>>,
+) -> io::Result<()> {
+    let Some(program) = request.argv.first() else {
+        return reply(
+            writer,
+            &Reply::Error(AgentError {
+                kind: "invalid".to_owned(),
+                message: "empty command".to_owned(),
+            }),
+        );
+    };
+    // Resolve the program here: a failed exec in the child would make the standard library
+    // wait for that child itself, racing the reaper.
+    let search_path = request.env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
+    let Some(resolved) = resolve_program(program, search_path, request.cwd.as_deref()) else {
+        return reply(
+            writer,
+            &Reply::Error(AgentError {
+                kind: "not_found".to_owned(),
+                message: format!("{program}: command not found"),
+            }),
+        );
+    };
+    let mut command = Command::new(resolved);
+    command.arg0(program);
+    command
+        .args(&request.argv[1..])
+        .env_clear()
+        .env("PATH", DEFAULT_PATH)
+        .envs(&request.env)
+        .stdin(if request.stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own process group, so a timeout or kill reaches everything it started.
+        .process_group(0);
+    if let Some(cwd) = &request.cwd {
+        command.current_dir(cwd);
+    }
+    if let Some(user) = request.user {
+        command.uid(user.uid).gid(user.gid);
+        // Switching away from root, the standard library also clears the supplementary
+        // groups (`setgroups(0)`), so the process keeps none of the agent's.
+    }
+
+    let started = Instant::now();
+    let (sender, receiver) = mpsc::channel();
+    let spawned = {
+        // Registration and spawn under one lock: the reaper cannot see the exit first.
+        let mut children = children();
+        command.spawn().inspect(|child| {
+            let pid = child.id();
+            match children.early.remove(&pid) {
+                Some(status) => {
+                    let _ = sender.send(status);
+                }
+                None => {
+                    children.waiting.insert(pid, sender);
+                }
+            }
+        })
+    };
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(error) => {
+            return reply(
+                writer,
+                &Reply::Error(AgentError {
+                    kind: if error.kind() == io::ErrorKind::NotFound {
+                        "not_found".to_owned()
+                    } else {
+                        "spawn_failed".to_owned()
+                    },
+                    message: format!("starting {program:?}: {error}"),
+                }),
+            );
+        }
+    };
+    let pid = child.id();
+    reply(writer, &Reply::Started { pid })?;
+
+    let stdout = child
+        .stdout
+        .take()
+        .map(|pipe| pump(pipe, FrameKind::Stdout, writer.clone()));
+    let stderr = child
+        .stderr
+        .take()
+        .map(|pipe| pump(pipe, FrameKind::Stderr, writer.clone()));
+    if let Some(mut stdin) = child.stdin.take() {
+        let mut input = reader.try_clone()?;
+        thread::spawn(move || {
+            while let Ok(Some(frame)) = read_frame(&mut input) {
+                if frame.kind != FrameKind::Data || stdin.write_all(&frame.payload).is_err() {
+                    break;
+                }
+            }
+            // Dropping `stdin` closes the pipe: the process sees end of input.
+        });
+    }
+    // The `Child` is never waited on: the reaper owns every exit status.
+    drop(child);
+
+    let deadline = request
+        .timeout_ms
+        .map(|ms| started + Duration::from_millis(ms));
+    let mut timed_out = false;
+    let status = loop {
+        let wait = match deadline {
+            Some(deadline) => deadline.saturating_duration_since(Instant::now()),
+            None => Duration::from_secs(3600),
+        };
+        match receiver.recv_timeout(wait) {
+            Ok(status) => break status,
+            Err(RecvTimeoutError::Timeout) if deadline.is_some() && !timed_out => {
+                timed_out = true;
+                kill_group(pid);
+                // Wait for the kill to land.
+                match receiver.recv_timeout(Duration::from_secs(10)) {
+                    Ok(status) => break status,
+                    Err(_) => {
+                        return reply(
+                            writer,
+                            &Reply::Error(AgentError {
+                                kind: "io".to_owned(),
+                                message: "the process survived SIGKILL".to_owned(),
+                            }),
+                        );
+                    }
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                return reply(
+                    writer,
+                    &Reply::Error(AgentError {
+                        kind: "io".to_owned(),
+                        message: "lost track of the process".to_owned(),
+                    }),
+                );
+            }
+        }
+    };
+    if timed_out {
+        // Whatever it left behind goes too.
+        kill_group(pid);
+    }
+    let drain_until = Instant::now() + OUTPUT_DRAIN;
+    for pump in [stdout, stderr].into_iter().flatten() {
+        let _ = pump.recv_timeout(drain_until.saturating_duration_since(Instant::now()));
+    }
+    let signal = status.terminating_signal();
+    let code = status
+        .exit_status()
+        .or_else(|| signal.map(|signal| 128 + signal))
+        .unwrap_or(-1);
+    reply(
+        writer,
+        &Reply::Exit(ExitInfo {
+            code,
+            signal,
+            timed_out,
+            duration_ms: started.elapsed().as_millis() as u64,
+        }),
+    )
+}
+
+/// Finds an executable the way a shell would: as given when it has a `/`, else on `PATH`.
+fn resolve_program(
+    program: &str,
+    search_path: &str,
+    cwd: Option<&str>,
+) -> Option<std::path::PathBuf> {
+    let executable = |path: &Path| {
+        fs::metadata(path).is_ok_and(|metadata| metadata.is_file() && metadata.mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let path = match cwd {
+            Some(cwd) if !program.starts_with('/') => Path::new(cwd).join(program),
+            _ => Path::new(program).to_path_buf(),
+        };
+        return executable(&path).then_some(path);
+    }
+    search_path
+        .split(':')
+        .filter(|dir| !dir.is_empty())
+        .map(|dir| Path::new(dir).join(program))
+        .find(|candidate| executable(candidate))
+}
+
+/// Copies a pipe into frames of `kind`; the returned channel fires at end of output.
+fn pump(
+    mut pipe: impl Read + Send + 'static,
+    kind: FrameKind,
+    writer: Arc<Mutex<UnixStream>>,
+) -> mpsc::Receiver<()> {
+    let (done, finished) = mpsc::channel();
+    thread::spawn(move || {
+        let mut buffer = vec![0u8; 64 * 1024];
+        loop {
+            match pipe.read(&mut buffer) {
+                Ok(0) | Err(_) => break,
+                Ok(read) => {
+                    if write_frame(&mut *lock(&writer), kind, &buffer[..read]).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = done.send(());
+    });
+    finished
+}
+
+fn kill_group(pid: u32) {
+    if let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) {
+        let _ = rustix::process::kill_process_group(pid, Signal::KILL);
+    }
+}
+
+fn read_file(path: &str, writer: &Mutex<UnixStream>) -> io::Result<()> {
+    let opened = fs::File::open(path).and_then(|file| {
+        let metadata = file.metadata()?;
+        if metadata.is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::IsADirectory,
+                "is a directory",
+            ));
+        }
+        Ok(file)
+    });
+    let mut file = match opened {
+        Ok(file) => file,
+        Err(error) => return reply_error(writer, &error, path),
+    };
+    reply(writer, &Reply::Ok(stat(Path::new(path)).ok()))?;
+    let mut buffer = vec![0u8; 256 * 1024];
+    let mut writer = lock(writer);
+    loop {
+        let read = file.read(&mut buffer)?;
+        if read == 0 {
+            break;
+        }
+        write_frame(&mut *writer, FrameKind::Data, &buffer[..read])?;
+    }
+    write_frame(&mut *writer, FrameKind::End, &[])
+}
+
+fn write_file(
+    path: &str,
+    mode: Option<u32>,
+    owner: Option<Owner>,
+    reader: &mut UnixStream,
+    writer: &Mutex<UnixStream>,
+) -> io::Result<()> {
+    let target = Path::new(path);
+    let result = (|| {
+        if let Some(parent) = target
+            .parent()
+            .filter(|parent| !parent.as_os_str().is_empty())
+        {
+            mkdir(parent, owner)?;
+        }
+        let mut file = fs::File::create(target)?;
+        if let Some(mode) = mode {
+            file.set_permissions(fs::Permissions::from_mode(mode & 0o7777))?;
+        }
+        if let Some(owner) = owner {
+            std::os::unix::fs::fchown(&file, Some(owner.uid), Some(owner.gid))?;
+        }
+        loop {
+            match read_frame(reader)? {
+                Some(frame) if frame.kind == FrameKind::Data => file.write_all(&frame.payload)?,
+                Some(frame) if frame.kind == FrameKind::End => break,
+                _ => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the upload ended before its end marker",
+                    ));
+                }
+            }
+        }
+        file.sync_all()
+    })();
+    match result {
+        Ok(()) => reply(writer, &Reply::Ok(stat(target).ok())),
+        Err(error) => reply_error(writer, &error, path),
+    }
+}
+
+/// Creates `path` and its missing parents, giving the new ones to `owner`.
+fn mkdir(path: &Path, owner: Option<Owner>) -> io::Result<()> {
+    if path.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+    {
+        mkdir(parent, owner)?;
+    }
+    match fs::create_dir(path) {
+        Ok(()) => {}
+        Err(error) if error.kind() == io::ErrorKind::AlreadyExists && path.is_dir() => {
+            return Ok(());
+        }
+        Err(error) => return Err(error),
+    }
+    if let Some(owner) = owner {
+        std::os::unix::fs::chown(path, Some(owner.uid), Some(owner.gid))?;
+    }
+    Ok(())
+}
+
+fn list(path: &str, writer: &Mutex<UnixStream>) -> io::Result<()> {
+    let entries = fs::read_dir(path).and_then(|entries| {
+        let mut listing = Vec::new();
+        for entry in entries {
+            let entry = entry?;
+            if let Ok(stat) = stat(&entry.path()) {
+                listing.push(Entry {
+                    name: entry.file_name().to_string_lossy().into_owned(),
+                    stat,
+                });
+            }
+        }
+        listing.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(listing)
+    });
+    match entries {
+        Ok(listing) => reply(writer, &Reply::Listing(listing)),
+        Err(error) => reply_error(writer, &error, path),
+    }
+}
+
+/// Describes `path` itself (a symlink is reported as one, with its target).
+fn stat(path: &Path) -> io::Result<Stat> {
+    let metadata = fs::symlink_metadata(path)?;
+    let file_type = metadata.file_type();
+    let kind = if file_type.is_symlink() {
+        "symlink"
+    } else if file_type.is_dir() {
+        "dir"
+    } else if file_type.is_file() {
+        "file"
+    } else {
+        "other"
+    };
+    Ok(Stat {
+        path: path.to_string_lossy().into_owned(),
+        kind: kind.to_owned(),
+        size: metadata.size(),
+        mode: metadata.mode() & 0o7777,
+        uid: metadata.uid(),
+        gid: metadata.gid(),
+        modified: metadata.mtime(),
+        link_target: if file_type.is_symlink() {
+            fs::read_link(path)
+                .ok()
+                .map(|target| target.to_string_lossy().into_owned())
+        } else {
+            None
+        },
+    })
+}
