@@ -1,0 +1,348 @@
+//! The OCI runtime specification of a sandbox container.
+//!
+//! Everything a sandbox is allowed is decided here: a user namespace mapping container
+//! root to an unprivileged host range, its own pid/mount/ipc/uts/net/cgroup namespaces,
+//! no new privileges, a minimal capability set for the agent (user commands run as an
+//! unprivileged uid and keep none), a seccomp filter, masked and read-only kernel paths,
+//! and cgroup limits on cpu, memory and pids.
+
+use serde_json::{Value, json};
+
+/// Where the agent and its socket appear inside the sandbox. The socket directory is
+/// mode 0700 and owned by the sandbox's root, so user commands cannot reach it.
+pub const AGENT_PATH: &str = "/.sandbase/agent";
+pub const CONTROL_DIR: &str = "/.sandbase/run";
+pub const AGENT_SOCKET: &str = "/.sandbase/run/agent.sock";
+/// The uid and gid user commands run as inside the sandbox.
+pub const SANDBOX_USER: u32 = 1000;
+/// How many ids each sandbox's user namespace maps.
+pub const ID_RANGE: u32 = 65_536;
+
+/// What varies between sandboxes.
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    pub hostname: String,
+    /// First host uid/gid of this sandbox's range (container id 0 maps here).
+    pub host_id_base: u32,
+    /// Host path of the statically linked agent, bind-mounted read-only.
+    pub agent_binary: String,
+    /// Host directory bind-mounted at [`CONTROL_DIR`], where the agent listens.
+    pub control_dir: String,
+    /// A network namespace to join (`None`: a fresh one with loopback only).
+    pub network_namespace: Option<String>,
+    pub limits: Limits,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// CPU in thousandths of a core.
+    pub cpu_millis: u32,
+    pub memory_mb: u32,
+    pub pids: u32,
+}
+
+/// Capabilities of the agent (container root inside its user namespace): enough to switch
+/// to the sandbox user, manage its files and signal its processes; nothing that reaches
+/// the kernel's shared state. A process switching to a non-zero uid loses them all.
+const AGENT_CAPABILITIES: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+];
+
+/// System calls refused with EPERM: kernel keyrings, module loading, mounting and namespace
+/// juggling, tracing and performance counters, BPF, clock and reboot control, handle-based
+/// opens (a known container escape), userfaultfd (a common exploit primitive).
+pub const DENIED_SYSCALLS: &[&str] = &[
+    "acct",
+    "add_key",
+    "bpf",
+    "clock_adjtime",
+    "clock_settime",
+    "create_module",
+    "delete_module",
+    "finit_module",
+    "fsconfig",
+    "fsmount",
+    "fsopen",
+    "fspick",
+    "get_kernel_syms",
+    "init_module",
+    "io_uring_enter",
+    "io_uring_register",
+    "io_uring_setup",
+    "ioperm",
+    "iopl",
+    "kcmp",
+    "kexec_file_load",
+    "kexec_load",
+    "keyctl",
+    "lookup_dcookie",
+    "mount",
+    "mount_setattr",
+    "move_mount",
+    "name_to_handle_at",
+    "nfsservctl",
+    "open_by_handle_at",
+    "open_tree",
+    "perf_event_open",
+    "personality",
+    "pivot_root",
+    "process_vm_readv",
+    "process_vm_writev",
+    "ptrace",
+    "query_module",
+    "quotactl",
+    "reboot",
+    "request_key",
+    "setns",
+    "settimeofday",
+    "swapoff",
+    "swapon",
+    "syslog",
+    "umount",
+    "umount2",
+    "unshare",
+    "uselib",
+    "userfaultfd",
+    "ustat",
+    "vhangup",
+    "vm86",
+    "vm86old",
+];
+
+/// Paths of the kernel that leak host information or allow host changes.
+const MASKED_PATHS: &[&str] = &[
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+];
+
+const READONLY_PATHS: &[&str] = &[
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+/// The CFS period the cpu limit is expressed in.
+const CPU_PERIOD_US: u64 = 100_000;
+
+pub fn oci_spec(sandbox: &SandboxSpec) -> Value {
+    let limits = sandbox.limits;
+    let memory_bytes = u64::from(limits.memory_mb) * 1024 * 1024;
+    let cpu_quota = u64::from(limits.cpu_millis) * CPU_PERIOD_US / 1000;
+    let mut namespaces = vec![
+        json!({ "type": "pid" }),
+        json!({ "type": "ipc" }),
+        json!({ "type": "uts" }),
+        json!({ "type": "mount" }),
+        json!({ "type": "user" }),
+        json!({ "type": "cgroup" }),
+    ];
+    namespaces.push(match &sandbox.network_namespace {
+        Some(path) => json!({ "type": "network", "path": path }),
+        None => json!({ "type": "network" }),
+    });
+    let id_mapping =
+        json!([{ "containerID": 0, "hostID": sandbox.host_id_base, "size": ID_RANGE }]);
+    json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": { "uid": 0, "gid": 0 },
+            "args": [AGENT_PATH, "--socket", AGENT_SOCKET],
+            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"],
+            "cwd": "/",
+            "capabilities": {
+                "bounding": AGENT_CAPABILITIES,
+                "effective": AGENT_CAPABILITIES,
+                "permitted": AGENT_CAPABILITIES,
+                "inheritable": [],
+                "ambient": [],
+            },
+            "rlimits": [{ "type": "RLIMIT_NOFILE", "hard": 65536, "soft": 4096 }],
+            "noNewPrivileges": true,
+        },
+        "root": { "path": "rootfs", "readonly": false },
+        "hostname": sandbox.hostname,
+        "mounts": [
+            { "destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"] },
+            { "destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"] },
+            { "destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"] },
+            { "destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=67108864"] },
+            { "destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"] },
+            { "destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"] },
+            { "destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup", "options": ["nosuid", "noexec", "nodev", "relatime", "ro"] },
+            { "destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777", "size=536870912"] },
+            { "destination": AGENT_PATH, "type": "bind", "source": sandbox.agent_binary, "options": ["rbind", "ro", "nosuid", "nodev"] },
+            { "destination": CONTROL_DIR, "type": "bind", "source": sandbox.control_dir, "options": ["rbind", "rw", "nosuid", "nodev", "noexec"] },
+        ],
+        "linux": {
+            "namespaces": namespaces,
+            "uidMappings": id_mapping,
+            "gidMappings": id_mapping,
+            "resources": {
+                "devices": [{ "allow": false, "access": "rwm" }],
+                "memory": { "limit": memory_bytes, "swap": memory_bytes },
+                "cpu": { "quota": cpu_quota, "period": CPU_PERIOD_US },
+                "pids": { "limit": limits.pids },
+            },
+            "maskedPaths": MASKED_PATHS,
+            "readonlyPaths": READONLY_PATHS,
+            "seccomp": {
+                "defaultAction": "SCMP_ACT_ALLOW",
+                "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+                "syscalls": [{ "names": DENIED_SYSCALLS, "action": "SCMP_ACT_ERRNO", "errnoRet": 1 }],
+            },
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> Value {
+        oci_spec(&SandboxSpec {
+            hostname: "sandbox".to_owned(),
+            host_id_base: 200_000,
+            agent_binary: "/var/lib/sandbase/agent".to_owned(),
+            control_dir: "/run/sandbase/sandboxes/x".to_owned(),
+            network_namespace: None,
+            limits: Limits {
+                cpu_millis: 1500,
+                memory_mb: 512,
+                pids: 256,
+            },
+        })
+    }
+
+    #[test]
+    fn container_root_is_an_unprivileged_host_range() {
+        let spec = spec();
+        let namespaces: Vec<&str> = spec["linux"]["namespaces"]
+            .as_array()
+            .expect("namespaces")
+            .iter()
+            .map(|namespace| namespace["type"].as_str().expect("type"))
+            .collect();
+        for required in ["pid", "ipc", "uts", "mount", "user", "network", "cgroup"] {
+            assert!(
+                namespaces.contains(&required),
+                "missing {required} namespace"
+            );
+        }
+        for mappings in ["uidMappings", "gidMappings"] {
+            let mapping = &spec["linux"][mappings][0];
+            assert_eq!(mapping["containerID"], 0);
+            assert_eq!(mapping["hostID"], 200_000);
+            assert_eq!(mapping["size"], ID_RANGE);
+        }
+    }
+
+    #[test]
+    fn privileges_are_minimal() {
+        let spec = spec();
+        assert_eq!(spec["process"]["noNewPrivileges"], true);
+        let capabilities = &spec["process"]["capabilities"];
+        for set in ["bounding", "effective", "permitted"] {
+            let granted: Vec<&str> = capabilities[set]
+                .as_array()
+                .expect("set")
+                .iter()
+                .map(|capability| capability.as_str().expect("name"))
+                .collect();
+            for dangerous in [
+                "CAP_SYS_ADMIN",
+                "CAP_NET_ADMIN",
+                "CAP_SYS_PTRACE",
+                "CAP_SYS_MODULE",
+                "CAP_NET_RAW",
+                "CAP_MKNOD",
+                "CAP_SYS_CHROOT",
+            ] {
+                assert!(!granted.contains(&dangerous), "{dangerous} in {set}");
+            }
+        }
+        assert_eq!(capabilities["ambient"], json!([]));
+        assert_eq!(capabilities["inheritable"], json!([]));
+        let denied = &spec["linux"]["seccomp"]["syscalls"][0]["names"];
+        for syscall in [
+            "mount",
+            "unshare",
+            "setns",
+            "ptrace",
+            "bpf",
+            "keyctl",
+            "open_by_handle_at",
+            "userfaultfd",
+            "init_module",
+        ] {
+            assert!(
+                denied.as_array().expect("names").contains(&json!(syscall)),
+                "{syscall} allowed"
+            );
+        }
+        assert_eq!(spec["linux"]["resources"]["devices"][0]["allow"], false);
+    }
+
+    #[test]
+    fn limits_become_cgroup_settings() {
+        let resources = &spec()["linux"]["resources"];
+        assert_eq!(resources["memory"]["limit"], 512u64 * 1024 * 1024);
+        assert_eq!(resources["memory"]["swap"], 512u64 * 1024 * 1024);
+        assert_eq!(resources["cpu"]["quota"], 150_000);
+        assert_eq!(resources["cpu"]["period"], 100_000);
+        assert_eq!(resources["pids"]["limit"], 256);
+    }
+
+    #[test]
+    fn the_agent_is_read_only_and_its_socket_is_in_its_own_directory() {
+        let spec = spec();
+        let mounts = spec["mounts"].as_array().expect("mounts");
+        let agent = mounts
+            .iter()
+            .find(|mount| mount["destination"] == AGENT_PATH)
+            .expect("agent mount");
+        assert!(
+            agent["options"]
+                .as_array()
+                .expect("options")
+                .contains(&json!("ro"))
+        );
+        let control = mounts
+            .iter()
+            .find(|mount| mount["destination"] == CONTROL_DIR)
+            .expect("control mount");
+        assert!(
+            control["options"]
+                .as_array()
+                .expect("options")
+                .contains(&json!("noexec"))
+        );
+        assert!(AGENT_SOCKET.starts_with(CONTROL_DIR));
+        assert_eq!(spec["process"]["args"][0], AGENT_PATH);
+        for masked in ["/proc/kcore", "/proc/keys", "/sys/firmware"] {
+            assert!(
+                spec["linux"]["maskedPaths"]
+                    .as_array()
+                    .expect("masked")
+                    .contains(&json!(masked))
+            );
+        }
+    }
+}
