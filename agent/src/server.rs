@@ -14,11 +14,12 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::process::{Pid, Signal, WaitOptions, WaitStatus};
 
 use crate::protocol::{
@@ -29,7 +30,14 @@ use crate::protocol::{
 /// How long output may keep flowing after the process exited (from children it left
 /// running with the same pipes) before the exit is reported anyway.
 const OUTPUT_DRAIN: Duration = Duration::from_millis(250);
+/// How often a running process is checked for exit and timeout between output.
+const POLL_INTERVAL: Duration = Duration::from_millis(10);
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Connections served at once. The threads exist before any user process does: a sandbox
+/// that exhausts its pids limit cannot stop the agent from answering (threads count as
+/// pids too).
+const CONNECTION_THREADS: usize = 16;
 
 /// Binds `socket` (mode 0600: only the agent's own user may connect) and serves forever.
 pub fn run(socket: &Path) -> io::Result<()> {
@@ -39,17 +47,26 @@ pub fn run(socket: &Path) -> io::Result<()> {
     thread::Builder::new()
         .name("reaper".to_owned())
         .spawn(reap_forever)?;
-    for connection in listener.incoming() {
-        match connection {
-            Ok(stream) => {
-                let _ = thread::Builder::new()
-                    .name("connection".to_owned())
-                    .spawn(move || {
-                        let _ = serve(stream);
-                    });
-            }
-            Err(error) => eprintln!("sandbase-agent: accept failed: {error}"),
-        }
+    let mut workers = Vec::new();
+    for _ in 0..CONNECTION_THREADS {
+        let listener = listener.try_clone()?;
+        workers.push(
+            thread::Builder::new()
+                .name("connection".to_owned())
+                .spawn(move || {
+                    for connection in listener.incoming() {
+                        match connection {
+                            Ok(stream) => {
+                                let _ = serve(stream);
+                            }
+                            Err(error) => eprintln!("sandbase-agent: accept failed: {error}"),
+                        }
+                    }
+                })?,
+        );
+    }
+    for worker in workers {
+        let _ = worker.join();
     }
     Ok(())
 }
@@ -236,75 +253,120 @@ fn exec(
     let pid = child.id();
     reply(writer, &Reply::Started { pid })?;
 
+    // Both pipes as plain files, so one loop can poll and read them alike.
     let stdout = child
         .stdout
         .take()
-        .map(|pipe| pump(pipe, FrameKind::Stdout, writer.clone()));
+        .map(|pipe| fs::File::from(std::os::fd::OwnedFd::from(pipe)));
     let stderr = child
         .stderr
         .take()
-        .map(|pipe| pump(pipe, FrameKind::Stderr, writer.clone()));
+        .map(|pipe| fs::File::from(std::os::fd::OwnedFd::from(pipe)));
     if let Some(mut stdin) = child.stdin.take() {
         let mut input = reader.try_clone()?;
-        thread::spawn(move || {
-            while let Ok(Some(frame)) = read_frame(&mut input) {
-                if frame.kind != FrameKind::Data || stdin.write_all(&frame.payload).is_err() {
-                    break;
+        let feeder = thread::Builder::new()
+            .name("stdin".to_owned())
+            .spawn(move || {
+                while let Ok(Some(frame)) = read_frame(&mut input) {
+                    if frame.kind != FrameKind::Data || stdin.write_all(&frame.payload).is_err() {
+                        break;
+                    }
                 }
-            }
-            // Dropping `stdin` closes the pipe: the process sees end of input.
-        });
+                // Dropping `stdin` closes the pipe: the process sees end of input.
+            });
+        if let Err(error) = feeder {
+            kill_group(pid);
+            return reply_error(writer, &error, "feeding standard input");
+        }
     }
     // The `Child` is never waited on: the reaper owns every exit status.
     drop(child);
 
+    // This connection's thread watches output, exit and timeout together with poll(2):
+    // running a command needs no new thread, so it works even when the sandbox has used
+    // up its pids.
+    let mut outputs = [(stdout, FrameKind::Stdout), (stderr, FrameKind::Stderr)];
     let deadline = request
         .timeout_ms
         .map(|ms| started + Duration::from_millis(ms));
     let mut timed_out = false;
+    let mut exited: Option<(WaitStatus, Instant)> = None;
+    let mut buffer = vec![0u8; 64 * 1024];
     let status = loop {
-        let wait = match deadline {
-            Some(deadline) => deadline.saturating_duration_since(Instant::now()),
-            None => Duration::from_secs(3600),
-        };
-        match receiver.recv_timeout(wait) {
-            Ok(status) => break status,
-            Err(RecvTimeoutError::Timeout) if deadline.is_some() && !timed_out => {
-                timed_out = true;
-                kill_group(pid);
-                // Wait for the kill to land.
-                match receiver.recv_timeout(Duration::from_secs(10)) {
-                    Ok(status) => break status,
-                    Err(_) => {
-                        return reply(
-                            writer,
-                            &Reply::Error(AgentError {
-                                kind: "io".to_owned(),
-                                message: "the process survived SIGKILL".to_owned(),
-                            }),
-                        );
-                    }
+        if exited.is_none() {
+            match receiver.try_recv() {
+                Ok(status) => exited = Some((status, Instant::now())),
+                Err(mpsc::TryRecvError::Empty) => {}
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    return reply(
+                        writer,
+                        &Reply::Error(AgentError {
+                            kind: "io".to_owned(),
+                            message: "lost track of the process".to_owned(),
+                        }),
+                    );
                 }
             }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => {
-                return reply(
-                    writer,
-                    &Reply::Error(AgentError {
-                        kind: "io".to_owned(),
-                        message: "lost track of the process".to_owned(),
-                    }),
-                );
+        }
+        let open = outputs.iter().any(|(pipe, _)| pipe.is_some());
+        if let Some((status, at)) = exited
+            && (!open || at.elapsed() >= OUTPUT_DRAIN)
+        {
+            break status;
+        }
+        if !timed_out
+            && exited.is_none()
+            && deadline.is_some_and(|deadline| Instant::now() >= deadline)
+        {
+            timed_out = true;
+            kill_group(pid);
+        }
+        if !open {
+            thread::sleep(POLL_INTERVAL);
+            continue;
+        }
+        let mut ready = [false; 2];
+        {
+            let mut fds = Vec::with_capacity(2);
+            let mut slots = Vec::with_capacity(2);
+            for (index, (pipe, _)) in outputs.iter().enumerate() {
+                if let Some(pipe) = pipe {
+                    fds.push(PollFd::new(pipe, PollFlags::IN));
+                    slots.push(index);
+                }
+            }
+            let timeout = Timespec {
+                tv_sec: 0,
+                tv_nsec: POLL_INTERVAL.as_nanos() as i64,
+            };
+            match rustix::event::poll(&mut fds, Some(&timeout)) {
+                Ok(_) => {
+                    for (fd, index) in fds.iter().zip(slots) {
+                        ready[index] = !fd.revents().is_empty();
+                    }
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(error) => {
+                    return reply_error(writer, &io::Error::from(error), "watching output");
+                }
+            }
+        }
+        for (index, (pipe, kind)) in outputs.iter_mut().enumerate() {
+            if !ready[index] {
+                continue;
+            }
+            let Some(stream) = pipe.as_mut() else {
+                continue;
+            };
+            match stream.read(&mut buffer) {
+                Ok(0) | Err(_) => *pipe = None,
+                Ok(read) => write_frame(&mut *lock(writer), *kind, &buffer[..read])?,
             }
         }
     };
     if timed_out {
         // Whatever it left behind goes too.
         kill_group(pid);
-    }
-    let drain_until = Instant::now() + OUTPUT_DRAIN;
-    for pump in [stdout, stderr].into_iter().flatten() {
-        let _ = pump.recv_timeout(drain_until.saturating_duration_since(Instant::now()));
     }
     let signal = status.terminating_signal();
     let code = status
@@ -343,30 +405,6 @@ fn resolve_program(
         .filter(|dir| !dir.is_empty())
         .map(|dir| Path::new(dir).join(program))
         .find(|candidate| executable(candidate))
-}
-
-/// Copies a pipe into frames of `kind`; the returned channel fires at end of output.
-fn pump(
-    mut pipe: impl Read + Send + 'static,
-    kind: FrameKind,
-    writer: Arc<Mutex<UnixStream>>,
-) -> mpsc::Receiver<()> {
-    let (done, finished) = mpsc::channel();
-    thread::spawn(move || {
-        let mut buffer = vec![0u8; 64 * 1024];
-        loop {
-            match pipe.read(&mut buffer) {
-                Ok(0) | Err(_) => break,
-                Ok(read) => {
-                    if write_frame(&mut *lock(&writer), kind, &buffer[..read]).is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-        let _ = done.send(());
-    });
-    finished
 }
 
 fn kill_group(pid: u32) {

@@ -174,7 +174,7 @@ pub fn oci_spec(sandbox: &SandboxSpec) -> Value {
                 "inheritable": [],
                 "ambient": [],
             },
-            "rlimits": [{ "type": "RLIMIT_NOFILE", "hard": 65536, "soft": 4096 }],
+            "rlimits": [{ "type": "RLIMIT_NOFILE", "hard": 4096, "soft": 1024 }],
             "noNewPrivileges": true,
         },
         "root": { "path": "rootfs", "readonly": false },

@@ -1,0 +1,333 @@
+//! The sandbox spec, run for real: a busybox root file system, the statically linked
+//! agent as PID 1, runc, and attempts to get out.
+//!
+//! Needs root, runc and busybox-static (scripts/setup installs them) and a static agent
+//! (scripts/test builds it and sets SANDBASE_AGENT_BINARY).
+
+#![allow(clippy::unwrap_used)] // Tests panic on purpose when an expectation fails.
+
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use sandbase_agent::protocol::{
+    ExecRequest, ExitInfo, FrameKind, Owner, Reply, Request, read_frame, write_json,
+};
+use sandbase_worker::spec::{Limits, SANDBOX_USER, SandboxSpec, oci_spec};
+
+struct Sandbox {
+    id: String,
+    dir: PathBuf,
+    state: PathBuf,
+    socket: PathBuf,
+}
+
+fn run(command: &mut Command) -> String {
+    let output = command
+        .output()
+        .unwrap_or_else(|error| panic!("{command:?}: {error}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+impl Sandbox {
+    fn start(limits: Limits) -> Sandbox {
+        let agent = std::env::var("SANDBASE_AGENT_BINARY")
+            .expect("SANDBASE_AGENT_BINARY: a statically linked agent (scripts/test builds it)");
+        let unique = format!("{}-{}", std::process::id(), rand_suffix());
+        let id = format!("sandbase-spec-{unique}");
+        let dir = std::env::temp_dir().join(&id);
+        let rootfs = dir.join("rootfs");
+        // Each test its own id range: 65536 ids from 1_000_000 up.
+        let base = 1_000_000 + (rand_suffix() % 1000) as u32 * 65_536;
+
+        // A busybox root file system, owned by the sandbox's root.
+        for sub in [
+            "bin",
+            "proc",
+            "sys",
+            "dev",
+            "tmp",
+            "etc",
+            "root",
+            "mnt",
+            ".sandbase/run",
+        ] {
+            std::fs::create_dir_all(rootfs.join(sub)).unwrap();
+        }
+        std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).unwrap();
+        for applet in run(Command::new("/bin/busybox").arg("--list")).lines() {
+            if applet != "busybox" {
+                std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
+            }
+        }
+        std::fs::write(rootfs.join(".sandbase/agent"), b"").unwrap();
+        std::fs::write(
+            rootfs.join("etc/passwd"),
+            "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n",
+        )
+        .unwrap();
+        std::fs::create_dir_all(rootfs.join("home/user")).unwrap();
+        run(Command::new("chown")
+            .args(["-R", "-h", &format!("{base}:{base}")])
+            .arg(&rootfs));
+        run(Command::new("chown")
+            .arg(format!("{}:{}", base + SANDBOX_USER, base + SANDBOX_USER))
+            .arg(rootfs.join("home/user")));
+
+        // The agent's socket directory: the sandbox's root only.
+        let control = dir.join("control");
+        std::fs::create_dir_all(&control).unwrap();
+        run(Command::new("chown")
+            .arg(format!("{base}:{base}"))
+            .arg(&control));
+        run(Command::new("chmod").arg("700").arg(&control));
+
+        let spec = oci_spec(&SandboxSpec {
+            hostname: "sandbox".to_owned(),
+            host_id_base: base,
+            agent_binary: agent,
+            control_dir: control.to_str().unwrap().to_owned(),
+            network_namespace: None,
+            limits,
+        });
+        std::fs::write(
+            dir.join("config.json"),
+            serde_json::to_vec_pretty(&spec).unwrap(),
+        )
+        .unwrap();
+        // One runc state root for every test sandbox, outside the sandbox's own directory.
+        let state = std::env::temp_dir().join("sandbase-spec-runc");
+        // The container inherits runc's standard streams: a log file, not pipes that would
+        // stay open as long as the agent runs.
+        let log = std::fs::File::create(dir.join("agent.log")).unwrap();
+        let status = Command::new("runc")
+            .arg("--root")
+            .arg(&state)
+            .args(["run", "--detach", "--bundle"])
+            .arg(&dir)
+            .arg(&id)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "runc run failed: {}",
+            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
+        );
+        let socket = control.join("agent.sock");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while UnixStream::connect(&socket).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the agent did not come up in the container"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Sandbox {
+            id,
+            dir,
+            state,
+            socket,
+        }
+    }
+
+    /// Runs `script` with sh as the sandbox user (or root of the sandbox).
+    fn sh(&self, script: &str, as_root: bool) -> (String, String, ExitInfo) {
+        let mut stream = UnixStream::connect(&self.socket).unwrap();
+        write_json(
+            &mut stream,
+            &Request::Exec(ExecRequest {
+                argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+                user: (!as_root).then_some(Owner {
+                    uid: SANDBOX_USER,
+                    gid: SANDBOX_USER,
+                }),
+                cwd: Some("/tmp".into()),
+                timeout_ms: Some(20_000),
+                ..Default::default()
+            }),
+        )
+        .unwrap();
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        loop {
+            let frame = read_frame(&mut stream).unwrap().expect("frame");
+            match frame.kind {
+                FrameKind::Stdout => stdout.extend(frame.payload),
+                FrameKind::Stderr => stderr.extend(frame.payload),
+                FrameKind::Json => match serde_json::from_slice::<Reply>(&frame.payload).unwrap() {
+                    Reply::Started { .. } => {}
+                    Reply::Exit(exit) => {
+                        return (
+                            String::from_utf8_lossy(&stdout).into(),
+                            String::from_utf8_lossy(&stderr).into(),
+                            exit,
+                        );
+                    }
+                    other => panic!("{other:?}"),
+                },
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    /// Runs as the sandbox user and expects failure.
+    #[track_caller]
+    fn refused(&self, script: &str) {
+        let (stdout, stderr, exit) = self.sh(script, false);
+        assert_ne!(exit.code, 0, "`{script}` succeeded: {stdout}{stderr}");
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = Command::new("runc")
+            .arg("--root")
+            .arg(&self.state)
+            .args(["kill", &self.id, "KILL"])
+            .output();
+        let _ = Command::new("runc")
+            .arg("--root")
+            .arg(&self.state)
+            .args(["delete", "--force", &self.id])
+            .output();
+        if std::thread::panicking() {
+            eprintln!(
+                "agent log of the failed sandbox:\n{}",
+                std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
+            );
+        }
+        if let Err(error) = std::fs::remove_dir_all(&self.dir) {
+            eprintln!("removing {}: {error}", self.dir.display());
+        }
+    }
+}
+
+fn rand_suffix() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(Instant::now().elapsed().as_nanos());
+    hasher.finish() % 1_000_000
+}
+
+const LIMITS: Limits = Limits {
+    cpu_millis: 1000,
+    memory_mb: 128,
+    pids: 64,
+};
+
+#[test]
+fn the_agent_is_pid_one_and_commands_run_unprivileged() {
+    let sandbox = Sandbox::start(LIMITS);
+    let (stdout, _, exit) = sandbox.sh(
+        "id -u; id -g; cat /proc/1/cmdline | tr '\\0' ' '; echo; hostname",
+        false,
+    );
+    assert_eq!(exit.code, 0);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "1000");
+    assert_eq!(lines[1], "1000");
+    assert!(
+        lines[2].starts_with("/.sandbase/agent --socket"),
+        "{stdout}"
+    );
+    assert_eq!(lines[3], "sandbox");
+    // Even the sandbox's root is an unprivileged id on the host.
+    let (stdout, _, _) = sandbox.sh("cat /proc/self/uid_map", true);
+    let fields: Vec<&str> = stdout.split_whitespace().collect();
+    assert_eq!(fields[0], "0");
+    assert_ne!(fields[1], "0");
+    let (stdout, _, _) = sandbox.sh(
+        "grep -E '^(NoNewPrivs|Seccomp|CapEff)' /proc/self/status",
+        false,
+    );
+    assert!(stdout.contains("NoNewPrivs:\t1"), "{stdout}");
+    assert!(stdout.contains("Seccomp:\t2"), "{stdout}");
+    assert!(stdout.contains("CapEff:\t0000000000000000"), "{stdout}");
+}
+
+#[test]
+fn escape_attempts_fail_and_the_sandbox_keeps_working() {
+    let sandbox = Sandbox::start(LIMITS);
+    // The agent's control socket is out of reach of user commands.
+    sandbox.refused("ls /.sandbase/run");
+    sandbox.refused("echo x > /.sandbase/agent");
+    // Mounting, new namespaces, kernel tunables, raw devices, kernel memory.
+    sandbox.refused("mount -t tmpfs none /mnt");
+    sandbox.refused("unshare -r true");
+    sandbox.refused("echo 1 > /proc/sys/kernel/sysrq");
+    sandbox.refused("mknod /tmp/sda b 8 0");
+    sandbox.refused("head -c 16 /proc/kcore > /tmp/kcore && test -s /tmp/kcore");
+    sandbox.refused("echo hi > /etc/passwd");
+    // Not even the sandbox's root may mount or reach kernel state.
+    let (_, _, exit) = sandbox.sh("mount -t tmpfs none /mnt", true);
+    assert_ne!(exit.code, 0);
+    let (_, _, exit) = sandbox.sh("echo 1 > /proc/sysrq-trigger", true);
+    assert_ne!(exit.code, 0);
+    // Still serving.
+    let (stdout, _, exit) = sandbox.sh("echo alive", false);
+    assert_eq!((stdout.as_str(), exit.code), ("alive\n", 0));
+}
+
+#[test]
+fn limits_hold_against_exhaustion() {
+    let sandbox = Sandbox::start(LIMITS);
+    // More processes than the pids limit: the fork bomb is contained.
+    let (stdout, _, _) = sandbox.sh("for i in $(seq 1 100); do sleep 5 & done 2>/dev/null; sleep 0.2; ls /proc | grep -c '^[0-9]'", false);
+    let processes: u32 = stdout.trim().parse().unwrap_or(0);
+    assert!(
+        processes <= LIMITS.pids,
+        "{processes} processes under a limit of {}",
+        LIMITS.pids
+    );
+    sandbox.sh("kill -9 -1 2>/dev/null; true", false);
+    // Memory beyond the limit kills the hog, not the sandbox.
+    let (stdout, _, exit) = sandbox.sh(
+        "awk 'BEGIN { s = \"x\"; for (i = 0; i < 40; i++) s = s s; print length(s) }'",
+        false,
+    );
+    assert_ne!(
+        exit.code, 0,
+        "a 1 TiB string under a 128 MiB limit: {stdout}"
+    );
+    let (stdout, _, exit) = sandbox.sh("echo alive", false);
+    assert_eq!((stdout.as_str(), exit.code), ("alive\n", 0));
+}
+
+#[test]
+fn nothing_is_left_after_destroy() {
+    let sandbox = Sandbox::start(LIMITS);
+    let (id, state, dir) = (
+        sandbox.id.clone(),
+        sandbox.state.clone(),
+        sandbox.dir.clone(),
+    );
+    drop(sandbox);
+    let listed = Command::new("runc")
+        .arg("--root")
+        .arg(&state)
+        .arg("list")
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&listed.stdout).contains(&id));
+    assert!(!Path::new(&dir).exists());
+    let cgroups = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "find /sys/fs/cgroup -maxdepth 3 -name '*{id}*' | head -1"
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&cgroups.stdout).trim().is_empty(),
+        "cgroup left behind"
+    );
+}
