@@ -4,4 +4,5 @@
 //! decided in one place, unit-tested for its invariants). Lifecycle on containerd, templates,
 //! the warm pool and networking build on it.
 
+pub mod containerd;
 pub mod spec;

@@ -47,39 +47,7 @@ impl Sandbox {
         // Each test its own id range: 65536 ids from 1_000_000 up.
         let base = 1_000_000 + (rand_suffix() % 1000) as u32 * 65_536;
 
-        // A busybox root file system, owned by the sandbox's root.
-        for sub in [
-            "bin",
-            "proc",
-            "sys",
-            "dev",
-            "tmp",
-            "etc",
-            "root",
-            "mnt",
-            ".sandbase/run",
-        ] {
-            std::fs::create_dir_all(rootfs.join(sub)).unwrap();
-        }
-        std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).unwrap();
-        for applet in run(Command::new("/bin/busybox").arg("--list")).lines() {
-            if applet != "busybox" {
-                std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
-            }
-        }
-        std::fs::write(rootfs.join(".sandbase/agent"), b"").unwrap();
-        std::fs::write(
-            rootfs.join("etc/passwd"),
-            "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n",
-        )
-        .unwrap();
-        std::fs::create_dir_all(rootfs.join("home/user")).unwrap();
-        run(Command::new("chown")
-            .args(["-R", "-h", &format!("{base}:{base}")])
-            .arg(&rootfs));
-        run(Command::new("chown")
-            .arg(format!("{}:{}", base + SANDBOX_USER, base + SANDBOX_USER))
-            .arg(rootfs.join("home/user")));
+        busybox_rootfs(&rootfs, base);
 
         // The agent's socket directory: the sandbox's root only.
         let control = dir.join("control");
@@ -142,41 +110,7 @@ impl Sandbox {
 
     /// Runs `script` with sh as the sandbox user (or root of the sandbox).
     fn sh(&self, script: &str, as_root: bool) -> (String, String, ExitInfo) {
-        let mut stream = UnixStream::connect(&self.socket).unwrap();
-        write_json(
-            &mut stream,
-            &Request::Exec(ExecRequest {
-                argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
-                user: (!as_root).then_some(Owner {
-                    uid: SANDBOX_USER,
-                    gid: SANDBOX_USER,
-                }),
-                cwd: Some("/tmp".into()),
-                timeout_ms: Some(20_000),
-                ..Default::default()
-            }),
-        )
-        .unwrap();
-        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-        loop {
-            let frame = read_frame(&mut stream).unwrap().expect("frame");
-            match frame.kind {
-                FrameKind::Stdout => stdout.extend(frame.payload),
-                FrameKind::Stderr => stderr.extend(frame.payload),
-                FrameKind::Json => match serde_json::from_slice::<Reply>(&frame.payload).unwrap() {
-                    Reply::Started { .. } => {}
-                    Reply::Exit(exit) => {
-                        return (
-                            String::from_utf8_lossy(&stdout).into(),
-                            String::from_utf8_lossy(&stderr).into(),
-                            exit,
-                        );
-                    }
-                    other => panic!("{other:?}"),
-                },
-                other => panic!("{other:?}"),
-            }
-        }
+        agent_sh(&self.socket, script, as_root)
     }
 
     /// Runs as the sandbox user and expects failure.
@@ -208,6 +142,103 @@ impl Drop for Sandbox {
         if let Err(error) = std::fs::remove_dir_all(&self.dir) {
             eprintln!("removing {}: {error}", self.dir.display());
         }
+    }
+}
+
+/// A busybox root file system owned by the sandbox's root (host ids from `base`).
+fn busybox_rootfs(rootfs: &Path, base: u32) {
+    for sub in [
+        "bin",
+        "proc",
+        "sys",
+        "dev",
+        "tmp",
+        "etc",
+        "root",
+        "mnt",
+        ".sandbase/run",
+    ] {
+        std::fs::create_dir_all(rootfs.join(sub)).unwrap();
+    }
+    std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).unwrap();
+    for applet in run(Command::new("/bin/busybox").arg("--list")).lines() {
+        if applet != "busybox" {
+            std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
+        }
+    }
+    std::fs::write(rootfs.join(".sandbase/agent"), b"").unwrap();
+    std::fs::write(
+        rootfs.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(rootfs.join("home/user")).unwrap();
+    run(Command::new("chown")
+        .args(["-R", "-h", &format!("{base}:{base}")])
+        .arg(rootfs));
+    let user = base + SANDBOX_USER;
+    run(Command::new("chown")
+        .arg(format!("{user}:{user}"))
+        .arg(rootfs.join("home/user")));
+}
+
+/// The agent's socket directory: the sandbox's root only.
+fn control_dir(path: &Path, base: u32) -> PathBuf {
+    std::fs::create_dir_all(path).unwrap();
+    run(Command::new("chown")
+        .arg(format!("{base}:{base}"))
+        .arg(path));
+    run(Command::new("chmod").arg("700").arg(path));
+    path.to_path_buf()
+}
+
+/// Runs `script` with sh through the agent at `socket`, as the sandbox user or its root.
+fn agent_sh(socket: &Path, script: &str, as_root: bool) -> (String, String, ExitInfo) {
+    let mut stream = UnixStream::connect(socket).unwrap();
+    write_json(
+        &mut stream,
+        &Request::Exec(ExecRequest {
+            argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+            user: (!as_root).then_some(Owner {
+                uid: SANDBOX_USER,
+                gid: SANDBOX_USER,
+            }),
+            cwd: Some("/tmp".into()),
+            timeout_ms: Some(20_000),
+            ..Default::default()
+        }),
+    )
+    .unwrap();
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    loop {
+        let frame = read_frame(&mut stream).unwrap().expect("frame");
+        match frame.kind {
+            FrameKind::Stdout => stdout.extend(frame.payload),
+            FrameKind::Stderr => stderr.extend(frame.payload),
+            FrameKind::Json => match serde_json::from_slice::<Reply>(&frame.payload).unwrap() {
+                Reply::Started { .. } => {}
+                Reply::Exit(exit) => {
+                    return (
+                        String::from_utf8_lossy(&stdout).into(),
+                        String::from_utf8_lossy(&stderr).into(),
+                        exit,
+                    );
+                }
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+fn wait_for_socket(socket: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while UnixStream::connect(socket).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the agent did not come up in the container"
+        );
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -330,4 +361,106 @@ fn nothing_is_left_after_destroy() {
         String::from_utf8_lossy(&cgroups.stdout).trim().is_empty(),
         "cgroup left behind"
     );
+}
+
+/// The same sandbox through containerd: a template snapshot, a container and task on a
+/// copy-on-write snapshot of it, commands through the agent, and a destroy that leaves
+/// no container, task, snapshot or cgroup behind.
+#[tokio::test(flavor = "multi_thread")]
+async fn containerd_runs_a_sandbox_and_destroy_removes_every_trace() {
+    use sandbase_worker::containerd::Containerd;
+
+    let socket = std::env::var("SANDBASE_CONTAINERD_SOCKET")
+        .unwrap_or_else(|_| "/run/sandbase/containerd.sock".to_owned());
+    let namespace = format!("sandbase-test-{}", rand_suffix());
+    let client = Containerd::connect(Path::new(&socket), &namespace)
+        .await
+        .unwrap();
+    let base = 1_000_000 + (rand_suffix() % 1000) as u32 * 65_536;
+    let template = "busybox";
+    assert!(!client.template_exists(template).await.unwrap());
+    client
+        .build_template(template, |rootfs| {
+            busybox_rootfs(rootfs, base);
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert!(client.template_exists(template).await.unwrap());
+
+    let id = format!("sandbox-{}", rand_suffix());
+    let work = std::env::temp_dir().join(format!("sandbase-containerd-{id}"));
+    let control = control_dir(&work.join("control"), base);
+    let spec = oci_spec(&SandboxSpec {
+        hostname: "sandbox".to_owned(),
+        host_id_base: base,
+        agent_binary: std::env::var("SANDBASE_AGENT_BINARY").expect("SANDBASE_AGENT_BINARY"),
+        control_dir: control.to_str().unwrap().to_owned(),
+        network_namespace: None,
+        limits: LIMITS,
+    });
+    client.start_sandbox(&id, template, &spec).await.unwrap();
+    let socket = control.join("agent.sock");
+    tokio::task::spawn_blocking({
+        let socket = socket.clone();
+        move || {
+            wait_for_socket(&socket);
+            let (stdout, _, exit) = agent_sh(
+                &socket,
+                "id -u; echo data > /home/user/file; cat /home/user/file",
+                false,
+            );
+            assert_eq!((stdout.as_str(), exit.code), ("1000\ndata\n", 0));
+            // The template itself is untouched by what a sandbox writes.
+            let (_, _, exit) = agent_sh(&socket, "rm /bin/busybox", true);
+            assert_eq!(exit.code, 0);
+        }
+    })
+    .await
+    .unwrap();
+
+    client.destroy_sandbox(&id).await.unwrap();
+    // Destroying again is a no-op, not an error.
+    client.destroy_sandbox(&id).await.unwrap();
+    let ctr = |what: &str| {
+        run(Command::new("ctr").args(["--address", &socket_path(), "-n", &namespace, what, "ls"]))
+    };
+    for what in ["containers", "tasks", "snapshots"] {
+        let listing = ctr(what);
+        assert!(!listing.contains(&id), "{what} left behind: {listing}");
+    }
+    let cgroups = run(Command::new("sh")
+        .arg("-c")
+        .arg(format!("find /sys/fs/cgroup -maxdepth 4 -name '*{id}*'")));
+    assert!(cgroups.trim().is_empty(), "cgroups left behind: {cgroups}");
+
+    // A second sandbox from the same template still has its busybox.
+    let second = format!("{id}-2");
+    client
+        .start_sandbox(&second, template, &spec)
+        .await
+        .unwrap();
+    tokio::task::spawn_blocking(move || {
+        wait_for_socket(&socket);
+        let (stdout, _, _) = agent_sh(&socket, "ls /bin/busybox", false);
+        assert_eq!(stdout, "/bin/busybox\n");
+    })
+    .await
+    .unwrap();
+    client.destroy_sandbox(&second).await.unwrap();
+    run(Command::new("ctr").args([
+        "--address",
+        &socket_path(),
+        "-n",
+        &namespace,
+        "snapshots",
+        "rm",
+        "sandbase/template/busybox",
+    ]));
+    std::fs::remove_dir_all(&work).unwrap();
+}
+
+fn socket_path() -> String {
+    std::env::var("SANDBASE_CONTAINERD_SOCKET")
+        .unwrap_or_else(|_| "/run/sandbase/containerd.sock".to_owned())
 }

@@ -1,0 +1,258 @@
+//! Sandbox containers through containerd's gRPC API: template snapshots, containers,
+//! tasks, and their removal. Only the lifecycle goes through containerd; commands and files
+//! go to the agent inside the container.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use containerd_client::services::v1::container::Runtime;
+use containerd_client::services::v1::containers_client::ContainersClient;
+use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
+use containerd_client::services::v1::snapshots::{
+    CommitSnapshotRequest, PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,
+};
+use containerd_client::services::v1::tasks_client::TasksClient;
+use containerd_client::services::v1::{
+    Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
+    DeleteTaskRequest, KillRequest, StartRequest,
+};
+use containerd_client::tonic::transport::Channel;
+use containerd_client::tonic::{Code, Request};
+use containerd_client::with_namespace;
+
+/// The runtime shim every sandbox runs under (runc, v2 shim API).
+pub const RUNTIME: &str = "io.containerd.runc.v2";
+const SNAPSHOTTER: &str = "overlayfs";
+const SPEC_TYPE_URL: &str = "types.containerd.io/opencontainers/runtime-spec/1/Spec";
+const SIGKILL: u32 = 9;
+
+#[derive(Clone)]
+pub struct Containerd {
+    channel: Channel,
+    namespace: String,
+}
+
+/// The committed snapshot of a template.
+pub fn template_snapshot(name: &str) -> String {
+    format!("sandbase/template/{name}")
+}
+
+impl Containerd {
+    pub async fn connect(socket: &Path, namespace: &str) -> anyhow::Result<Containerd> {
+        let channel = containerd_client::connect(socket)
+            .await
+            .with_context(|| format!("connecting to containerd at {}", socket.display()))?;
+        Ok(Containerd {
+            channel,
+            namespace: namespace.to_owned(),
+        })
+    }
+
+    pub async fn template_exists(&self, name: &str) -> anyhow::Result<bool> {
+        let request = StatSnapshotRequest {
+            snapshotter: SNAPSHOTTER.to_owned(),
+            key: template_snapshot(name),
+        };
+        match SnapshotsClient::new(self.channel.clone())
+            .stat(with_namespace!(request, self.namespace))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(status) if status.code() == Code::NotFound => Ok(false),
+            Err(status) => Err(status).context("reading a template snapshot"),
+        }
+    }
+
+    /// Builds a template snapshot: an empty active snapshot is filled by `populate` (given
+    /// its directory), then committed under the template's name.
+    pub async fn build_template(
+        &self,
+        name: &str,
+        populate: impl FnOnce(&Path) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        let key = format!("sandbase/template-build/{name}");
+        let mut snapshots = SnapshotsClient::new(self.channel.clone());
+        // A build interrupted earlier leaves its active snapshot behind.
+        let _ = snapshots
+            .remove(with_namespace!(
+                RemoveSnapshotRequest {
+                    snapshotter: SNAPSHOTTER.to_owned(),
+                    key: key.clone(),
+                },
+                self.namespace
+            ))
+            .await;
+        let prepared = snapshots
+            .prepare(with_namespace!(
+                PrepareSnapshotRequest {
+                    snapshotter: SNAPSHOTTER.to_owned(),
+                    key: key.clone(),
+                    ..Default::default()
+                },
+                self.namespace
+            ))
+            .await
+            .context("preparing a template snapshot")?
+            .into_inner();
+        // Without a parent, the snapshot is one bind mount of an empty directory.
+        let directory = match prepared.mounts.as_slice() {
+            [mount] if mount.r#type == "bind" => PathBuf::from(&mount.source),
+            other => bail!("unexpected mounts for an empty snapshot: {other:?}"),
+        };
+        populate(&directory)?;
+        snapshots
+            .commit(with_namespace!(
+                CommitSnapshotRequest {
+                    snapshotter: SNAPSHOTTER.to_owned(),
+                    name: template_snapshot(name),
+                    key,
+                    // Nothing else references a template: without a root label containerd's
+                    // garbage collector would remove it.
+                    labels: [(
+                        "containerd.io/gc.root".to_owned(),
+                        "sandbase-template".to_owned()
+                    )]
+                    .into(),
+                },
+                self.namespace
+            ))
+            .await
+            .context("committing a template snapshot")?;
+        Ok(())
+    }
+
+    /// Creates and starts a sandbox container on a fresh snapshot of `template`.
+    pub async fn start_sandbox(
+        &self,
+        id: &str,
+        template: &str,
+        spec: &serde_json::Value,
+    ) -> anyhow::Result<()> {
+        let prepared = SnapshotsClient::new(self.channel.clone())
+            .prepare(with_namespace!(
+                PrepareSnapshotRequest {
+                    snapshotter: SNAPSHOTTER.to_owned(),
+                    key: id.to_owned(),
+                    parent: template_snapshot(template),
+                    ..Default::default()
+                },
+                self.namespace
+            ))
+            .await
+            .context("preparing the sandbox snapshot")?
+            .into_inner();
+        let container = Container {
+            id: id.to_owned(),
+            runtime: Some(Runtime {
+                name: RUNTIME.to_owned(),
+                options: None,
+            }),
+            spec: Some(prost_types::Any {
+                type_url: SPEC_TYPE_URL.to_owned(),
+                value: serde_json::to_vec(spec)?,
+            }),
+            snapshotter: SNAPSHOTTER.to_owned(),
+            snapshot_key: id.to_owned(),
+            ..Default::default()
+        };
+        ContainersClient::new(self.channel.clone())
+            .create(with_namespace!(
+                CreateContainerRequest {
+                    container: Some(container)
+                },
+                self.namespace
+            ))
+            .await
+            .context("creating the container")?;
+        let mut tasks = TasksClient::new(self.channel.clone());
+        tasks
+            .create(with_namespace!(
+                CreateTaskRequest {
+                    container_id: id.to_owned(),
+                    rootfs: prepared.mounts,
+                    ..Default::default()
+                },
+                self.namespace
+            ))
+            .await
+            .context("creating the task")?;
+        tasks
+            .start(with_namespace!(
+                StartRequest {
+                    container_id: id.to_owned(),
+                    ..Default::default()
+                },
+                self.namespace
+            ))
+            .await
+            .context("starting the task")?;
+        Ok(())
+    }
+
+    /// Kills every process of the sandbox and removes its task, container and snapshot.
+    /// Each step tolerates what is already gone, so it also cleans up half-made sandboxes.
+    pub async fn destroy_sandbox(&self, id: &str) -> anyhow::Result<()> {
+        let mut tasks = TasksClient::new(self.channel.clone());
+        let killed = tasks
+            .kill(with_namespace!(
+                KillRequest {
+                    container_id: id.to_owned(),
+                    signal: SIGKILL,
+                    all: true,
+                    ..Default::default()
+                },
+                self.namespace
+            ))
+            .await;
+        tolerate_missing(killed.map(|_| ()), "killing the task")?;
+        // The task can only be deleted once it has stopped.
+        let mut attempts = 0;
+        loop {
+            let deleted = tasks
+                .delete(with_namespace!(
+                    DeleteTaskRequest {
+                        container_id: id.to_owned(),
+                    },
+                    self.namespace
+                ))
+                .await;
+            match deleted {
+                Ok(_) => break,
+                Err(status) if status.code() == Code::NotFound => break,
+                Err(_) if attempts < 100 => {
+                    attempts += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Err(status) => return Err(status).context("deleting the task"),
+            }
+        }
+        let deleted = ContainersClient::new(self.channel.clone())
+            .delete(with_namespace!(
+                DeleteContainerRequest { id: id.to_owned() },
+                self.namespace
+            ))
+            .await;
+        tolerate_missing(deleted.map(|_| ()), "deleting the container")?;
+        let removed = SnapshotsClient::new(self.channel.clone())
+            .remove(with_namespace!(
+                RemoveSnapshotRequest {
+                    snapshotter: SNAPSHOTTER.to_owned(),
+                    key: id.to_owned(),
+                },
+                self.namespace
+            ))
+            .await;
+        tolerate_missing(removed.map(|_| ()), "removing the snapshot")
+    }
+}
+
+fn tolerate_missing(
+    result: Result<(), containerd_client::tonic::Status>,
+    what: &str,
+) -> anyhow::Result<()> {
+    match result {
+        Ok(()) => Ok(()),
+        Err(status) if status.code() == Code::NotFound => Ok(()),
+        Err(status) => Err(status).context(what.to_owned()),
+    }
+}
