@@ -9,12 +9,13 @@ use containerd_client::services::v1::container::Runtime;
 use containerd_client::services::v1::containers_client::ContainersClient;
 use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
 use containerd_client::services::v1::snapshots::{
-    CommitSnapshotRequest, PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,
+    CommitSnapshotRequest, ListSnapshotsRequest, PrepareSnapshotRequest, RemoveSnapshotRequest,
+    StatSnapshotRequest,
 };
 use containerd_client::services::v1::tasks_client::TasksClient;
 use containerd_client::services::v1::{
     Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
-    DeleteTaskRequest, KillRequest, StartRequest,
+    DeleteTaskRequest, KillRequest, ListContainersRequest, StartRequest,
 };
 use containerd_client::tonic::transport::Channel;
 use containerd_client::tonic::{Code, Request};
@@ -25,6 +26,8 @@ pub const RUNTIME: &str = "io.containerd.runc.v2";
 const SNAPSHOTTER: &str = "overlayfs";
 const SPEC_TYPE_URL: &str = "types.containerd.io/opencontainers/runtime-spec/1/Spec";
 const SIGKILL: u32 = 9;
+/// Label on every sandbox container (value: its template), so a restarted worker finds them.
+pub const SANDBOX_LABEL: &str = "sandbase.sandbox";
 
 #[derive(Clone)]
 pub struct Containerd {
@@ -153,6 +156,7 @@ impl Containerd {
             }),
             snapshotter: SNAPSHOTTER.to_owned(),
             snapshot_key: id.to_owned(),
+            labels: [(SANDBOX_LABEL.to_owned(), template.to_owned())].into(),
             ..Default::default()
         };
         ContainersClient::new(self.channel.clone())
@@ -187,6 +191,50 @@ impl Containerd {
             .await
             .context("starting the task")?;
         Ok(())
+    }
+
+    /// Ids of every sandbox container in this namespace.
+    pub async fn sandbox_ids(&self) -> anyhow::Result<Vec<String>> {
+        let listed = ContainersClient::new(self.channel.clone())
+            .list(with_namespace!(
+                ListContainersRequest {
+                    filters: vec![format!("labels.\"{SANDBOX_LABEL}\"")],
+                },
+                self.namespace
+            ))
+            .await
+            .context("listing containers")?
+            .into_inner();
+        Ok(listed
+            .containers
+            .into_iter()
+            .map(|container| container.id)
+            .collect())
+    }
+
+    /// Names of the active (per-sandbox) snapshots, committed templates excluded.
+    pub async fn sandbox_snapshots(&self) -> anyhow::Result<Vec<String>> {
+        let mut stream = SnapshotsClient::new(self.channel.clone())
+            .list(with_namespace!(
+                ListSnapshotsRequest {
+                    snapshotter: SNAPSHOTTER.to_owned(),
+                    ..Default::default()
+                },
+                self.namespace
+            ))
+            .await
+            .context("listing snapshots")?
+            .into_inner();
+        let mut names = Vec::new();
+        while let Some(page) = stream.message().await.context("listing snapshots")? {
+            names.extend(
+                page.info
+                    .into_iter()
+                    .map(|info| info.name)
+                    .filter(|name| !name.starts_with("sandbase/")),
+            );
+        }
+        Ok(names)
     }
 
     /// Kills every process of the sandbox and removes its task, container and snapshot.

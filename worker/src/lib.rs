@@ -1,8 +1,10 @@
 //! The SandBase worker: runs sandboxes on this node.
 //!
-//! So far: `spec`, the OCI runtime specification every sandbox container gets (isolation
-//! decided in one place, unit-tested for its invariants). Lifecycle on containerd, templates,
-//! the warm pool and networking build on it.
+//! `spec` is the OCI runtime specification every sandbox container gets (isolation decided
+//! in one place); `containerd` drives templates, containers and tasks; `sandboxes` is the
+//! node's set of sandboxes with start-up reconciliation. The worker process, its API, the
+//! warm pool and networking build on these.
 
 pub mod containerd;
+pub mod sandboxes;
 pub mod spec;

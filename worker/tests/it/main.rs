@@ -464,3 +464,82 @@ fn socket_path() -> String {
     std::env::var("SANDBASE_CONTAINERD_SOCKET")
         .unwrap_or_else(|_| "/run/sandbase/containerd.sock".to_owned())
 }
+
+/// A worker that crashed leaves sandboxes running; the next one to start removes them all.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_worker_removes_what_the_previous_one_left() {
+    use sandbase_worker::sandboxes::{Worker, WorkerConfig};
+
+    let unique = rand_suffix();
+    let base = 1_000_000 + (unique % 1000) as u32 * 65_536;
+    let run_dir = std::env::temp_dir().join(format!("sandbase-worker-run-{unique}"));
+    let config = WorkerConfig {
+        containerd_socket: PathBuf::from(socket_path()),
+        namespace: format!("sandbase-test-{unique}"),
+        agent_binary: PathBuf::from(
+            std::env::var("SANDBASE_AGENT_BINARY").expect("SANDBASE_AGENT_BINARY"),
+        ),
+        run_dir: run_dir.clone(),
+        id_base: base,
+    };
+    let (worker, removed) = Worker::start(config.clone()).await.unwrap();
+    assert_eq!(removed, 0);
+    worker
+        .containerd()
+        .build_template("busybox", |rootfs| {
+            busybox_rootfs(rootfs, base);
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let first = worker.create("busybox", LIMITS).await.unwrap();
+    let second = worker.create("busybox", LIMITS).await.unwrap();
+    let sockets = [first.socket.clone(), second.socket.clone()];
+    tokio::task::spawn_blocking(move || {
+        for socket in sockets {
+            let (stdout, _, _) = agent_sh(&socket, "echo up", false);
+            assert_eq!(stdout, "up\n");
+        }
+    })
+    .await
+    .unwrap();
+
+    // The worker goes away without destroying anything, as in a crash.
+    drop(worker);
+    let (worker, removed) = Worker::start(config).await.unwrap();
+    assert_eq!(removed, 2);
+    assert!(worker.containerd().sandbox_ids().await.unwrap().is_empty());
+    assert!(
+        worker
+            .containerd()
+            .sandbox_snapshots()
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(!first.socket.parent().unwrap().exists());
+
+    // A sandbox that cannot start leaves nothing either.
+    assert!(worker.create("no-such-template", LIMITS).await.is_err());
+    assert!(worker.containerd().sandbox_ids().await.unwrap().is_empty());
+    assert!(
+        worker
+            .containerd()
+            .sandbox_snapshots()
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(std::fs::read_dir(&run_dir).unwrap().count(), 0);
+
+    run(Command::new("ctr").args([
+        "--address",
+        &socket_path(),
+        "-n",
+        &worker.config().namespace,
+        "snapshots",
+        "rm",
+        "sandbase/template/busybox",
+    ]));
+    std::fs::remove_dir_all(&run_dir).unwrap();
+}
