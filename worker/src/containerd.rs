@@ -90,6 +90,7 @@ impl Containerd {
                 PrepareSnapshotRequest {
                     snapshotter: SNAPSHOTTER.to_owned(),
                     key: key.clone(),
+                    labels: gc_root(),
                     ..Default::default()
                 },
                 self.namespace
@@ -137,7 +138,7 @@ impl Containerd {
                     snapshotter: SNAPSHOTTER.to_owned(),
                     key: id.to_owned(),
                     parent: template_snapshot(template),
-                    ..Default::default()
+                    labels: gc_root(),
                 },
                 self.namespace
             ))
@@ -292,6 +293,13 @@ impl Containerd {
             .await;
         tolerate_missing(removed.map(|_| ()), "removing the snapshot")
     }
+}
+
+/// Snapshots SandBase makes are referenced by nothing containerd knows of (no image, and no
+/// container yet while one is being prepared or built): without a root label containerd's
+/// garbage collector may remove them at any moment. SandBase removes them itself.
+fn gc_root() -> std::collections::HashMap<String, String> {
+    [("containerd.io/gc.root".to_owned(), "sandbase".to_owned())].into()
 }
 
 fn tolerate_missing(

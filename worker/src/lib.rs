@@ -8,3 +8,4 @@
 pub mod containerd;
 pub mod sandboxes;
 pub mod spec;
+pub mod templates;
