@@ -15,7 +15,7 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc::{self, Sender};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -85,8 +85,19 @@ fn children() -> MutexGuard<'static, Children> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Counts spawns, so the reaper can sleep while there is nothing to reap.
+fn spawns() -> &'static (Mutex<u64>, Condvar) {
+    static SPAWNS: OnceLock<(Mutex<u64>, Condvar)> = OnceLock::new();
+    SPAWNS.get_or_init(|| (Mutex::new(0), Condvar::new()))
+}
+
 fn reap_forever() {
+    let (count, wakeup) = spawns();
     loop {
+        // Read before waiting: a spawn after this point makes the sleep below end at once.
+        let seen = *count
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         match rustix::process::wait(WaitOptions::empty()) {
             Ok(Some((pid, status))) => {
                 let pid = pid.as_raw_nonzero().get() as u32;
@@ -106,8 +117,14 @@ fn reap_forever() {
                 }
             }
             Ok(None) => {}
-            // No children right now.
-            Err(_) => thread::sleep(Duration::from_millis(20)),
+            // No children: sleep until the next spawn.
+            Err(_) => {
+                let guard = count
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let _ =
+                    wakeup.wait_timeout_while(guard, Duration::from_secs(1), |now| *now == seen);
+            }
         }
     }
 }
@@ -234,6 +251,13 @@ fn exec(
             }
         })
     };
+    {
+        let (count, wakeup) = spawns();
+        *count
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) += 1;
+        wakeup.notify_all();
+    }
     let mut child = match spawned {
         Ok(child) => child,
         Err(error) => {
@@ -322,7 +346,25 @@ fn exec(
             kill_group(pid);
         }
         if !open {
-            thread::sleep(POLL_INTERVAL);
+            // Output is done; only the exit (or the deadline) is left to wait for.
+            let wait = deadline
+                .map_or(Duration::from_secs(1), |deadline| {
+                    deadline.saturating_duration_since(Instant::now())
+                })
+                .clamp(Duration::from_millis(1), Duration::from_secs(1));
+            match receiver.recv_timeout(wait) {
+                Ok(status) => exited = Some((status, Instant::now())),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return reply(
+                        writer,
+                        &Reply::Error(AgentError {
+                            kind: "io".to_owned(),
+                            message: "lost track of the process".to_owned(),
+                        }),
+                    );
+                }
+            }
             continue;
         }
         let mut ready = [false; 2];
