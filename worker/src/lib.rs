@@ -6,6 +6,7 @@
 //! warm pool and networking build on these.
 
 pub mod containerd;
+pub mod pool;
 pub mod sandboxes;
 pub mod spec;
 pub mod templates;

@@ -511,3 +511,92 @@ async fn a_restarted_worker_removes_what_the_previous_one_left() {
     ]));
     std::fs::remove_dir_all(&run_dir).unwrap();
 }
+
+/// Creating from a warm pool is a claim; the pool refills, and closing it leaves only what
+/// was claimed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_warm_pool_hands_out_started_sandboxes_and_refills() {
+    use sandbase_worker::pool::WarmPool;
+    use sandbase_worker::sandboxes::{Worker, WorkerConfig};
+
+    let unique = rand_suffix();
+    let base = 1_000_000 + (unique % 1000) as u32 * 65_536;
+    let run_dir = std::env::temp_dir().join(format!("sandbase-pool-run-{unique}"));
+    let config = WorkerConfig {
+        containerd_socket: PathBuf::from(socket_path()),
+        namespace: format!("sandbase-test-{unique}"),
+        agent_binary: PathBuf::from(
+            std::env::var("SANDBASE_AGENT_BINARY").expect("SANDBASE_AGENT_BINARY"),
+        ),
+        run_dir: run_dir.clone(),
+        id_base: base,
+    };
+    let (worker, _) = Worker::start(config.clone()).await.unwrap();
+    worker
+        .containerd()
+        .build_template("busybox", |rootfs| {
+            sandbase_worker::templates::busybox(rootfs, base)
+        })
+        .await
+        .unwrap();
+    let worker = std::sync::Arc::new(worker);
+    let pool = WarmPool::start(worker.clone(), "busybox", LIMITS, 2);
+    let wait_ready = |want: usize| {
+        let pool = pool.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while pool.ready() < want {
+                assert!(Instant::now() < deadline, "the pool did not fill");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    wait_ready(2).await;
+
+    // Three claims: two waiting, one started on the spot; all work, none shared.
+    let mut claimed = Vec::new();
+    for _ in 0..3 {
+        claimed.push(pool.claim().await.unwrap());
+    }
+    let ids: std::collections::HashSet<_> =
+        claimed.iter().map(|sandbox| sandbox.id.clone()).collect();
+    assert_eq!(ids.len(), 3);
+    let sockets: Vec<PathBuf> = claimed
+        .iter()
+        .map(|sandbox| sandbox.socket.clone())
+        .collect();
+    tokio::task::spawn_blocking(move || {
+        for socket in sockets {
+            assert_eq!(agent_sh(&socket, "echo ready", false).0, "ready\n");
+        }
+    })
+    .await
+    .unwrap();
+    wait_ready(2).await;
+
+    // Closing destroys the two waiting; the three claimed stay until their owner destroys them.
+    pool.close().await.unwrap();
+    assert_eq!(worker.containerd().sandbox_ids().await.unwrap().len(), 3);
+    for sandbox in &claimed {
+        worker.destroy(&sandbox.id).await.unwrap();
+    }
+    assert!(worker.containerd().sandbox_ids().await.unwrap().is_empty());
+    assert!(
+        worker
+            .containerd()
+            .sandbox_snapshots()
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    run(Command::new("ctr").args([
+        "--address",
+        &socket_path(),
+        "-n",
+        &config.namespace,
+        "snapshots",
+        "rm",
+        "sandbase/template/busybox",
+    ]));
+    std::fs::remove_dir_all(&run_dir).unwrap();
+}
