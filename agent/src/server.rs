@@ -322,13 +322,7 @@ fn exec(
                 Ok(status) => exited = Some((status, Instant::now())),
                 Err(mpsc::TryRecvError::Empty) => {}
                 Err(mpsc::TryRecvError::Disconnected) => {
-                    return reply(
-                        writer,
-                        &Reply::Error(AgentError {
-                            kind: "io".to_owned(),
-                            message: "lost track of the process".to_owned(),
-                        }),
-                    );
+                    return reply(writer, &lost_track());
                 }
             }
         }
@@ -356,13 +350,7 @@ fn exec(
                 Ok(status) => exited = Some((status, Instant::now())),
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    return reply(
-                        writer,
-                        &Reply::Error(AgentError {
-                            kind: "io".to_owned(),
-                            message: "lost track of the process".to_owned(),
-                        }),
-                    );
+                    return reply(writer, &lost_track());
                 }
             }
             continue;
@@ -447,6 +435,14 @@ fn resolve_program(
         .filter(|dir| !dir.is_empty())
         .map(|dir| Path::new(dir).join(program))
         .find(|candidate| executable(candidate))
+}
+
+/// The answer when the reaper dropped a process's exit channel, which should not happen.
+fn lost_track() -> Reply {
+    Reply::Error(AgentError {
+        kind: "io".to_owned(),
+        message: "lost track of the process".to_owned(),
+    })
 }
 
 fn kill_group(pid: u32) {

@@ -428,6 +428,20 @@ async fn containerd_runs_a_sandbox_and_destroy_removes_every_trace() {
     std::fs::remove_dir_all(&work).unwrap();
 }
 
+/// A worker of its own: a fresh containerd namespace, run directory and id range.
+fn worker_config() -> sandbase_worker::sandboxes::WorkerConfig {
+    let unique = rand_suffix();
+    sandbase_worker::sandboxes::WorkerConfig {
+        containerd_socket: PathBuf::from(socket_path()),
+        namespace: format!("sandbase-test-{unique}"),
+        agent_binary: PathBuf::from(
+            std::env::var("SANDBASE_AGENT_BINARY").expect("SANDBASE_AGENT_BINARY"),
+        ),
+        run_dir: std::env::temp_dir().join(format!("sandbase-worker-run-{unique}")),
+        id_base: 1_000_000 + (unique % 1000) as u32 * 65_536,
+    }
+}
+
 fn socket_path() -> String {
     std::env::var("SANDBASE_CONTAINERD_SOCKET")
         .unwrap_or_else(|_| "/run/sandbase/containerd.sock".to_owned())
@@ -436,20 +450,10 @@ fn socket_path() -> String {
 /// A worker that crashed leaves sandboxes running; the next one to start removes them all.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restarted_worker_removes_what_the_previous_one_left() {
-    use sandbase_worker::sandboxes::{Worker, WorkerConfig};
+    use sandbase_worker::sandboxes::Worker;
 
-    let unique = rand_suffix();
-    let base = 1_000_000 + (unique % 1000) as u32 * 65_536;
-    let run_dir = std::env::temp_dir().join(format!("sandbase-worker-run-{unique}"));
-    let config = WorkerConfig {
-        containerd_socket: PathBuf::from(socket_path()),
-        namespace: format!("sandbase-test-{unique}"),
-        agent_binary: PathBuf::from(
-            std::env::var("SANDBASE_AGENT_BINARY").expect("SANDBASE_AGENT_BINARY"),
-        ),
-        run_dir: run_dir.clone(),
-        id_base: base,
-    };
+    let config = worker_config();
+    let (base, run_dir) = (config.id_base, config.run_dir.clone());
     let (worker, removed) = Worker::start(config.clone()).await.unwrap();
     assert_eq!(removed, 0);
     worker
@@ -517,20 +521,10 @@ async fn a_restarted_worker_removes_what_the_previous_one_left() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_warm_pool_hands_out_started_sandboxes_and_refills() {
     use sandbase_worker::pool::WarmPool;
-    use sandbase_worker::sandboxes::{Worker, WorkerConfig};
+    use sandbase_worker::sandboxes::Worker;
 
-    let unique = rand_suffix();
-    let base = 1_000_000 + (unique % 1000) as u32 * 65_536;
-    let run_dir = std::env::temp_dir().join(format!("sandbase-pool-run-{unique}"));
-    let config = WorkerConfig {
-        containerd_socket: PathBuf::from(socket_path()),
-        namespace: format!("sandbase-test-{unique}"),
-        agent_binary: PathBuf::from(
-            std::env::var("SANDBASE_AGENT_BINARY").expect("SANDBASE_AGENT_BINARY"),
-        ),
-        run_dir: run_dir.clone(),
-        id_base: base,
-    };
+    let config = worker_config();
+    let (base, run_dir) = (config.id_base, config.run_dir.clone());
     let (worker, _) = Worker::start(config.clone()).await.unwrap();
     worker
         .containerd()
