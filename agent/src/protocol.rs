@@ -25,7 +25,7 @@ pub enum FrameKind {
 }
 
 impl FrameKind {
-    fn from_byte(byte: u8) -> io::Result<FrameKind> {
+    pub fn from_byte(byte: u8) -> io::Result<FrameKind> {
         Ok(match byte {
             1 => FrameKind::Json,
             2 => FrameKind::Stdout,

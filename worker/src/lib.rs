@@ -5,6 +5,7 @@
 //! node's set of sandboxes with start-up reconciliation. The worker process, its API, the
 //! warm pool and networking build on these.
 
+pub mod agent_client;
 pub mod containerd;
 pub mod pool;
 pub mod sandboxes;

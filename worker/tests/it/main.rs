@@ -594,3 +594,153 @@ async fn a_warm_pool_hands_out_started_sandboxes_and_refills() {
     ]));
     std::fs::remove_dir_all(&run_dir).unwrap();
 }
+
+/// The worker's asynchronous agent client against a real sandbox: streamed output in order,
+/// standard input, files owned by the sandbox user, refusals with their kind.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_agent_client_streams_commands_and_moves_files() {
+    use sandbase_agent::protocol::{ExecRequest, Owner};
+    use sandbase_worker::agent_client::{AgentClient, ExecEvent, Refused};
+    use sandbase_worker::sandboxes::Worker;
+
+    let config = worker_config();
+    let base = config.id_base;
+    let (worker, _) = Worker::start(config.clone()).await.unwrap();
+    worker
+        .containerd()
+        .build_template("busybox", |rootfs| {
+            sandbase_worker::templates::busybox(rootfs, base)
+        })
+        .await
+        .unwrap();
+    let sandbox = worker.create("busybox", LIMITS).await.unwrap();
+    let agent = AgentClient::new(sandbox.socket.clone());
+    let user = Some(Owner {
+        uid: SANDBOX_USER,
+        gid: SANDBOX_USER,
+    });
+
+    // Output arrives as it is produced, before the exit.
+    let mut events = agent
+        .exec(
+            ExecRequest {
+                argv: vec![
+                    "sh".into(),
+                    "-c".into(),
+                    "echo one; sleep 0.3; echo two >&2; exit 7".into(),
+                ],
+                user,
+                ..Default::default()
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    while let Some(event) = events.recv().await {
+        seen.push(event.unwrap());
+    }
+    assert!(matches!(seen[0], ExecEvent::Started { .. }));
+    assert_eq!(seen[1], ExecEvent::Stdout(b"one\n".to_vec()));
+    assert_eq!(seen[2], ExecEvent::Stderr(b"two\n".to_vec()));
+    assert!(matches!(seen[3], ExecEvent::Exit(exit) if exit.code == 7));
+
+    // Standard input in, files through the agent, owned by the user.
+    let (stdout, _, exit) = agent
+        .run(
+            ExecRequest {
+                argv: vec!["wc".into(), "-c".into()],
+                user,
+                ..Default::default()
+            },
+            Some(vec![b'x'; 100_000]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (String::from_utf8(stdout).unwrap().trim(), exit.code),
+        ("100000", 0)
+    );
+    let stat = agent
+        .write_file(
+            "/home/user/dir/data.bin",
+            &[7u8; 300_000],
+            Some(0o600),
+            user,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (stat.size, stat.uid, stat.mode),
+        (300_000, SANDBOX_USER, 0o600)
+    );
+    let (_, content) = agent
+        .read_file("/home/user/dir/data.bin", 1 << 20)
+        .await
+        .unwrap();
+    assert_eq!(content, vec![7u8; 300_000]);
+    let (stdout, _, _) = agent
+        .run(
+            ExecRequest {
+                argv: vec!["cat".into(), "/home/user/dir/data.bin".into()],
+                user,
+                ..Default::default()
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        stdout.len(),
+        300_000,
+        "the sandbox user can read what was written for it"
+    );
+    let listing = agent.list("/home/user/dir").await.unwrap();
+    assert_eq!(
+        listing
+            .iter()
+            .map(|entry| entry.name.as_str())
+            .collect::<Vec<_>>(),
+        ["data.bin"]
+    );
+    assert!(
+        agent
+            .read_file("/home/user/dir/data.bin", 1000)
+            .await
+            .is_err(),
+        "the size cap holds"
+    );
+
+    let missing = agent.read_file("/nope", 1000).await.unwrap_err();
+    assert_eq!(
+        missing.downcast_ref::<Refused>().unwrap().0.kind,
+        "not_found"
+    );
+    let mut events = agent
+        .exec(
+            ExecRequest {
+                argv: vec!["no-such-command".into()],
+                ..Default::default()
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    let refused = events.recv().await.unwrap().unwrap_err();
+    assert_eq!(
+        refused.downcast_ref::<Refused>().unwrap().0.kind,
+        "not_found"
+    );
+
+    worker.destroy(&sandbox.id).await.unwrap();
+    run(Command::new("ctr").args([
+        "--address",
+        &socket_path(),
+        "-n",
+        &config.namespace,
+        "snapshots",
+        "rm",
+        "sandbase/template/busybox",
+    ]));
+    std::fs::remove_dir_all(&config.run_dir).unwrap();
+}
