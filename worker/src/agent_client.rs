@@ -1,7 +1,7 @@
 //! The worker's side of the agent protocol, asynchronous: one connection per request to the
 //! agent's socket (bind-mounted out of the sandbox into the worker's run directory).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use sandbase_agent::protocol::{
@@ -36,9 +36,7 @@ impl AgentClient {
     }
 
     async fn connect(&self, request: &Request) -> anyhow::Result<UnixStream> {
-        let mut stream = UnixStream::connect(&self.socket)
-            .await
-            .with_context(|| format!("connecting to the agent at {}", self.socket.display()))?;
+        let mut stream = connect_without_following(&self.socket).await?;
         write_frame(&mut stream, FrameKind::Json, &serde_json::to_vec(request)?).await?;
         Ok(stream)
     }
@@ -182,6 +180,34 @@ impl AgentClient {
         let mut stream = self.connect(request).await?;
         read_reply(&mut stream).await
     }
+}
+
+/// Connects to the agent's socket without ever following a link in its place.
+///
+/// The socket's directory is writable by the sandbox's root: a process there could replace
+/// the socket with a symbolic link to a host path, which a plain connect would follow on the
+/// host. The file is opened with `O_PATH | O_NOFOLLOW`, checked to be a socket, and connected
+/// through `/proc/self/fd`, so the inode checked is the inode connected to.
+pub async fn connect_without_following(socket: &Path) -> anyhow::Result<UnixStream> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    let handle = rustix::fs::open(
+        socket,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .with_context(|| format!("opening the agent socket {}", socket.display()))?;
+    let kind = FileType::from_raw_mode(rustix::fs::fstat(&handle)?.st_mode);
+    anyhow::ensure!(
+        kind == FileType::Socket,
+        "{} is not a socket ({kind:?}): refusing to connect",
+        socket.display()
+    );
+    let via_descriptor = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&handle));
+    let stream = UnixStream::connect(&via_descriptor)
+        .await
+        .with_context(|| format!("connecting to the agent at {}", socket.display()))?;
+    drop(handle);
+    Ok(stream)
 }
 
 /// Reads one JSON reply; an `Error` reply becomes a [`Refused`] error.

@@ -99,7 +99,10 @@ impl Worker {
         self.containerd.start_sandbox(id, template, &spec).await?;
         let socket = control.join("agent.sock");
         let deadline = Instant::now() + AGENT_START_TIMEOUT;
-        while tokio::net::UnixStream::connect(&socket).await.is_err() {
+        while crate::agent_client::connect_without_following(&socket)
+            .await
+            .is_err()
+        {
             anyhow::ensure!(
                 Instant::now() < deadline,
                 "the sandbox's agent did not start"

@@ -732,6 +732,36 @@ async fn the_agent_client_streams_commands_and_moves_files() {
         "not_found"
     );
 
+    // The sandbox's root swaps its agent socket for a link to a host socket: a plain connect
+    // from the worker would land on the host's containerd; the client refuses.
+    let (_, _, exit) = agent
+        .run(
+            ExecRequest {
+                argv: vec![
+                    "sh".into(),
+                    "-c".into(),
+                    format!(
+                        "rm /.sandbase/run/agent.sock && ln -s {} /.sandbase/run/agent.sock",
+                        socket_path()
+                    ),
+                ],
+                ..Default::default()
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(exit.code, 0);
+    assert!(
+        std::os::unix::net::UnixStream::connect(&sandbox.socket).is_ok(),
+        "the link leads to the host's containerd: the attack is real"
+    );
+    let error = agent
+        .simple(&sandbase_agent::protocol::Request::Ping)
+        .await
+        .unwrap_err();
+    assert!(format!("{error:#}").contains("refusing to connect"), "{error:#}");
+
     worker.destroy(&sandbox.id).await.unwrap();
     run(Command::new("ctr").args([
         "--address",
