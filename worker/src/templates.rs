@@ -1,10 +1,18 @@
 //! Root file systems for templates.
 //!
-//! `busybox` builds the smallest useful one from the host's statically linked busybox:
-//! a shell and the usual tools in a few megabytes, for tests and quick experiments.
-//! Every file is owned by the sandbox id range once, when the template is built, so no
-//! sandbox needs its files re-owned (containerd 1.6 with runc 1.1 has no idmapped mounts).
+//! - `busybox`: the smallest useful one, from the host's statically linked busybox — a shell
+//!   and the usual tools in a few megabytes, for tests and quick experiments.
+//! - `from_tarball`: any root file system archive, such as the Debian `base` that
+//!   `scripts/setup` builds with mmdebstrap (bash, coreutils, python3, pip, curl, git, CA
+//!   certificates).
+//!
+//! Every file's owner is shifted into the sandbox id range once, when the template is built,
+//! so no sandbox needs its files re-owned (containerd 1.6 with runc 1.1 has no idmapped
+//! mounts). Each template also gets what the sandbox spec needs: the agent's mount points and
+//! the unprivileged `user` (uid 1000) with a home.
 
+use std::collections::HashSet;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
 
@@ -15,21 +23,9 @@ use crate::spec::SANDBOX_USER;
 /// The statically linked busybox of the `busybox-static` package.
 pub const HOST_BUSYBOX: &str = "/bin/busybox";
 
-/// Fills `rootfs` with busybox, its applets, a passwd with `root` and `user` (uid 1000),
-/// and the mount points the sandbox spec needs; owned by the range starting at `id_base`.
+/// Fills `rootfs` with busybox and its applets, for the range starting at `id_base`.
 pub fn busybox(rootfs: &Path, id_base: u32) -> anyhow::Result<()> {
-    for directory in [
-        "bin",
-        "proc",
-        "sys",
-        "dev",
-        "tmp",
-        "etc",
-        "root",
-        "mnt",
-        "home/user",
-        ".sandbase/run",
-    ] {
+    for directory in ["bin", "proc", "sys", "dev", "tmp", "etc", "root", "mnt"] {
         std::fs::create_dir_all(rootfs.join(directory))?;
     }
     std::fs::copy(HOST_BUSYBOX, rootfs.join("bin/busybox"))
@@ -43,30 +39,97 @@ pub fn busybox(rootfs: &Path, id_base: u32) -> anyhow::Result<()> {
             std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet))?;
         }
     }
+    std::fs::write(rootfs.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n")?;
+    std::fs::write(rootfs.join("etc/group"), "root:x:0:\n")?;
+    prepare(rootfs, "/bin/sh")?;
+    shift_ids(rootfs, id_base)
+}
+
+/// Unpacks a root file system archive (owners kept) into `rootfs`, for the range starting
+/// at `id_base`.
+pub fn from_tarball(rootfs: &Path, tarball: &Path, id_base: u32) -> anyhow::Result<()> {
+    let status = Command::new("tar")
+        .args([
+            "--extract",
+            "--numeric-owner",
+            "--preserve-permissions",
+            "--file",
+        ])
+        .arg(tarball)
+        .arg("--directory")
+        .arg(rootfs)
+        .status()
+        .context("running tar")?;
+    anyhow::ensure!(status.success(), "unpacking {} failed", tarball.display());
+    prepare(rootfs, "/bin/bash")?;
+    shift_ids(rootfs, id_base)
+}
+
+/// Adds the agent's mount points and the sandbox user to a root file system.
+fn prepare(rootfs: &Path, shell: &str) -> anyhow::Result<()> {
+    for directory in ["proc", "sys", "dev", "tmp", ".sandbase/run"] {
+        std::fs::create_dir_all(rootfs.join(directory))?;
+    }
     // The agent's bind-mount target.
     std::fs::write(rootfs.join(".sandbase/agent"), b"")?;
-    std::fs::write(
-        rootfs.join("etc/passwd"),
-        format!(
-            "root:x:0:0:root:/root:/bin/sh\nuser:x:{SANDBOX_USER}:{SANDBOX_USER}:user:/home/user:/bin/sh\n"
-        ),
+    let home = rootfs.join("home/user");
+    std::fs::create_dir_all(&home)?;
+    std::os::unix::fs::chown(&home, Some(SANDBOX_USER), Some(SANDBOX_USER))?;
+    append_unless_present(
+        &rootfs.join("etc/passwd"),
+        &format!(":{SANDBOX_USER}:"),
+        &format!("user:x:{SANDBOX_USER}:{SANDBOX_USER}:user:/home/user:{shell}\n"),
     )?;
-    std::fs::write(
-        rootfs.join("etc/group"),
-        format!("root:x:0:\nuser:x:{SANDBOX_USER}:\n"),
-    )?;
-    chown_tree(rootfs, id_base)?;
-    let user = id_base + SANDBOX_USER;
-    std::os::unix::fs::chown(rootfs.join("home/user"), Some(user), Some(user))?;
+    append_unless_present(
+        &rootfs.join("etc/group"),
+        &format!(":{SANDBOX_USER}:"),
+        &format!("user:x:{SANDBOX_USER}:\n"),
+    )
+}
+
+fn append_unless_present(file: &Path, marker: &str, line: &str) -> anyhow::Result<()> {
+    let mut content = std::fs::read_to_string(file).unwrap_or_default();
+    if content.lines().any(|existing| existing.contains(marker)) {
+        return Ok(());
+    }
+    if !content.is_empty() && !content.ends_with('\n') {
+        content.push('\n');
+    }
+    content.push_str(line);
+    std::fs::write(file, content)?;
     Ok(())
 }
 
-/// Gives everything under `root` (links themselves, not their targets) to `id`.
-fn chown_tree(root: &Path, id: u32) -> anyhow::Result<()> {
-    std::os::unix::fs::lchown(root, Some(id), Some(id))?;
-    if std::fs::symlink_metadata(root)?.is_dir() {
-        for entry in std::fs::read_dir(root)? {
-            chown_tree(&entry?.path(), id)?;
+/// Adds `base` to the owner and group of everything under `root`, links included (not their
+/// targets), each inode once (hard links), keeping set-id bits that `chown` clears.
+pub fn shift_ids(root: &Path, base: u32) -> anyhow::Result<()> {
+    let mut seen = HashSet::new();
+    shift(root, base, &mut seen)
+        .with_context(|| format!("shifting owners under {}", root.display()))
+}
+
+fn shift(path: &Path, base: u32, seen: &mut HashSet<(u64, u64)>) -> anyhow::Result<()> {
+    let metadata = std::fs::symlink_metadata(path)?;
+    if seen.insert((metadata.dev(), metadata.ino())) {
+        let uid = metadata
+            .uid()
+            .checked_add(base)
+            .context("uid out of range")?;
+        let gid = metadata
+            .gid()
+            .checked_add(base)
+            .context("gid out of range")?;
+        std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
+        if !metadata.file_type().is_symlink() && metadata.mode() & 0o6000 != 0 {
+            std::fs::set_permissions(
+                path,
+                std::fs::Permissions::from_mode(metadata.mode() & 0o7777),
+            )?;
+        }
+    }
+    if metadata.is_dir() {
+        for entry in std::fs::read_dir(path)? {
+            shift(&entry?.path(), base, seen)?;
         }
     }
     Ok(())

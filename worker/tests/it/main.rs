@@ -760,7 +760,10 @@ async fn the_agent_client_streams_commands_and_moves_files() {
         .simple(&sandbase_agent::protocol::Request::Ping)
         .await
         .unwrap_err();
-    assert!(format!("{error:#}").contains("refusing to connect"), "{error:#}");
+    assert!(
+        format!("{error:#}").contains("refusing to connect"),
+        "{error:#}"
+    );
 
     worker.destroy(&sandbox.id).await.unwrap();
     run(Command::new("ctr").args([
@@ -771,6 +774,104 @@ async fn the_agent_client_streams_commands_and_moves_files() {
         "snapshots",
         "rm",
         "sandbase/template/busybox",
+    ]));
+    std::fs::remove_dir_all(&config.run_dir).unwrap();
+}
+
+/// The Debian `base` template (built by scripts/setup with mmdebstrap): the tools an agent
+/// expects, run as the unprivileged user.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_base_template_runs_python_pip_git_and_curl_as_the_user() {
+    use sandbase_agent::protocol::{ExecRequest, Owner};
+    use sandbase_worker::agent_client::AgentClient;
+    use sandbase_worker::sandboxes::Worker;
+
+    let tarball = PathBuf::from(
+        std::env::var("SANDBASE_BASE_TARBALL")
+            .expect("SANDBASE_BASE_TARBALL: the base root file system (scripts/setup builds it)"),
+    );
+    let config = worker_config();
+    let base = config.id_base;
+    let (worker, _) = Worker::start(config.clone()).await.unwrap();
+    worker
+        .containerd()
+        .build_template("base", |rootfs| {
+            sandbase_worker::templates::from_tarball(rootfs, &tarball, base)
+        })
+        .await
+        .unwrap();
+    let sandbox = worker.create("base", LIMITS).await.unwrap();
+    let agent = AgentClient::new(sandbox.socket.clone());
+    let script = "set -e; id -un; python3 -c 'print(6 * 7)'; pip3 --version | cut -d' ' -f1; \
+                  git --version | cut -d' ' -f1-2; curl --version | head -1 | cut -d' ' -f1; \
+                  test -s /etc/ssl/certs/ca-certificates.crt && echo certs; \
+                  cd ~ && git init -q repo && echo repo; ls -ld /usr/bin/passwd | cut -c1-10";
+    let (stdout, stderr, exit) = agent
+        .run(
+            ExecRequest {
+                argv: vec!["bash".into(), "-lc".into(), script.into()],
+                user: Some(Owner {
+                    uid: SANDBOX_USER,
+                    gid: SANDBOX_USER,
+                }),
+                env: [("HOME".to_owned(), "/home/user".to_owned())].into(),
+                ..Default::default()
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    let stdout = String::from_utf8(stdout).unwrap();
+    assert_eq!(exit.code, 0, "{stdout}{}", String::from_utf8_lossy(&stderr));
+    assert_eq!(
+        stdout.lines().collect::<Vec<_>>(),
+        [
+            "user",
+            "42",
+            "pip",
+            "git version",
+            "curl",
+            "certs",
+            "repo",
+            "-rwsr-xr-x"
+        ],
+        "set-uid bits survive the id shift (and no_new_privs makes them inert)"
+    );
+    // And a set-uid program gives the user nothing.
+    let (stdout, _, _) = agent
+        .run(
+            ExecRequest {
+                argv: vec![
+                    "bash".into(),
+                    "-c".into(),
+                    "su -c id root </dev/null 2>&1; id -u".into(),
+                ],
+                user: Some(Owner {
+                    uid: SANDBOX_USER,
+                    gid: SANDBOX_USER,
+                }),
+                ..Default::default()
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(
+        String::from_utf8(stdout)
+            .unwrap()
+            .trim_end()
+            .ends_with("1000")
+    );
+
+    worker.destroy(&sandbox.id).await.unwrap();
+    run(Command::new("ctr").args([
+        "--address",
+        &socket_path(),
+        "-n",
+        &config.namespace,
+        "snapshots",
+        "rm",
+        "sandbase/template/base",
     ]));
     std::fs::remove_dir_all(&config.run_dir).unwrap();
 }
