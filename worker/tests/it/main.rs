@@ -442,6 +442,20 @@ fn worker_config() -> sandbase_worker::sandboxes::WorkerConfig {
     }
 }
 
+/// Removes a test worker's template snapshot and run directory (its sandboxes are gone).
+fn clean_up(config: &sandbase_worker::sandboxes::WorkerConfig, template: &str) {
+    run(Command::new("ctr").args([
+        "--address",
+        &socket_path(),
+        "-n",
+        &config.namespace,
+        "snapshots",
+        "rm",
+        &format!("sandbase/template/{template}"),
+    ]));
+    std::fs::remove_dir_all(&config.run_dir).unwrap();
+}
+
 fn socket_path() -> String {
     std::env::var("SANDBASE_CONTAINERD_SOCKET")
         .unwrap_or_else(|_| "/run/sandbase/containerd.sock".to_owned())
@@ -504,16 +518,7 @@ async fn a_restarted_worker_removes_what_the_previous_one_left() {
     );
     assert_eq!(std::fs::read_dir(&run_dir).unwrap().count(), 0);
 
-    run(Command::new("ctr").args([
-        "--address",
-        &socket_path(),
-        "-n",
-        &worker.config().namespace,
-        "snapshots",
-        "rm",
-        "sandbase/template/busybox",
-    ]));
-    std::fs::remove_dir_all(&run_dir).unwrap();
+    clean_up(worker.config(), "busybox");
 }
 
 /// Creating from a warm pool is a claim; the pool refills, and closing it leaves only what
@@ -524,7 +529,7 @@ async fn a_warm_pool_hands_out_started_sandboxes_and_refills() {
     use sandbase_worker::sandboxes::Worker;
 
     let config = worker_config();
-    let (base, run_dir) = (config.id_base, config.run_dir.clone());
+    let base = config.id_base;
     let (worker, _) = Worker::start(config.clone()).await.unwrap();
     worker
         .containerd()
@@ -583,16 +588,7 @@ async fn a_warm_pool_hands_out_started_sandboxes_and_refills() {
             .unwrap()
             .is_empty()
     );
-    run(Command::new("ctr").args([
-        "--address",
-        &socket_path(),
-        "-n",
-        &config.namespace,
-        "snapshots",
-        "rm",
-        "sandbase/template/busybox",
-    ]));
-    std::fs::remove_dir_all(&run_dir).unwrap();
+    clean_up(worker.config(), "busybox");
 }
 
 /// The worker's asynchronous agent client against a real sandbox: streamed output in order,
@@ -766,16 +762,7 @@ async fn the_agent_client_streams_commands_and_moves_files() {
     );
 
     worker.destroy(&sandbox.id).await.unwrap();
-    run(Command::new("ctr").args([
-        "--address",
-        &socket_path(),
-        "-n",
-        &config.namespace,
-        "snapshots",
-        "rm",
-        "sandbase/template/busybox",
-    ]));
-    std::fs::remove_dir_all(&config.run_dir).unwrap();
+    clean_up(worker.config(), "busybox");
 }
 
 /// The Debian `base` template (built by scripts/setup with mmdebstrap): the tools an agent
@@ -864,14 +851,5 @@ async fn the_base_template_runs_python_pip_git_and_curl_as_the_user() {
     );
 
     worker.destroy(&sandbox.id).await.unwrap();
-    run(Command::new("ctr").args([
-        "--address",
-        &socket_path(),
-        "-n",
-        &config.namespace,
-        "snapshots",
-        "rm",
-        "sandbase/template/base",
-    ]));
-    std::fs::remove_dir_all(&config.run_dir).unwrap();
+    clean_up(worker.config(), "base");
 }
