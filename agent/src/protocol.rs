@@ -145,6 +145,23 @@ pub enum Request {
         from: String,
         to: String,
     },
+    /// Sends `signal` to the process group `pid` leads (a process the agent started).
+    Signal {
+        pid: u32,
+        signal: i32,
+    },
+    /// Answers `Ok` with the directory's [`Stat`], then a tar stream of it as `Data` frames
+    /// and `End`. Symbolic links are archived as links, never followed.
+    TarOut {
+        path: String,
+    },
+    /// `Data` frames with a tar stream and `End` follow; unpacked into `path` (created),
+    /// entries owned by `owner` when given. Paths leaving `path` are refused.
+    TarIn {
+        path: String,
+        #[serde(default)]
+        owner: Option<Owner>,
+    },
 }
 
 /// Who should own created files.

@@ -166,6 +166,191 @@ fn serve(stream: UnixStream) -> io::Result<()> {
             Ok(()) => reply(&writer, &Reply::Ok(stat(Path::new(&to)).ok())),
             Err(error) => reply_error(&writer, &error, &from),
         },
+        Request::Signal { pid, signal } => signal_group(pid, signal, &writer),
+        Request::TarOut { path } => tar_out(&path, &writer),
+        Request::TarIn { path, owner } => tar_in(&path, owner, &mut reader, &writer),
+    }
+}
+
+/// Signals a running process the agent started (and its process group). Any other pid,
+/// the agent's own above all, is refused.
+fn signal_group(pid: u32, signal: i32, writer: &Mutex<UnixStream>) -> io::Result<()> {
+    let started_by_us = pid > 1 && children().waiting.contains_key(&pid);
+    let target = i32::try_from(pid).ok().and_then(Pid::from_raw);
+    let (Some(target), true) = (target, started_by_us) else {
+        return reply(
+            writer,
+            &Reply::Error(AgentError {
+                kind: "not_found".to_owned(),
+                message: format!("no running process {pid} started through the agent"),
+            }),
+        );
+    };
+    let Some(signal) = Signal::from_named_raw(signal) else {
+        return reply(
+            writer,
+            &Reply::Error(AgentError {
+                kind: "invalid".to_owned(),
+                message: format!("unknown signal {signal}"),
+            }),
+        );
+    };
+    match rustix::process::kill_process_group(target, signal) {
+        Ok(()) => reply(writer, &Reply::Ok(None)),
+        Err(error) => reply_error(writer, &io::Error::from(error), "signalling"),
+    }
+}
+
+/// Streams a directory as a tar archive (links archived as links, never followed).
+fn tar_out(path: &str, writer: &Mutex<UnixStream>) -> io::Result<()> {
+    let root = Path::new(path);
+    match fs::metadata(root) {
+        Ok(metadata) if metadata.is_dir() => {}
+        Ok(_) => {
+            let error = io::Error::new(io::ErrorKind::NotADirectory, "not a directory");
+            return reply_error(writer, &error, path);
+        }
+        Err(error) => return reply_error(writer, &error, path),
+    }
+    reply(writer, &Reply::Ok(stat(root).ok()))?;
+    let mut frames = DataWriter {
+        writer,
+        buffer: Vec::with_capacity(DATA_CHUNK),
+    };
+    let archived = (|| {
+        let mut builder = tar::Builder::new(&mut frames);
+        builder.follow_symlinks(false);
+        builder.mode(tar::HeaderMode::Complete);
+        builder.append_dir_all(".", root)?;
+        builder.finish()
+    })();
+    match archived {
+        Ok(()) => {
+            frames.flush()?;
+            write_frame(&mut *lock(writer), FrameKind::End, &[])
+        }
+        // Mid-stream, an error frame takes the place of the end marker.
+        Err(error) => reply_error(writer, &error, path),
+    }
+}
+
+/// Unpacks a tar stream into a directory, refusing entries that would land outside it.
+fn tar_in(
+    path: &str,
+    owner: Option<Owner>,
+    reader: &mut UnixStream,
+    writer: &Mutex<UnixStream>,
+) -> io::Result<()> {
+    let target = Path::new(path);
+    let mut frames = DataReader {
+        reader,
+        buffer: Vec::new(),
+        position: 0,
+        ended: false,
+    };
+    let result = (|| {
+        mkdir(target, owner)?;
+        let mut archive = tar::Archive::new(&mut frames);
+        archive.set_preserve_permissions(true);
+        archive.set_preserve_mtime(true);
+        archive.set_overwrite(true);
+        for entry in archive.entries()? {
+            let mut entry = entry?;
+            let relative = entry.path()?.into_owned();
+            if !entry.unpack_in(target)? {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{} leaves the target directory", relative.display()),
+                ));
+            }
+            if let Some(owner) = owner {
+                std::os::unix::fs::lchown(
+                    target.join(&relative),
+                    Some(owner.uid),
+                    Some(owner.gid),
+                )?;
+            }
+        }
+        Ok(())
+    })();
+    // Whatever happened, read the upload to its end so the answer is read by the sender.
+    let drained = frames.drain();
+    match (result, drained) {
+        (Ok(()), Ok(())) => reply(writer, &Reply::Ok(stat(target).ok())),
+        (Err(error), _) | (Ok(()), Err(error)) => reply_error(writer, &error, path),
+    }
+}
+
+/// Size of the `Data` frames the agent sends.
+const DATA_CHUNK: usize = 256 * 1024;
+
+/// `Write` as a sequence of `Data` frames.
+struct DataWriter<'a> {
+    writer: &'a Mutex<UnixStream>,
+    buffer: Vec<u8>,
+}
+
+impl Write for DataWriter<'_> {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        let room = DATA_CHUNK - self.buffer.len();
+        let taken = bytes.len().min(room);
+        self.buffer.extend_from_slice(&bytes[..taken]);
+        if self.buffer.len() == DATA_CHUNK {
+            self.flush()?;
+        }
+        Ok(taken)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if !self.buffer.is_empty() {
+            write_frame(&mut *lock(self.writer), FrameKind::Data, &self.buffer)?;
+            self.buffer.clear();
+        }
+        Ok(())
+    }
+}
+
+/// `Read` over `Data` frames up to the `End` frame.
+struct DataReader<'a> {
+    reader: &'a mut UnixStream,
+    buffer: Vec<u8>,
+    position: usize,
+    ended: bool,
+}
+
+impl Read for DataReader<'_> {
+    fn read(&mut self, into: &mut [u8]) -> io::Result<usize> {
+        while self.position == self.buffer.len() {
+            if self.ended {
+                return Ok(0);
+            }
+            match read_frame(self.reader)? {
+                Some(frame) if frame.kind == FrameKind::Data => {
+                    self.buffer = frame.payload;
+                    self.position = 0;
+                }
+                Some(frame) if frame.kind == FrameKind::End => self.ended = true,
+                _ => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the upload ended before its end marker",
+                    ));
+                }
+            }
+        }
+        let count = into.len().min(self.buffer.len() - self.position);
+        into[..count].copy_from_slice(&self.buffer[self.position..self.position + count]);
+        self.position += count;
+        Ok(count)
+    }
+}
+
+impl DataReader<'_> {
+    /// Reads and drops what is left of the upload.
+    fn drain(&mut self) -> io::Result<()> {
+        let mut sink = [0u8; 64 * 1024];
+        while self.read(&mut sink)? > 0 {}
+        Ok(())
     }
 }
 
@@ -390,7 +575,13 @@ fn exec(
             };
             match stream.read(&mut buffer) {
                 Ok(0) | Err(_) => *pipe = None,
-                Ok(read) => write_frame(&mut *lock(writer), *kind, &buffer[..read])?,
+                Ok(read) => {
+                    if let Err(error) = write_frame(&mut *lock(writer), *kind, &buffer[..read]) {
+                        // Nobody is listening any more: the command goes with its caller.
+                        kill_group(pid);
+                        return Err(error);
+                    }
+                }
             }
         }
     };
@@ -487,6 +678,12 @@ fn write_file(
     writer: &Mutex<UnixStream>,
 ) -> io::Result<()> {
     let target = Path::new(path);
+    let mut upload = DataReader {
+        reader,
+        buffer: Vec::new(),
+        position: 0,
+        ended: false,
+    };
     let result = (|| {
         if let Some(parent) = target
             .parent()
@@ -501,23 +698,14 @@ fn write_file(
         if let Some(owner) = owner {
             std::os::unix::fs::fchown(&file, Some(owner.uid), Some(owner.gid))?;
         }
-        loop {
-            match read_frame(reader)? {
-                Some(frame) if frame.kind == FrameKind::Data => file.write_all(&frame.payload)?,
-                Some(frame) if frame.kind == FrameKind::End => break,
-                _ => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "the upload ended before its end marker",
-                    ));
-                }
-            }
-        }
+        io::copy(&mut upload, &mut file)?;
         file.sync_all()
     })();
-    match result {
-        Ok(()) => reply(writer, &Reply::Ok(stat(target).ok())),
-        Err(error) => reply_error(writer, &error, path),
+    // Read the upload to its end even after a failure, so the sender reads the answer.
+    let drained = upload.drain();
+    match (result, drained) {
+        (Ok(()), Ok(())) => reply(writer, &Reply::Ok(stat(target).ok())),
+        (Err(error), _) | (Ok(()), Err(error)) => reply_error(writer, &error, path),
     }
 }
 

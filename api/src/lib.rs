@@ -8,13 +8,16 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+pub mod internal;
+pub mod sandboxes;
+
 /// The body of every error answer: `{"error":{"code":"…","message":"…"}}`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
     pub error: ErrorDetail,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ErrorDetail {
     /// Stable, machine-readable code such as `invalid_api_key` or `rate_limited`.
     pub code: String,

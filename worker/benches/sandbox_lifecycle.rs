@@ -27,6 +27,7 @@ use sandbase_worker::templates;
 const LIMITS: Limits = Limits {
     cpu_millis: 1000,
     memory_mb: 256,
+    disk_mb: 256,
     pids: 128,
 };
 

@@ -13,6 +13,8 @@ use serde_json::{Value, json};
 pub const AGENT_PATH: &str = "/.sandbase/agent";
 pub const CONTROL_DIR: &str = "/.sandbase/run";
 pub const AGENT_SOCKET: &str = "/.sandbase/run/agent.sock";
+/// The writable working directory (and home) of the sandbox user.
+pub const WORK_DIR: &str = "/work";
 /// The uid and gid user commands run as inside the sandbox.
 pub const SANDBOX_USER: u32 = 1000;
 /// How many ids each sandbox's user namespace maps.
@@ -38,7 +40,16 @@ pub struct Limits {
     /// CPU in thousandths of a core.
     pub cpu_millis: u32,
     pub memory_mb: u32,
+    /// Size of the writable `/work`; `/tmp` gets a quarter of it (at least 16 MiB).
+    pub disk_mb: u32,
     pub pids: u32,
+}
+
+impl Limits {
+    /// The size of `/tmp` for this disk size.
+    pub fn tmp_mb(&self) -> u32 {
+        (self.disk_mb / 4).max(16)
+    }
 }
 
 /// Capabilities of the agent (container root inside its user namespace): enough to switch
@@ -177,7 +188,8 @@ pub fn oci_spec(sandbox: &SandboxSpec) -> Value {
             "rlimits": [{ "type": "RLIMIT_NOFILE", "hard": 4096, "soft": 1024 }],
             "noNewPrivileges": true,
         },
-        "root": { "path": "rootfs", "readonly": false },
+        // Read-only: the only writable places are the size-capped /work, /tmp and /dev/shm.
+        "root": { "path": "rootfs", "readonly": true },
         "hostname": sandbox.hostname,
         "mounts": [
             { "destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"] },
@@ -187,7 +199,8 @@ pub fn oci_spec(sandbox: &SandboxSpec) -> Value {
             { "destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"] },
             { "destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"] },
             { "destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup", "options": ["nosuid", "noexec", "nodev", "relatime", "ro"] },
-            { "destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777", "size=536870912"] },
+            { "destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777", format!("size={}m", limits.tmp_mb())] },
+            { "destination": WORK_DIR, "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=755", format!("uid={SANDBOX_USER}"), format!("gid={SANDBOX_USER}"), format!("size={}m", limits.disk_mb)] },
             { "destination": AGENT_PATH, "type": "bind", "source": sandbox.agent_binary, "options": ["rbind", "ro", "nosuid", "nodev"] },
             { "destination": CONTROL_DIR, "type": "bind", "source": sandbox.control_dir, "options": ["rbind", "rw", "nosuid", "nodev", "noexec"] },
         ],
@@ -226,6 +239,7 @@ mod tests {
             limits: Limits {
                 cpu_millis: 1500,
                 memory_mb: 512,
+                disk_mb: 1024,
                 pids: 256,
             },
         })
@@ -308,6 +322,24 @@ mod tests {
         assert_eq!(resources["cpu"]["quota"], 150_000);
         assert_eq!(resources["cpu"]["period"], 100_000);
         assert_eq!(resources["pids"]["limit"], 256);
+        let spec = spec();
+        let mounts = spec["mounts"].as_array().expect("mounts");
+        let size_of = |destination: &str| {
+            mounts
+                .iter()
+                .find(|mount| mount["destination"] == destination)
+                .and_then(|mount| {
+                    mount["options"]
+                        .as_array()
+                        .expect("options")
+                        .iter()
+                        .find_map(|option| option.as_str()?.strip_prefix("size="))
+                        .map(str::to_owned)
+                })
+        };
+        assert_eq!(size_of(WORK_DIR).as_deref(), Some("1024m"));
+        assert_eq!(size_of("/tmp").as_deref(), Some("256m"));
+        assert_eq!(spec["root"]["readonly"], true);
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! Every file's owner is shifted into the sandbox id range once, when the template is built,
 //! so no sandbox needs its files re-owned (containerd 1.6 with runc 1.1 has no idmapped
 //! mounts). Each template also gets what the sandbox spec needs: the agent's mount points and
-//! the unprivileged `user` (uid 1000) with a home.
+//! the unprivileged `user` (uid 1000) whose home is `/work`.
 
 use std::collections::HashSet;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -67,18 +67,19 @@ pub fn from_tarball(rootfs: &Path, tarball: &Path, id_base: u32) -> anyhow::Resu
 
 /// Adds the agent's mount points and the sandbox user to a root file system.
 fn prepare(rootfs: &Path, shell: &str) -> anyhow::Result<()> {
-    for directory in ["proc", "sys", "dev", "tmp", ".sandbase/run"] {
+    for directory in ["proc", "sys", "dev", "tmp", "work", ".sandbase/run"] {
         std::fs::create_dir_all(rootfs.join(directory))?;
     }
+    // runc gives a tmpfs the mode of the directory it covers: /tmp must be world-writable
+    // and sticky.
+    std::fs::set_permissions(rootfs.join("tmp"), std::fs::Permissions::from_mode(0o1777))?;
     // The agent's bind-mount target.
     std::fs::write(rootfs.join(".sandbase/agent"), b"")?;
-    let home = rootfs.join("home/user");
-    std::fs::create_dir_all(&home)?;
-    std::os::unix::fs::chown(&home, Some(SANDBOX_USER), Some(SANDBOX_USER))?;
+    // The user's home is the sandbox's writable /work (a size-capped tmpfs mounted there).
     append_unless_present(
         &rootfs.join("etc/passwd"),
         &format!(":{SANDBOX_USER}:"),
-        &format!("user:x:{SANDBOX_USER}:{SANDBOX_USER}:user:/home/user:{shell}\n"),
+        &format!("user:x:{SANDBOX_USER}:{SANDBOX_USER}:user:/work:{shell}\n"),
     )?;
     append_unless_present(
         &rootfs.join("etc/group"),

@@ -220,6 +220,7 @@ fn rand_suffix() -> u64 {
 const LIMITS: Limits = Limits {
     cpu_millis: 1000,
     memory_mb: 128,
+    disk_mb: 64,
     pids: 64,
 };
 
@@ -296,6 +297,26 @@ fn limits_hold_against_exhaustion() {
     assert_ne!(
         exit.code, 0,
         "a 1 TiB string under a 128 MiB limit: {stdout}"
+    );
+    // Writing past the disk cap fails with ENOSPC, in /work and in /tmp; the root is read-only.
+    let (_, stderr, exit) = sandbox.sh("dd if=/dev/zero of=/work/fill bs=1M count=100", false);
+    assert_ne!(exit.code, 0);
+    assert!(stderr.contains("No space left"), "{stderr}");
+    let (stdout, _, _) = sandbox.sh("du -m /work/fill | cut -f1", false);
+    assert!(stdout.trim().parse::<u32>().unwrap() <= LIMITS.disk_mb);
+    let (_, stderr, exit) = sandbox.sh("dd if=/dev/zero of=/tmp/fill bs=1M count=100", false);
+    assert_ne!(exit.code, 0);
+    assert!(stderr.contains("No space left"), "{stderr}");
+    sandbox.refused("echo x > /etc/motd");
+    sandbox.refused("echo x > /fill");
+    sandbox.sh("rm -f /work/fill /tmp/fill", false);
+    let (stdout, _, exit) = sandbox.sh("echo kept > /work/small && cat /work/small", false);
+    assert_eq!(
+        (stdout.as_str(), exit.code),
+        (
+            "kept
+", 0
+        )
     );
     let (stdout, _, exit) = sandbox.sh("echo alive", false);
     assert_eq!((stdout.as_str(), exit.code), ("alive\n", 0));
@@ -375,13 +396,13 @@ async fn containerd_runs_a_sandbox_and_destroy_removes_every_trace() {
             wait_for_socket(&socket);
             let (stdout, _, exit) = agent_sh(
                 &socket,
-                "id -u; echo data > /home/user/file; cat /home/user/file",
+                "id -u; echo data > /work/file; cat /work/file",
                 false,
             );
             assert_eq!((stdout.as_str(), exit.code), ("1000\ndata\n", 0));
-            // The template itself is untouched by what a sandbox writes.
+            // The root file system is read-only, even to the sandbox's root.
             let (_, _, exit) = agent_sh(&socket, "rm /bin/busybox", true);
-            assert_eq!(exit.code, 0);
+            assert_ne!(exit.code, 0);
         }
     })
     .await
@@ -658,12 +679,7 @@ async fn the_agent_client_streams_commands_and_moves_files() {
         ("100000", 0)
     );
     let stat = agent
-        .write_file(
-            "/home/user/dir/data.bin",
-            &[7u8; 300_000],
-            Some(0o600),
-            user,
-        )
+        .write_file("/work/dir/data.bin", &[7u8; 300_000], Some(0o600), user)
         .await
         .unwrap();
     assert_eq!(
@@ -671,14 +687,14 @@ async fn the_agent_client_streams_commands_and_moves_files() {
         (300_000, SANDBOX_USER, 0o600)
     );
     let (_, content) = agent
-        .read_file("/home/user/dir/data.bin", 1 << 20)
+        .read_file("/work/dir/data.bin", 1 << 20)
         .await
         .unwrap();
     assert_eq!(content, vec![7u8; 300_000]);
     let (stdout, _, _) = agent
         .run(
             ExecRequest {
-                argv: vec!["cat".into(), "/home/user/dir/data.bin".into()],
+                argv: vec!["cat".into(), "/work/dir/data.bin".into()],
                 user,
                 ..Default::default()
             },
@@ -691,7 +707,7 @@ async fn the_agent_client_streams_commands_and_moves_files() {
         300_000,
         "the sandbox user can read what was written for it"
     );
-    let listing = agent.list("/home/user/dir").await.unwrap();
+    let listing = agent.list("/work/dir").await.unwrap();
     assert_eq!(
         listing
             .iter()
@@ -700,10 +716,7 @@ async fn the_agent_client_streams_commands_and_moves_files() {
         ["data.bin"]
     );
     assert!(
-        agent
-            .read_file("/home/user/dir/data.bin", 1000)
-            .await
-            .is_err(),
+        agent.read_file("/work/dir/data.bin", 1000).await.is_err(),
         "the size cap holds"
     );
 
@@ -801,7 +814,7 @@ async fn the_base_template_runs_python_pip_git_and_curl_as_the_user() {
                     uid: SANDBOX_USER,
                     gid: SANDBOX_USER,
                 }),
-                env: [("HOME".to_owned(), "/home/user".to_owned())].into(),
+                env: [("HOME".to_owned(), "/work".to_owned())].into(),
                 ..Default::default()
             },
             None,

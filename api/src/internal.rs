@@ -1,0 +1,88 @@
+//! The internal API between the gateway and its workers (authenticated by the node token).
+//! Not part of the public contract: both sides are released together.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::sandboxes::{Resources, RunAs};
+
+/// A worker announcing itself. A worker registers after its start-up reconciliation, so
+/// it hosts nothing yet: every sandbox the gateway routed to it before is lost.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RegisterWorker {
+    pub id: String,
+    /// Where the gateway reaches this worker's internal API.
+    pub url: String,
+    pub capacity: u32,
+    pub templates: Vec<TemplateInfo>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TemplateInfo {
+    pub name: String,
+    /// Started sandboxes waiting in this template's warm pool.
+    pub warm: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub id: String,
+    pub url: String,
+    pub capacity: u32,
+    pub templates: Vec<TemplateInfo>,
+    /// Every sandbox this worker hosts.
+    pub sandboxes: Vec<Uuid>,
+}
+
+/// The gateway's answer: sandboxes the worker hosts that should not exist any more
+/// (destroyed, expired, or unknown), for the worker to remove.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct HeartbeatReply {
+    pub destroy: Vec<Uuid>,
+}
+
+/// What the gateway keeps about a live worker (in Redis, refreshed by heartbeats).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    pub id: String,
+    pub url: String,
+    pub capacity: u32,
+    pub running: u32,
+    pub templates: Vec<TemplateInfo>,
+    /// Milliseconds since the Unix epoch of the last heartbeat.
+    pub seen_ms: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CreateSandbox {
+    pub id: Uuid,
+    pub template: String,
+    pub resources: Resources,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub cwd: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Exec {
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub user: RunAs,
+    #[serde(default)]
+    pub stdin: Option<String>,
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default)]
+    pub background: bool,
+}
+
+/// The header carrying the node token on internal calls (both directions).
+pub const NODE_TOKEN_HEADER: &str = "x-sandbase-node-token";

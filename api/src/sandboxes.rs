@@ -1,0 +1,328 @@
+//! Sandboxes, commands, processes and files: the public wire types.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// Resources asked for; every field falls back to the server's default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResourcesRequest {
+    /// CPU cores (fractions allowed, e.g. 0.5).
+    #[serde(default)]
+    pub cpu: Option<f64>,
+    #[serde(default)]
+    pub memory_mb: Option<u32>,
+    /// Size of the writable `/work` (`/tmp` gets a quarter of it).
+    #[serde(default)]
+    pub disk_mb: Option<u32>,
+    /// Most processes (and threads) at once.
+    #[serde(default)]
+    pub pids: Option<u32>,
+}
+
+/// Resources a sandbox has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Resources {
+    /// CPU in thousandths of a core.
+    pub cpu_millis: u32,
+    pub memory_mb: u32,
+    pub disk_mb: u32,
+    pub pids: u32,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandboxRequest {
+    /// Template (an image imported on the workers); the server's default when absent.
+    #[serde(default)]
+    pub template: Option<String>,
+    /// Environment of every command (a command's own `env` wins).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory of commands; `/work` when absent.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Lifetime in seconds (default 300); extend it with `POST /v1/sandboxes/{id}/timeout`.
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
+    #[serde(default)]
+    pub resources: ResourcesRequest,
+    /// Free-form labels to filter on (`GET /v1/sandboxes?metadata.key=value`).
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    Creating,
+    Running,
+    Stopped,
+}
+
+impl SandboxState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Creating => "creating",
+            SandboxState::Running => "running",
+            SandboxState::Stopped => "stopped",
+        }
+    }
+}
+
+impl std::str::FromStr for SandboxState {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        match value {
+            "creating" => Ok(SandboxState::Creating),
+            "running" => Ok(SandboxState::Running),
+            "stopped" => Ok(SandboxState::Stopped),
+            other => Err(format!(
+                "unknown state `{other}` (expected creating, running or stopped)"
+            )),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Sandbox {
+    pub id: Uuid,
+    pub template: String,
+    pub state: SandboxState,
+    /// Why a stopped sandbox stopped: `destroyed`, `expired`, `failed` or `lost`.
+    #[serde(default)]
+    pub stop_reason: Option<String>,
+    pub cwd: String,
+    pub resources: Resources,
+    pub metadata: BTreeMap<String, String>,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    #[serde(default)]
+    pub stopped_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SandboxList {
+    pub sandboxes: Vec<Sandbox>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExtendTimeoutRequest {
+    /// New lifetime from now, in seconds.
+    pub timeout_secs: u64,
+}
+
+/// Who a command runs as: the unprivileged sandbox user (uid 1000) or the sandbox's root
+/// (root inside its user namespace only).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RunAs {
+    #[default]
+    User,
+    Root,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// The program and its arguments (no shell).
+    #[serde(default)]
+    pub cmd: Option<Vec<String>>,
+    /// A shell command line, run with `/bin/sh -c`.
+    #[serde(default)]
+    pub command: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub user: RunAs,
+    /// Standard input (the command sees end of input after it).
+    #[serde(default)]
+    pub stdin: Option<String>,
+    /// Kill the command (and what it started) after this many seconds.
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
+    /// Answer with an NDJSON stream of [`ExecEvent`]s instead of one result.
+    #[serde(default)]
+    pub stream: bool,
+    /// Start the command and answer at once with its pid; see `/processes`.
+    #[serde(default)]
+    pub background: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct ExecResult {
+    pub exit_code: i32,
+    /// The signal that ended the command, if one did.
+    #[serde(default)]
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub stdout: String,
+    pub stderr: String,
+    /// True when output beyond the server's cap was dropped.
+    #[serde(default)]
+    pub truncated: bool,
+    pub duration_ms: u64,
+}
+
+/// One line of a streamed command: `{"pid":N}` first, then `{"stdout":"…"}` and
+/// `{"stderr":"…"}` chunks, and last `{"exit_code":N,…}` (or `{"error":{…}}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum ExecEvent {
+    Started {
+        pid: u32,
+    },
+    Stdout {
+        stdout: String,
+    },
+    Stderr {
+        stderr: String,
+    },
+    Exit {
+        exit_code: i32,
+        #[serde(default)]
+        signal: Option<i32>,
+        timed_out: bool,
+        duration_ms: u64,
+    },
+    Error {
+        error: crate::ErrorDetail,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BackgroundStarted {
+    pub pid: u32,
+}
+
+/// A background process and what it has written so far.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Process {
+    pub pid: u32,
+    pub cmd: Vec<String>,
+    pub running: bool,
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    pub started_at: DateTime<Utc>,
+    /// Output so far (the last megabytes when there was more).
+    #[serde(default)]
+    pub stdout: String,
+    #[serde(default)]
+    pub stderr: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProcessList {
+    pub processes: Vec<Process>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SignalRequest {
+    /// A signal number or name (`TERM`, `SIGKILL`, `INT`, …).
+    pub signal: serde_json::Value,
+}
+
+/// A file or directory inside a sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct FileInfo {
+    pub name: String,
+    pub path: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    pub kind: String,
+    pub size: u64,
+    pub mode: u32,
+    pub modified: DateTime<Utc>,
+    #[serde(default)]
+    pub link_target: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DirectoryListing {
+    pub path: String,
+    pub entries: Vec<FileInfo>,
+}
+
+/// Signal numbers by name (with or without `SIG`), as `kill -l` lists them on Linux.
+pub fn signal_number(value: &serde_json::Value) -> Option<i32> {
+    const NAMES: &[(&str, i32)] = &[
+        ("HUP", 1),
+        ("INT", 2),
+        ("QUIT", 3),
+        ("KILL", 9),
+        ("USR1", 10),
+        ("USR2", 12),
+        ("TERM", 15),
+        ("CONT", 18),
+        ("STOP", 19),
+        ("TSTP", 20),
+        ("WINCH", 28),
+    ];
+    match value {
+        serde_json::Value::Number(number) => number
+            .as_i64()
+            .and_then(|number| i32::try_from(number).ok())
+            .filter(|number| (1..=64).contains(number)),
+        serde_json::Value::String(name) => {
+            let name = name.to_ascii_uppercase();
+            let name = name.strip_prefix("SIG").unwrap_or(&name);
+            NAMES
+                .iter()
+                .find(|(known, _)| *known == name)
+                .map(|(_, number)| *number)
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals_by_number_or_name() {
+        assert_eq!(signal_number(&serde_json::json!(15)), Some(15));
+        assert_eq!(signal_number(&serde_json::json!("SIGKILL")), Some(9));
+        assert_eq!(signal_number(&serde_json::json!("int")), Some(2));
+        assert_eq!(signal_number(&serde_json::json!(0)), None);
+        assert_eq!(signal_number(&serde_json::json!("NOPE")), None);
+        assert_eq!(signal_number(&serde_json::json!(true)), None);
+    }
+
+    #[test]
+    fn exec_events_have_the_documented_shapes() {
+        let lines = [
+            ExecEvent::Started { pid: 7 },
+            ExecEvent::Stdout {
+                stdout: "hi\n".to_owned(),
+            },
+            ExecEvent::Exit {
+                exit_code: 3,
+                signal: None,
+                timed_out: false,
+                duration_ms: 4,
+            },
+        ];
+        let encoded: Vec<String> = lines
+            .iter()
+            .map(|line| serde_json::to_string(line).expect("encode"))
+            .collect();
+        assert_eq!(encoded[0], r#"{"pid":7}"#);
+        assert_eq!(encoded[1], r#"{"stdout":"hi\n"}"#);
+        assert!(encoded[2].starts_with(r#"{"exit_code":3"#));
+        for (line, event) in encoded.iter().zip(lines) {
+            assert_eq!(
+                serde_json::from_str::<ExecEvent>(line).expect("decode"),
+                event
+            );
+        }
+    }
+}
