@@ -216,7 +216,7 @@ pub struct ExitInfo {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct AgentError {
     /// `not_found`, `permission_denied`, `already_exists`, `not_a_directory`,
-    /// `is_a_directory`, `invalid`, `spawn_failed` or `io`.
+    /// `is_a_directory`, `not_empty`, `no_space`, `invalid`, `spawn_failed` or `io`.
     pub kind: String,
     pub message: String,
 }
@@ -231,6 +231,7 @@ impl AgentError {
             io::ErrorKind::IsADirectory => "is_a_directory",
             io::ErrorKind::DirectoryNotEmpty => "not_empty",
             io::ErrorKind::InvalidInput => "invalid",
+            io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => "no_space",
             _ => "io",
         };
         AgentError {

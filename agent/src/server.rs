@@ -691,15 +691,32 @@ fn write_file(
         {
             mkdir(parent, owner)?;
         }
-        let mut file = fs::File::create(target)?;
-        if let Some(mode) = mode {
-            file.set_permissions(fs::Permissions::from_mode(mode & 0o7777))?;
+        // The upload goes to a new file beside the target, which replaces the target only
+        // once complete: a failed upload leaves the old content.
+        let temporary = temporary_beside(target)?;
+        let written = (|| {
+            let mut file = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&temporary)?;
+            file.set_permissions(fs::Permissions::from_mode(mode.unwrap_or(0o644) & 0o7777))?;
+            if let Some(owner) = owner {
+                std::os::unix::fs::fchown(&file, Some(owner.uid), Some(owner.gid))?;
+            }
+            io::copy(&mut upload, &mut file)?;
+            file.sync_all()?;
+            if fs::symlink_metadata(target).is_ok_and(|metadata| metadata.is_dir()) {
+                return Err(io::Error::new(
+                    io::ErrorKind::IsADirectory,
+                    "is a directory",
+                ));
+            }
+            fs::rename(&temporary, target)
+        })();
+        if written.is_err() {
+            let _ = fs::remove_file(&temporary);
         }
-        if let Some(owner) = owner {
-            std::os::unix::fs::fchown(&file, Some(owner.uid), Some(owner.gid))?;
-        }
-        io::copy(&mut upload, &mut file)?;
-        file.sync_all()
+        written
     })();
     // Read the upload to its end even after a failure, so the sender reads the answer.
     let drained = upload.drain();
@@ -707,6 +724,16 @@ fn write_file(
         (Ok(()), Ok(())) => reply(writer, &Reply::Ok(stat(target).ok())),
         (Err(error), _) | (Ok(()), Err(error)) => reply_error(writer, &error, path),
     }
+}
+
+/// A name for a new file in `target`'s directory.
+fn temporary_beside(target: &Path) -> io::Result<std::path::PathBuf> {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let name = target
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
+    let count = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(target.with_file_name(format!(".{}.upload-{count}", name.to_string_lossy())))
 }
 
 /// Creates `path` and its missing parents, giving the new ones to `owner`.

@@ -7,6 +7,7 @@ mod credentials;
 mod output;
 mod serve;
 mod telemetry;
+mod worker;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -46,6 +47,8 @@ enum Command {
     Server(serve::ServerArgs),
     /// Run everything on this machine with local defaults, and print a ready-to-use API key.
     Dev(serve::DevArgs),
+    /// Run sandboxes on this node for a gateway (needs containerd; see scripts/setup).
+    Worker(worker::WorkerArgs),
     /// Apply database migrations and exit.
     Migrate {
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
@@ -84,6 +87,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Server(args) => serve::server(args),
         Command::Dev(args) => serve::dev(args),
+        Command::Worker(args) => worker::run(args),
         Command::Migrate { database_url } => serve::migrate(database_url),
         Command::Admin(command) => serve::admin(command),
         Command::Client(command) => {

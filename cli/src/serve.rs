@@ -39,6 +39,11 @@ pub struct DevArgs {
     /// Where dev mode keeps its session secret and bootstrap credentials.
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// Run only the gateway, without a worker on this machine.
+    #[arg(long)]
+    no_worker: bool,
+    #[command(flatten)]
+    node: crate::worker::NodeArgs,
 }
 
 #[derive(Subcommand)]
@@ -88,9 +93,16 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     defaults.database.url = Some(SecretString::from(DEV_DATABASE_URL));
     defaults.redis.url = Some(SecretString::from(DEV_REDIS_URL));
     defaults.auth.jwt_secret = Some(SecretString::from(state.jwt_secret.clone()));
+    defaults.workers.node_token = Some(SecretString::from(state.node_token.clone()));
     let mut settings = Settings::load_with_defaults(defaults, args.config.as_deref())?;
     settings.server.listen = args.listen;
     let _telemetry = telemetry::init(&settings.telemetry)?;
+    let node_token = settings
+        .workers
+        .node_token
+        .as_ref()
+        .map(|token| secrecy::ExposeSecret::expose_secret(token).to_owned())
+        .context("workers.node_token is missing")?;
 
     runtime()?.block_on(async move {
         let application = Application::build(settings).await?;
@@ -98,6 +110,19 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         let api_key = ensure_dev_account(&application, &mut state).await?;
         state.save(&state_dir)?;
         let url = format!("http://{address}");
+        let (stop_gateway, gateway_stopped) = tokio::sync::oneshot::channel::<()>();
+        let gateway = tokio::spawn(application.run_until_stopped(async move {
+            let _ = gateway_stopped.await;
+        }));
+        let worker = if args.no_worker {
+            None
+        } else {
+            let config = args.node.service_config(&url, &node_token)?;
+            println!(
+                "  starting the worker (templates are built on first start; `base` takes a minute)"
+            );
+            Some(sandbase_worker::service::start(config).await?)
+        };
         let saved = credentials::save_if_absent(&url, &api_key)?;
         println!();
         println!("  SandBase dev server is running");
@@ -112,7 +137,20 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
             println!("  (saved for the CLI: `sandbase whoami` works as is)");
         }
         println!();
-        application.run_until_stopped(shutdown_signal()).await
+        if let Some(running) = &worker {
+            println!(
+                "  Worker     {} (containerd namespace `{}`)",
+                running.local_addr(),
+                args.node.namespace
+            );
+            println!();
+        }
+        shutdown_signal().await;
+        if let Some(running) = worker {
+            running.stop().await;
+        }
+        let _ = stop_gateway.send(());
+        gateway.await.context("the gateway task failed")?
     })?;
     Ok(ExitCode::SUCCESS)
 }
@@ -183,7 +221,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     let interrupt = async {
         if let Err(error) = tokio::signal::ctrl_c().await {
             tracing::error!(error = %error, "listening for ctrl-c failed");
@@ -215,6 +253,13 @@ struct DevState {
     password: String,
     #[serde(default)]
     api_key: Option<String>,
+    /// Shared by the dev gateway and its worker.
+    #[serde(default = "new_node_token")]
+    node_token: String,
+}
+
+fn new_node_token() -> String {
+    random_string(40)
 }
 
 impl DevState {
@@ -230,6 +275,7 @@ impl DevState {
                 email: DEV_EMAIL.to_owned(),
                 password: random_string(20),
                 api_key: None,
+                node_token: new_node_token(),
             }),
             Err(error) => Err(error).with_context(|| format!("reading {}", path.display())),
         }

@@ -86,7 +86,12 @@ pub fn init(settings: &TelemetrySettings) -> anyhow::Result<TelemetryGuard> {
 
 /// Client verbs log only warnings, to stderr.
 pub fn init_client() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    init_with_level("warn");
+}
+
+/// Logs to standard error at `level` unless `RUST_LOG` says otherwise.
+pub fn init_with_level(level: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -284,6 +284,23 @@ const ACTIONS: &[(&str, &str, &str)] = &[
     ("POST", "/v1/team/members", "member.add"),
     ("PATCH", "/v1/team/members/{user_id}", "member.update"),
     ("DELETE", "/v1/team/members/{user_id}", "member.remove"),
+    ("POST", "/v1/sandboxes", "sandbox.create"),
+    ("DELETE", "/v1/sandboxes/{id}", "sandbox.destroy"),
+    ("POST", "/v1/sandboxes/{id}/timeout", "sandbox.extend"),
+    ("POST", "/v1/sandboxes/{id}/exec", "sandbox.exec"),
+    (
+        "POST",
+        "/v1/sandboxes/{id}/processes/{pid}/stdin",
+        "sandbox.process.stdin",
+    ),
+    (
+        "POST",
+        "/v1/sandboxes/{id}/processes/{pid}/signal",
+        "sandbox.process.signal",
+    ),
+    ("PUT", "/v1/sandboxes/{id}/files", "sandbox.file.write"),
+    ("DELETE", "/v1/sandboxes/{id}/files", "sandbox.file.remove"),
+    ("PUT", "/v1/sandboxes/{id}/archive", "sandbox.archive.write"),
 ];
 
 fn action_name(method: &Method, route: &str) -> String {

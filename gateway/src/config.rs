@@ -22,6 +22,49 @@ pub struct Settings {
     pub auth: AuthSettings,
     pub rate_limit: RateLimitSettings,
     pub telemetry: TelemetrySettings,
+    pub sandboxes: SandboxSettings,
+    pub workers: WorkerSettings,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxSettings {
+    /// Template of sandboxes that name none.
+    pub default_template: String,
+    /// Lifetime of a sandbox that asks for none.
+    pub default_timeout_secs: u64,
+    /// Longest lifetime a sandbox may ask for (or be extended to).
+    pub max_timeout_secs: u64,
+    /// Resources of a sandbox that asks for none (also the size of warm sandboxes).
+    pub default_resources: ResourceSettings,
+    /// Most a sandbox may ask for.
+    pub max_resources: ResourceSettings,
+    /// Largest file or archive upload, in bytes.
+    pub upload_limit_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceSettings {
+    /// CPU in thousandths of a core.
+    pub cpu_millis: u32,
+    pub memory_mb: u32,
+    /// Size of the writable /work (and a quarter of it for /tmp).
+    pub disk_mb: u32,
+    pub pids: u32,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSettings {
+    /// Shared secret of the gateway and its workers; internal calls carry it both ways.
+    /// Without it no worker can register.
+    #[serde(serialize_with = "serialize_optional_secret")]
+    pub node_token: Option<SecretString>,
+    /// A worker whose last heartbeat is older than this gets no new sandboxes.
+    pub heartbeat_ttl_secs: u64,
+    /// A worker silent for this long has lost its sandboxes.
+    pub lost_after_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -136,6 +179,29 @@ impl Default for Settings {
                 log_format: LogFormat::Text,
                 log_level: "info".to_owned(),
             },
+            sandboxes: SandboxSettings {
+                default_template: "base".to_owned(),
+                default_timeout_secs: 300,
+                max_timeout_secs: 24 * 3600,
+                default_resources: ResourceSettings {
+                    cpu_millis: 1000,
+                    memory_mb: 512,
+                    disk_mb: 1024,
+                    pids: 256,
+                },
+                max_resources: ResourceSettings {
+                    cpu_millis: 4000,
+                    memory_mb: 8192,
+                    disk_mb: 16384,
+                    pids: 4096,
+                },
+                upload_limit_bytes: 1024 * 1024 * 1024,
+            },
+            workers: WorkerSettings {
+                node_token: None,
+                heartbeat_ttl_secs: 10,
+                lost_after_secs: 30,
+            },
         }
     }
 }
@@ -241,6 +307,44 @@ impl Settings {
         if self.database.max_connections == 0 {
             return Err(ConfigError(
                 "key `database.max_connections` must be at least 1".to_owned(),
+            ));
+        }
+        let (default, max) = (
+            self.sandboxes.default_resources,
+            self.sandboxes.max_resources,
+        );
+        if default.cpu_millis == 0
+            || default.memory_mb < 16
+            || default.disk_mb < 16
+            || default.pids < 8
+            || default.cpu_millis > max.cpu_millis
+            || default.memory_mb > max.memory_mb
+            || default.disk_mb > max.disk_mb
+            || default.pids > max.pids
+        {
+            return Err(ConfigError(
+                "keys `sandboxes.default_resources`: each at least 1 cpu milli, 16 MB memory, 16 MB disk, 8 pids, and at most `sandboxes.max_resources`".to_owned(),
+            ));
+        }
+        if self.sandboxes.default_timeout_secs == 0
+            || self.sandboxes.default_timeout_secs > self.sandboxes.max_timeout_secs
+        {
+            return Err(ConfigError(
+                "key `sandboxes.default_timeout_secs` must be between 1 and `sandboxes.max_timeout_secs`".to_owned(),
+            ));
+        }
+        if let Some(token) = &self.workers.node_token
+            && token.expose_secret().len() < 16
+        {
+            return Err(ConfigError(
+                "key `workers.node_token` (SANDBASE_WORKERS__NODE_TOKEN) needs at least 16 characters".to_owned(),
+            ));
+        }
+        if self.workers.heartbeat_ttl_secs == 0
+            || self.workers.lost_after_secs < self.workers.heartbeat_ttl_secs
+        {
+            return Err(ConfigError(
+                "keys `workers.heartbeat_ttl_secs` (at least 1) and `workers.lost_after_secs` (at least the TTL)".to_owned(),
             ));
         }
         if let Some(endpoint) = &self.telemetry.otlp_endpoint

@@ -65,6 +65,13 @@ pub enum ApiError {
     /// 429: too many requests; retry after the given number of seconds.
     #[error("rate limit exceeded: retry after {retry_after_secs} s")]
     RateLimited { retry_after_secs: u64 },
+    /// Any status with its own stable code: sandbox states, capacity, worker answers.
+    #[error("{message}")]
+    Problem {
+        status: StatusCode,
+        code: &'static str,
+        message: String,
+    },
     /// 503: a dependency (Postgres, Redis) is unavailable.
     #[error("service unavailable: {0}")]
     Unavailable(String),
@@ -77,6 +84,14 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    pub fn problem(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError::Problem {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
     pub fn status_code(&self) -> StatusCode {
         match self {
             ApiError::InvalidJson(_) => StatusCode::BAD_REQUEST,
@@ -96,6 +111,7 @@ impl ApiError {
             ApiError::EmailTaken | ApiError::Conflict { .. } => StatusCode::CONFLICT,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Problem { status, .. } => *status,
             ApiError::Database(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -122,6 +138,7 @@ impl ApiError {
             ApiError::Conflict { code, .. } => code,
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Unavailable(_) => "unavailable",
+            ApiError::Problem { code, .. } => code,
             ApiError::Database(_) | ApiError::Internal(_) => "internal",
         }
     }

@@ -14,10 +14,12 @@ pub mod observe;
 pub mod ratelimit;
 pub mod request_id;
 mod routes;
+pub mod sandboxes;
 pub mod startup;
 pub mod state;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod workers;
 
 pub use config::Settings;
 pub use startup::Application;

@@ -101,6 +101,8 @@ impl Application {
         let openapi =
             Arc::new(serde_json::to_value(&document).context("rendering the OpenAPI document")?);
 
+        let settings_for_workers = settings.clone();
+        let redis_for_workers = redis.clone();
         let state = AppState::new(Services {
             db: db.clone(),
             redis,
@@ -111,12 +113,18 @@ impl Application {
             last_used: last_used.clone(),
             sessions,
             metrics: observe::prometheus_handle(),
+            workers: Arc::new(crate::workers::Workers::new(
+                &settings_for_workers,
+                redis_for_workers,
+            )?),
+            routes: Arc::new(crate::sandboxes::Routes::default()),
             openapi,
         });
 
         let router = api_router
             .route_layer(from_fn_with_state(state.clone(), audit::middleware))
             .merge(operations_router)
+            .merge(crate::workers::internal_router())
             .route_layer(from_fn(observe::middleware))
             .fallback(routes::fallback)
             .method_not_allowed_fallback(routes::method_not_allowed)
@@ -140,6 +148,20 @@ impl Application {
                 }
             }
         }));
+
+        let reaper_state = state.clone();
+        background.push(tokio::spawn(
+            async move {
+                let mut interval = tokio::time::interval(crate::sandboxes::REAPER_INTERVAL);
+                loop {
+                    interval.tick().await;
+                    if let Err(error) = crate::sandboxes::reap(&reaper_state).await {
+                        tracing::warn!(error = format!("{error:#}"), "the sandbox reaper failed");
+                    }
+                }
+            }
+            .instrument(tracing::info_span!("sandbox_reaper")),
+        ));
 
         let listener = TcpListener::bind(state.settings.server.listen)
             .await

@@ -9,6 +9,8 @@ use crate::auth::api_key::{Invalidator, KeyCache, LastUsed};
 use crate::auth::session::SessionKeys;
 use crate::config::Settings;
 use crate::ratelimit::RateLimiter;
+use crate::sandboxes::Routes;
+use crate::workers::Workers;
 
 /// Cloned for every request by axum's extractors and middleware, so it is one `Arc`.
 #[derive(Clone)]
@@ -38,6 +40,10 @@ pub struct Services {
     pub sessions: Arc<SessionKeys>,
     pub rate_limiter: RateLimiter,
     pub metrics: PrometheusHandle,
+    /// Live workers (from Redis) and the HTTP client for their internal API.
+    pub workers: Arc<Workers>,
+    /// Cached sandbox → worker routes.
+    pub routes: Arc<Routes>,
     /// The served OpenAPI document, rendered once at start-up.
     pub openapi: Arc<serde_json::Value>,
 }

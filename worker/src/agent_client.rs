@@ -47,23 +47,46 @@ impl AgentClient {
         request: ExecRequest,
         stdin: Option<Vec<u8>>,
     ) -> anyhow::Result<mpsc::Receiver<anyhow::Result<ExecEvent>>> {
-        let with_stdin = stdin.is_some();
-        let mut stream = self
+        let (events, _) = self.start(request, stdin, false).await?;
+        Ok(events)
+    }
+
+    /// Starts a command; with `keep_stdin_open` its standard input stays open (after
+    /// `initial`) for the returned [`Stdin`] to write to.
+    pub async fn start(
+        &self,
+        request: ExecRequest,
+        initial: Option<Vec<u8>>,
+        keep_stdin_open: bool,
+    ) -> anyhow::Result<(mpsc::Receiver<anyhow::Result<ExecEvent>>, Option<Stdin>)> {
+        let with_stdin = initial.is_some() || keep_stdin_open;
+        let stream = self
             .connect(&Request::Exec(ExecRequest {
                 stdin: with_stdin,
                 ..request
             }))
             .await?;
-        if let Some(input) = stdin {
+        let (mut reader, mut writer) = stream.into_split();
+        if let Some(input) = initial {
             for chunk in input.chunks(MAX_FRAME / 4) {
-                write_frame(&mut stream, FrameKind::Data, chunk).await?;
+                write_frame(&mut writer, FrameKind::Data, chunk).await?;
             }
-            write_frame(&mut stream, FrameKind::End, &[]).await?;
         }
+        let (stdin, kept) = if keep_stdin_open {
+            (Some(Stdin { writer }), None)
+        } else {
+            if with_stdin {
+                write_frame(&mut writer, FrameKind::End, &[]).await?;
+            }
+            // Dropping a write half shuts the socket down for writing; it lives as long as
+            // the reader instead.
+            (None, Some(writer))
+        };
         let (sender, receiver) = mpsc::channel(64);
         tokio::spawn(async move {
+            let _kept = kept;
             loop {
-                let event = match read_frame(&mut stream).await {
+                let event = match read_frame(&mut reader).await {
                     Ok(Some((FrameKind::Stdout, payload))) => Ok(ExecEvent::Stdout(payload)),
                     Ok(Some((FrameKind::Stderr, payload))) => Ok(ExecEvent::Stderr(payload)),
                     Ok(Some((FrameKind::Json, payload))) => {
@@ -90,7 +113,7 @@ impl AgentClient {
                 }
             }
         });
-        Ok(receiver)
+        Ok((receiver, stdin))
     }
 
     /// Runs a command to the end: (stdout, stderr, exit).
@@ -163,6 +186,62 @@ impl AgentClient {
         }
     }
 
+    /// Streams a file's bytes (or, with `Request::TarOut`, a directory's archive): the
+    /// answer's [`Stat`] and a channel of chunks that ends after the last one.
+    pub async fn download(
+        &self,
+        request: &Request,
+    ) -> anyhow::Result<(Stat, mpsc::Receiver<anyhow::Result<Vec<u8>>>)> {
+        let mut stream = self.connect(request).await?;
+        let stat = match read_reply(&mut stream).await? {
+            Reply::Ok(Some(stat)) => stat,
+            other => bail!("unexpected answer {other:?}"),
+        };
+        let (sender, receiver) = mpsc::channel(8);
+        tokio::spawn(async move {
+            loop {
+                let chunk = match read_frame(&mut stream).await {
+                    Ok(Some((FrameKind::Data, payload))) => Ok(payload),
+                    Ok(Some((FrameKind::End, _))) => return,
+                    Ok(Some((FrameKind::Json, payload))) => {
+                        match serde_json::from_slice::<Reply>(&payload) {
+                            Ok(Reply::Error(error)) => Err(anyhow::Error::new(Refused(error))),
+                            _ => Err(anyhow::anyhow!("unexpected answer in a download")),
+                        }
+                    }
+                    Ok(other) => Err(anyhow::anyhow!("unexpected frame in a download: {other:?}")),
+                    Err(error) => Err(error),
+                };
+                let failed = chunk.is_err();
+                if sender.send(chunk).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok((stat, receiver))
+    }
+
+    /// Sends an upload (`WriteFile` or `TarIn`) from a stream of chunks; the agent's answer.
+    pub async fn upload<E: std::fmt::Display>(
+        &self,
+        request: &Request,
+        mut chunks: impl futures_util::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
+    ) -> anyhow::Result<Stat> {
+        use futures_util::StreamExt;
+        let mut stream = self.connect(request).await?;
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk.map_err(|error| anyhow::anyhow!("reading the upload: {error}"))?;
+            for piece in chunk.chunks(MAX_FRAME / 4) {
+                write_frame(&mut stream, FrameKind::Data, piece).await?;
+            }
+        }
+        write_frame(&mut stream, FrameKind::End, &[]).await?;
+        match read_reply(&mut stream).await? {
+            Reply::Ok(Some(stat)) => Ok(stat),
+            other => bail!("unexpected answer {other:?}"),
+        }
+    }
+
     pub async fn list(&self, path: &str) -> anyhow::Result<Vec<Entry>> {
         match self
             .simple(&Request::List {
@@ -179,6 +258,25 @@ impl AgentClient {
     pub async fn simple(&self, request: &Request) -> anyhow::Result<Reply> {
         let mut stream = self.connect(request).await?;
         read_reply(&mut stream).await
+    }
+}
+
+/// The open standard input of a running command.
+pub struct Stdin {
+    writer: tokio::net::unix::OwnedWriteHalf,
+}
+
+impl Stdin {
+    pub async fn write(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
+        for chunk in bytes.chunks(MAX_FRAME / 4) {
+            write_frame(&mut self.writer, FrameKind::Data, chunk).await?;
+        }
+        Ok(())
+    }
+
+    /// Ends the input: the command reads end of file.
+    pub async fn close(mut self) -> anyhow::Result<()> {
+        write_frame(&mut self.writer, FrameKind::End, &[]).await
     }
 }
 
@@ -223,7 +321,7 @@ async fn read_reply(stream: &mut UnixStream) -> anyhow::Result<Reply> {
 }
 
 async fn write_frame(
-    stream: &mut UnixStream,
+    stream: &mut (impl tokio::io::AsyncWrite + Unpin),
     kind: FrameKind,
     payload: &[u8],
 ) -> anyhow::Result<()> {
@@ -236,7 +334,9 @@ async fn write_frame(
     Ok(())
 }
 
-async fn read_frame(stream: &mut UnixStream) -> anyhow::Result<Option<(FrameKind, Vec<u8>)>> {
+async fn read_frame(
+    stream: &mut (impl tokio::io::AsyncRead + Unpin),
+) -> anyhow::Result<Option<(FrameKind, Vec<u8>)>> {
     let mut header = [0u8; 5];
     match stream.read_exact(&mut header).await {
         Ok(_) => {}

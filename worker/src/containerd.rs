@@ -15,7 +15,7 @@ use containerd_client::services::v1::snapshots::{
 use containerd_client::services::v1::tasks_client::TasksClient;
 use containerd_client::services::v1::{
     Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
-    DeleteTaskRequest, KillRequest, ListContainersRequest, StartRequest,
+    DeleteTaskRequest, KillRequest, ListContainersRequest, StartRequest, UpdateTaskRequest,
 };
 use containerd_client::tonic::transport::Channel;
 use containerd_client::tonic::{Code, Request};
@@ -25,6 +25,7 @@ use containerd_client::with_namespace;
 pub const RUNTIME: &str = "io.containerd.runc.v2";
 const SNAPSHOTTER: &str = "overlayfs";
 const SPEC_TYPE_URL: &str = "types.containerd.io/opencontainers/runtime-spec/1/Spec";
+const RESOURCES_TYPE_URL: &str = "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources";
 const SIGKILL: u32 = 9;
 /// Label on every sandbox container (value: its template), so a restarted worker finds them.
 pub const SANDBOX_LABEL: &str = "sandbase.sandbox";
@@ -191,6 +192,71 @@ impl Containerd {
             ))
             .await
             .context("starting the task")?;
+        Ok(())
+    }
+
+    /// Names of the templates built in this namespace.
+    pub async fn templates(&self) -> anyhow::Result<Vec<String>> {
+        let prefix = template_snapshot("");
+        let mut stream = SnapshotsClient::new(self.channel.clone())
+            .list(with_namespace!(
+                ListSnapshotsRequest {
+                    snapshotter: SNAPSHOTTER.to_owned(),
+                    ..Default::default()
+                },
+                self.namespace
+            ))
+            .await
+            .context("listing snapshots")?
+            .into_inner();
+        let mut names = Vec::new();
+        while let Some(page) = stream.message().await.context("listing snapshots")? {
+            names.extend(
+                page.info
+                    .into_iter()
+                    .filter_map(|info| info.name.strip_prefix(&prefix).map(str::to_owned)),
+            );
+        }
+        Ok(names)
+    }
+
+    /// Removes a template's snapshot (sandboxes started from it keep running: the
+    /// snapshotter refuses while they exist).
+    pub async fn remove_template(&self, name: &str) -> anyhow::Result<()> {
+        SnapshotsClient::new(self.channel.clone())
+            .remove(with_namespace!(
+                RemoveSnapshotRequest {
+                    snapshotter: SNAPSHOTTER.to_owned(),
+                    key: template_snapshot(name),
+                },
+                self.namespace
+            ))
+            .await
+            .context("removing the template")?;
+        Ok(())
+    }
+
+    /// Changes a running sandbox's cgroup limits (cpu, memory, pids).
+    pub async fn update_limits(&self, id: &str, limits: crate::spec::Limits) -> anyhow::Result<()> {
+        let mut resources = crate::spec::linux_resources(limits);
+        // Device rules are fixed at creation.
+        if let Some(object) = resources.as_object_mut() {
+            object.remove("devices");
+        }
+        TasksClient::new(self.channel.clone())
+            .update(with_namespace!(
+                UpdateTaskRequest {
+                    container_id: id.to_owned(),
+                    resources: Some(prost_types::Any {
+                        type_url: RESOURCES_TYPE_URL.to_owned(),
+                        value: serde_json::to_vec(&resources)?,
+                    }),
+                    ..Default::default()
+                },
+                self.namespace
+            ))
+            .await
+            .context("updating the sandbox's limits")?;
         Ok(())
     }
 

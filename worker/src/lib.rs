@@ -6,8 +6,12 @@
 //! warm pool and networking build on these.
 
 pub mod agent_client;
+pub mod api;
 pub mod containerd;
+pub mod node;
 pub mod pool;
+pub mod registration;
 pub mod sandboxes;
+pub mod service;
 pub mod spec;
 pub mod templates;

@@ -22,6 +22,7 @@ pub struct WarmPool {
     ready: Mutex<VecDeque<Sandbox>>,
     wake: Notify,
     closed: AtomicBool,
+    refiller: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// How long the refiller waits after a failed start before trying again.
@@ -43,8 +44,13 @@ impl WarmPool {
             ready: Mutex::new(VecDeque::new()),
             wake: Notify::new(),
             closed: AtomicBool::new(false),
+            refiller: Mutex::new(None),
         });
-        tokio::spawn(Arc::clone(&pool).refill_forever());
+        let refiller = tokio::spawn(Arc::clone(&pool).refill_forever());
+        *pool
+            .refiller
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(refiller);
         pool
     }
 
@@ -63,10 +69,25 @@ impl WarmPool {
         self.lock().len()
     }
 
+    /// Stops refilling and leaves the waiting sandboxes as they are (a crashing worker).
+    pub fn stop_refilling(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.wake.notify_one();
+    }
+
     /// Stops refilling and destroys the waiting sandboxes (claimed ones are not the pool's).
     pub async fn close(&self) -> anyhow::Result<()> {
         self.closed.store(true, Ordering::Release);
         self.wake.notify_one();
+        // A start in progress finishes (and is destroyed) before this returns.
+        let refiller = self
+            .refiller
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(refiller) = refiller {
+            let _ = refiller.await;
+        }
         let waiting: Vec<Sandbox> = self.lock().drain(..).collect();
         for sandbox in waiting {
             self.worker.destroy(&sandbox.id).await?;

@@ -1,7 +1,9 @@
 //! The sandboxes of this node: create from a template, destroy, and on start-up remove
 //! whatever a previous run of the worker left behind (it may have crashed mid-sandbox).
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -26,6 +28,9 @@ pub struct WorkerConfig {
 pub struct Worker {
     containerd: Containerd,
     config: WorkerConfig,
+    /// Every sandbox this worker started (or is starting) and has not destroyed: anything
+    /// else of ours on the node is an orphan.
+    live: Mutex<HashSet<String>>,
 }
 
 /// A running sandbox, reachable through its agent's socket.
@@ -45,8 +50,12 @@ impl Worker {
         let containerd = Containerd::connect(&config.containerd_socket, &config.namespace).await?;
         std::fs::create_dir_all(&config.run_dir)
             .with_context(|| format!("creating {}", config.run_dir.display()))?;
-        let worker = Worker { containerd, config };
-        let removed = worker.reconcile().await?;
+        let worker = Worker {
+            containerd,
+            config,
+            live: Mutex::new(HashSet::new()),
+        };
+        let removed = worker.remove_orphans().await?;
         Ok((worker, removed))
     }
 
@@ -61,6 +70,7 @@ impl Worker {
     /// Starts a sandbox from `template` and waits until its agent answers.
     pub async fn create(&self, template: &str, limits: Limits) -> anyhow::Result<Sandbox> {
         let id = format!("sbx-{}", uuid::Uuid::new_v4().simple());
+        self.live().insert(id.clone());
         let result = self.try_create(&id, template, limits).await;
         if result.is_err() {
             // Leave nothing of a sandbox that did not start.
@@ -119,30 +129,49 @@ impl Worker {
     pub async fn destroy(&self, id: &str) -> anyhow::Result<()> {
         self.containerd.destroy_sandbox(id).await?;
         match std::fs::remove_dir_all(self.control_dir(id)) {
-            Ok(()) => Ok(()),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(error) => Err(error).context("removing the control directory"),
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(error).context("removing the control directory"),
         }
+        self.live().remove(id);
+        Ok(())
     }
 
-    /// On start nothing is running on purpose: every sandbox container, stray sandbox
-    /// snapshot and control directory is an orphan.
-    async fn reconcile(&self) -> anyhow::Result<usize> {
+    /// How many sandboxes this worker has started and not destroyed (warm ones included).
+    pub fn count(&self) -> usize {
+        self.live().len()
+    }
+
+    /// Removes every sandbox container, sandbox snapshot and control directory of this
+    /// namespace that this worker did not start (on start-up: all of them, since a crashed
+    /// predecessor's sandboxes are nobody's now). Returns how many containers it removed.
+    pub async fn remove_orphans(&self) -> anyhow::Result<usize> {
         let mut removed = 0;
         for id in self.containerd.sandbox_ids().await? {
-            self.destroy(&id).await?;
-            removed += 1;
+            if !self.live().contains(&id) {
+                self.destroy(&id).await?;
+                removed += 1;
+            }
         }
         for snapshot in self.containerd.sandbox_snapshots().await? {
-            self.containerd.destroy_sandbox(&snapshot).await?;
+            if !self.live().contains(&snapshot) {
+                self.containerd.destroy_sandbox(&snapshot).await?;
+            }
         }
         for entry in std::fs::read_dir(&self.config.run_dir)? {
             let entry = entry?;
-            if entry.file_name().to_string_lossy().starts_with("sbx-") {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("sbx-") && !self.live().contains(&name) {
                 std::fs::remove_dir_all(entry.path())?;
             }
         }
         Ok(removed)
+    }
+
+    fn live(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn control_dir(&self, id: &str) -> PathBuf {

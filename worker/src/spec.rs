@@ -152,10 +152,21 @@ const READONLY_PATHS: &[&str] = &[
 /// The CFS period the cpu limit is expressed in.
 const CPU_PERIOD_US: u64 = 100_000;
 
-pub fn oci_spec(sandbox: &SandboxSpec) -> Value {
-    let limits = sandbox.limits;
+/// The cgroup settings of `limits` (OCI `LinuxResources`), also what a running sandbox's
+/// limits are updated to.
+pub fn linux_resources(limits: Limits) -> Value {
     let memory_bytes = u64::from(limits.memory_mb) * 1024 * 1024;
     let cpu_quota = u64::from(limits.cpu_millis) * CPU_PERIOD_US / 1000;
+    json!({
+        "devices": [{ "allow": false, "access": "rwm" }],
+        "memory": { "limit": memory_bytes, "swap": memory_bytes },
+        "cpu": { "quota": cpu_quota, "period": CPU_PERIOD_US },
+        "pids": { "limit": limits.pids },
+    })
+}
+
+pub fn oci_spec(sandbox: &SandboxSpec) -> Value {
+    let limits = sandbox.limits;
     let mut namespaces = vec![
         json!({ "type": "pid" }),
         json!({ "type": "ipc" }),
@@ -208,12 +219,7 @@ pub fn oci_spec(sandbox: &SandboxSpec) -> Value {
             "namespaces": namespaces,
             "uidMappings": id_mapping,
             "gidMappings": id_mapping,
-            "resources": {
-                "devices": [{ "allow": false, "access": "rwm" }],
-                "memory": { "limit": memory_bytes, "swap": memory_bytes },
-                "cpu": { "quota": cpu_quota, "period": CPU_PERIOD_US },
-                "pids": { "limit": limits.pids },
-            },
+            "resources": linux_resources(limits),
             "maskedPaths": MASKED_PATHS,
             "readonlyPaths": READONLY_PATHS,
             "seccomp": {

@@ -7,6 +7,7 @@ mod auth;
 mod health;
 mod me;
 mod members;
+mod sandboxes;
 
 use axum::Json;
 use axum::http::Uri;
@@ -34,6 +35,8 @@ use crate::state::AppState;
         (name = "api-keys", description = "API keys of the caller's team"),
         (name = "team", description = "Members and roles"),
         (name = "audit", description = "The append-only audit log"),
+        (name = "sandboxes", description = "Sandboxes: lifecycle, commands, background processes"),
+        (name = "files", description = "Files and archives inside a sandbox"),
         (name = "operations", description = "Health, readiness, metrics, this document"),
     )
 )]
@@ -58,7 +61,8 @@ pub fn api_router() -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>) {
         .merge(me::router())
         .merge(api_keys::router())
         .merge(members::router())
-        .merge(audit::router());
+        .merge(audit::router())
+        .merge(sandboxes::router());
     let operations = OpenApiRouter::new()
         .merge(health::router())
         .routes(routes!(openapi_document));

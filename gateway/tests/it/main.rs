@@ -12,3 +12,4 @@ mod members;
 mod openapi;
 mod operations;
 mod rate_limit;
+mod sandboxes;

@@ -28,6 +28,21 @@ const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/team/members/{user_id}"),
     ("GET", "/v1/audit"),
     ("GET", "/v1/audit/{id}"),
+    ("POST", "/v1/sandboxes"),
+    ("GET", "/v1/sandboxes"),
+    ("GET", "/v1/sandboxes/{id}"),
+    ("DELETE", "/v1/sandboxes/{id}"),
+    ("POST", "/v1/sandboxes/{id}/timeout"),
+    ("POST", "/v1/sandboxes/{id}/exec"),
+    ("GET", "/v1/sandboxes/{id}/processes"),
+    ("GET", "/v1/sandboxes/{id}/processes/{pid}"),
+    ("POST", "/v1/sandboxes/{id}/processes/{pid}/stdin"),
+    ("POST", "/v1/sandboxes/{id}/processes/{pid}/signal"),
+    ("GET", "/v1/sandboxes/{id}/files"),
+    ("PUT", "/v1/sandboxes/{id}/files"),
+    ("DELETE", "/v1/sandboxes/{id}/files"),
+    ("GET", "/v1/sandboxes/{id}/archive"),
+    ("PUT", "/v1/sandboxes/{id}/archive"),
 ];
 
 #[tokio::test]
@@ -66,7 +81,8 @@ async fn the_document_lists_every_route_and_every_listed_route_is_served() {
     for (method, path) in &listed {
         let concrete = path
             .replace("{id}", "00000000-0000-0000-0000-000000000000")
-            .replace("{user_id}", "00000000-0000-0000-0000-000000000000");
+            .replace("{user_id}", "00000000-0000-0000-0000-000000000000")
+            .replace("{pid}", "1");
         let method = Method::from_bytes(method.as_bytes()).unwrap();
         let answer = app
             .request(method.clone(), &concrete, Some(&owner.session.token), None)

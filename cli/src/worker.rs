@@ -1,0 +1,191 @@
+//! `sandbase worker`: runs sandboxes on this node for a gateway.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use sandbase_worker::node::NodeConfig;
+use sandbase_worker::sandboxes::WorkerConfig;
+use sandbase_worker::service::{self, ServiceConfig, TemplateSource};
+use sandbase_worker::spec::Limits;
+
+/// Where `scripts/setup` leaves template root file systems (`NAME.tar`).
+pub const TEMPLATES_DIR: &str = "/var/lib/sandbase/templates";
+
+#[derive(Args, Clone)]
+pub struct WorkerArgs {
+    /// The gateway this worker serves.
+    #[arg(long, env = "SANDBASE_GATEWAY_URL")]
+    pub gateway: String,
+    /// The deployment's node token (the gateway's `workers.node_token`).
+    #[arg(long, env = "SANDBASE_NODE_TOKEN", hide_env_values = true)]
+    pub node_token: String,
+    #[command(flatten)]
+    pub node: NodeArgs,
+}
+
+/// Settings of the node itself, shared with `sandbase dev`.
+#[derive(Args, Clone)]
+pub struct NodeArgs {
+    /// Address of the worker's internal API (the gateway calls it).
+    #[arg(long = "worker-listen", value_parser = crate::parse_listen, default_value = "127.0.0.1:8090")]
+    pub listen: SocketAddr,
+    /// URL the gateway uses to reach this worker (default: http://<worker-listen>).
+    #[arg(long)]
+    pub advertise_url: Option<String>,
+    /// This worker's name (default: the host name).
+    #[arg(long = "worker-id", env = "SANDBASE_WORKER_ID")]
+    pub worker_id: Option<String>,
+    /// containerd's socket.
+    #[arg(
+        long,
+        env = "SANDBASE_CONTAINERD_SOCKET",
+        default_value = "/run/sandbase/containerd.sock"
+    )]
+    pub containerd_socket: PathBuf,
+    /// containerd namespace of this worker's containers and templates.
+    #[arg(long, default_value = "sandbase")]
+    pub namespace: String,
+    /// The statically linked sandbox agent (default: `sandbase-agent` next to this binary).
+    #[arg(long, env = "SANDBASE_AGENT_BINARY")]
+    pub agent: Option<PathBuf>,
+    /// Directory of the sandboxes' control sockets.
+    #[arg(long, default_value = "/run/sandbase/sandboxes")]
+    pub run_dir: PathBuf,
+    /// First host uid/gid of the 65536 ids sandboxes map to.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub id_base: u32,
+    /// Most sandboxes at once.
+    #[arg(long, default_value_t = 100)]
+    pub capacity: usize,
+    /// Warm pool: TEMPLATE=SIZE (repeatable).
+    #[arg(long = "pool", value_parser = parse_pool, default_values = ["base=2"])]
+    pub pools: Vec<(String, usize)>,
+    /// Directory of template tarballs (`NAME.tar`) built into templates when missing.
+    #[arg(long, default_value = TEMPLATES_DIR)]
+    pub templates_dir: PathBuf,
+    /// Size of warm sandboxes (the gateway's `sandboxes.default_resources`).
+    #[arg(long, default_value_t = 1000)]
+    pub default_cpu_millis: u32,
+    #[arg(long, default_value_t = 512)]
+    pub default_memory_mb: u32,
+    #[arg(long, default_value_t = 1024)]
+    pub default_disk_mb: u32,
+    #[arg(long, default_value_t = 256)]
+    pub default_pids: u32,
+}
+
+fn parse_pool(value: &str) -> Result<(String, usize), String> {
+    let (template, size) = value
+        .split_once('=')
+        .ok_or_else(|| format!("`{value}` is not TEMPLATE=SIZE"))?;
+    let size = size
+        .parse()
+        .map_err(|_| format!("`{size}` is not a pool size"))?;
+    Ok((template.to_owned(), size))
+}
+
+impl NodeArgs {
+    /// The service configuration for a gateway at `gateway_url`.
+    pub fn service_config(
+        &self,
+        gateway_url: &str,
+        node_token: &str,
+    ) -> anyhow::Result<ServiceConfig> {
+        let agent = match &self.agent {
+            Some(agent) => agent.clone(),
+            None => std::env::current_exe()?
+                .parent()
+                .map(|dir| dir.join("sandbase-agent"))
+                .context("locating sandbase-agent")?,
+        };
+        anyhow::ensure!(
+            agent.is_file(),
+            "the sandbox agent {} does not exist: build it statically (scripts/dev does) and pass --agent or SANDBASE_AGENT_BINARY",
+            agent.display()
+        );
+        let mut templates = vec![("busybox".to_owned(), TemplateSource::Busybox)];
+        templates.extend(tarball_templates(&self.templates_dir)?);
+        Ok(ServiceConfig {
+            worker: WorkerConfig {
+                containerd_socket: self.containerd_socket.clone(),
+                namespace: self.namespace.clone(),
+                agent_binary: agent,
+                run_dir: self.run_dir.clone(),
+                id_base: self.id_base,
+            },
+            node: NodeConfig {
+                capacity: self.capacity,
+                pools: self.pools.clone(),
+                default_limits: Limits {
+                    cpu_millis: self.default_cpu_millis,
+                    memory_mb: self.default_memory_mb,
+                    disk_mb: self.default_disk_mb,
+                    pids: self.default_pids,
+                },
+                process_output_limit: 1024 * 1024,
+            },
+            listen: self.listen,
+            advertise_url: self.advertise_url.clone(),
+            gateway_url: gateway_url.to_owned(),
+            node_token: node_token.to_owned(),
+            worker_id: match &self.worker_id {
+                Some(id) => id.clone(),
+                None => hostname(),
+            },
+            heartbeat_interval: Duration::from_secs(2),
+            templates,
+        })
+    }
+}
+
+/// Every `NAME.tar` in `dir`, as template `NAME`.
+fn tarball_templates(dir: &Path) -> anyhow::Result<Vec<(String, TemplateSource)>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(error) => return Err(error).with_context(|| format!("reading {}", dir.display())),
+    };
+    let mut templates = Vec::new();
+    for entry in entries {
+        let path = entry?.path();
+        if let Some(name) = path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .and_then(|name| name.strip_suffix(".tar"))
+        {
+            templates.push((name.to_owned(), TemplateSource::Tarball(path.clone())));
+        }
+    }
+    templates.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(templates)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_owned())
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "worker".to_owned())
+}
+
+pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
+    crate::telemetry::init_with_level("info");
+    let config = args.node.service_config(&args.gateway, &args.node_token)?;
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(async move {
+            let running = service::start(config).await?;
+            tracing::info!(address = %running.local_addr(), "worker listening");
+            eprintln!("worker listening on {}", running.local_addr());
+            crate::serve::shutdown_signal().await;
+            tracing::info!("worker stopping: destroying its sandboxes");
+            running.stop().await;
+            Ok::<(), anyhow::Error>(())
+        })?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,631 @@
+//! Sandboxes of the caller's team: lifecycle, commands, background processes, files and
+//! archives. Data-plane calls are passed to the sandbox's worker and streamed back.
+
+use std::collections::HashMap;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::Response;
+use futures_util::StreamExt;
+use sandbase_api::internal::Exec;
+use sandbase_api::sandboxes::{
+    BackgroundStarted, CreateSandboxRequest, DirectoryListing, ExecEvent, ExecRequest, ExecResult,
+    ExtendTimeoutRequest, FileInfo, Process, ProcessList, Sandbox, SandboxList, SandboxState,
+    SignalRequest, signal_number,
+};
+use sandbase_api::{ErrorBody, Role};
+use serde::Deserialize;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use crate::audit::RequestContext;
+use crate::auth::Principal;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::sandboxes::{self, SANDBOX_COLUMNS, SandboxRow};
+use crate::state::AppState;
+
+/// Longest per-command timeout.
+const MAX_COMMAND_TIMEOUT_SECS: u64 = 24 * 3600;
+const MAX_LIST: i64 = 500;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_sandbox, list_sandboxes))
+        .routes(routes!(get_sandbox, destroy_sandbox))
+        .routes(routes!(extend_timeout))
+        .routes(routes!(exec))
+        .routes(routes!(list_processes))
+        .routes(routes!(get_process))
+        .routes(routes!(process_stdin))
+        .routes(routes!(process_signal))
+        .routes(routes!(read_path, write_file, remove_path))
+        .routes(routes!(archive_out, archive_in))
+}
+
+/// Create a sandbox (from the template's warm pool when it has one).
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", security(("bearer" = [])),
+    request_body = CreateSandboxRequest,
+    responses(
+        (status = 201, description = "Created and running", body = Sandbox),
+        (status = 422, description = "Invalid field, or no worker has the template (`template_not_found`)", body = ErrorBody),
+        (status = 503, description = "No worker (`no_workers`) or no room (`no_capacity`)", body = ErrorBody),
+    ))]
+async fn create_sandbox(
+    State(state): State<AppState>,
+    principal: Principal,
+    context: RequestContext,
+    ApiJson(request): ApiJson<CreateSandboxRequest>,
+) -> ApiResult<(StatusCode, Json<Sandbox>)> {
+    principal.require(Role::Member)?;
+    let placement = sandboxes::validate_create(request, &state.settings.sandboxes)?;
+    let row = sandboxes::create(&state, &principal, &context, placement).await?;
+    Ok((StatusCode::CREATED, Json(row.to_api())))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+struct ListQuery {
+    /// `creating`, `running` or `stopped`.
+    state: Option<String>,
+    /// Most sandboxes returned, newest first (1 to 500, default 100).
+    limit: Option<i64>,
+    /// Filter on metadata: `metadata.KEY=VALUE`, repeatable (all must match).
+    #[serde(flatten)]
+    #[param(ignore)]
+    rest: HashMap<String, String>,
+}
+
+/// The team's sandboxes, newest first.
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", security(("bearer" = [])),
+    params(ListQuery),
+    responses((status = 200, description = "OK", body = SandboxList), (status = 422, description = "Invalid filter", body = ErrorBody)))]
+async fn list_sandboxes(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiQuery(query): ApiQuery<ListQuery>,
+) -> ApiResult<Json<SandboxList>> {
+    let state_filter = match &query.state {
+        Some(value) => Some(
+            value
+                .parse::<SandboxState>()
+                .map_err(ApiError::InvalidRequest)?
+                .as_str(),
+        ),
+        None => None,
+    };
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=MAX_LIST).contains(&limit) {
+        return Err(ApiError::InvalidRequest(format!(
+            "`limit` must be between 1 and {MAX_LIST}"
+        )));
+    }
+    let mut metadata = serde_json::Map::new();
+    for (key, value) in &query.rest {
+        let Some(name) = key.strip_prefix("metadata.") else {
+            return Err(ApiError::InvalidRequest(format!(
+                "unknown query parameter `{key}`"
+            )));
+        };
+        metadata.insert(name.to_owned(), serde_json::Value::String(value.clone()));
+    }
+    let rows: Vec<SandboxRow> = sqlx::query_as(&format!(
+        "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE team_id = $1 \
+           AND ($2::text IS NULL OR state = $2) AND metadata @> $3 \
+         ORDER BY created_at DESC, id DESC LIMIT $4"
+    ))
+    .bind(principal.team_id)
+    .bind(state_filter)
+    .bind(serde_json::Value::Object(metadata))
+    .bind(limit)
+    .fetch_all(&state.db)
+    .await?;
+    Ok(Json(SandboxList {
+        sandboxes: rows.iter().map(SandboxRow::to_api).collect(),
+    }))
+}
+
+async fn fetch(state: &AppState, team_id: Uuid, id: Uuid) -> ApiResult<SandboxRow> {
+    sqlx::query_as(&format!(
+        "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = $1 AND team_id = $2"
+    ))
+    .bind(id)
+    .bind(team_id)
+    .fetch_optional(&state.db)
+    .await?
+    .ok_or(ApiError::NotFound("sandbox"))
+}
+
+/// One sandbox of the team.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Sandbox id")),
+    responses((status = 200, description = "OK", body = Sandbox), (status = 404, description = "Not in the caller's team", body = ErrorBody)))]
+async fn get_sandbox(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<Json<Sandbox>> {
+    Ok(Json(fetch(&state, principal.team_id, id).await?.to_api()))
+}
+
+/// Destroy a sandbox: its processes, files and container are gone when this returns.
+/// Destroying a stopped sandbox again is not an error.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Sandbox id")),
+    responses((status = 204, description = "Destroyed"), (status = 404, description = "Not in the caller's team", body = ErrorBody)))]
+async fn destroy_sandbox(
+    State(state): State<AppState>,
+    principal: Principal,
+    context: RequestContext,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<StatusCode> {
+    principal.require(Role::Member)?;
+    let mut transaction = state.db.begin().await?;
+    let row: Option<(String, Option<String>)> = sqlx::query_as(
+        "SELECT state, worker_id FROM sandboxes WHERE id = $1 AND team_id = $2 FOR UPDATE",
+    )
+    .bind(id)
+    .bind(principal.team_id)
+    .fetch_optional(&mut *transaction)
+    .await?;
+    let Some((current, worker_id)) = row else {
+        return Err(ApiError::NotFound("sandbox"));
+    };
+    if current == "stopped" {
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    sqlx::query(
+        "UPDATE sandboxes SET state = 'stopped', stop_reason = 'destroyed', stopped_at = now() WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&mut *transaction)
+    .await?;
+    context
+        .record(
+            &mut transaction,
+            &principal,
+            Some(format!("sandbox:{id}")),
+            serde_json::json!({}),
+        )
+        .await?;
+    transaction.commit().await?;
+    state.routes.forget(id);
+    if let Some(worker_id) = worker_id {
+        sandboxes::remove_on_worker(&state, &worker_id, id).await;
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Set a running sandbox's remaining lifetime to `timeout_secs` from now.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/timeout", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Sandbox id")),
+    request_body = ExtendTimeoutRequest,
+    responses(
+        (status = 200, description = "New expiry", body = Sandbox),
+        (status = 404, description = "Not in the caller's team", body = ErrorBody),
+        (status = 409, description = "Not running (`sandbox_not_running`)", body = ErrorBody),
+    ))]
+async fn extend_timeout(
+    State(state): State<AppState>,
+    principal: Principal,
+    context: RequestContext,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiJson(request): ApiJson<ExtendTimeoutRequest>,
+) -> ApiResult<Json<Sandbox>> {
+    principal.require(Role::Member)?;
+    let timeout =
+        sandboxes::validate_timeout(Some(request.timeout_secs), &state.settings.sandboxes)?;
+    let mut transaction = state.db.begin().await?;
+    let row: Option<SandboxRow> = sqlx::query_as(&format!(
+        "UPDATE sandboxes SET expires_at = now() + make_interval(secs => $3) \
+         WHERE id = $1 AND team_id = $2 AND state = 'running' RETURNING {SANDBOX_COLUMNS}"
+    ))
+    .bind(id)
+    .bind(principal.team_id)
+    .bind(timeout as f64)
+    .fetch_optional(&mut *transaction)
+    .await?;
+    let Some(row) = row else {
+        let existing = fetch(&state, principal.team_id, id).await?;
+        return Err(ApiError::problem(
+            StatusCode::CONFLICT,
+            "sandbox_not_running",
+            format!("the sandbox is {}", existing.state),
+        ));
+    };
+    context
+        .record(
+            &mut transaction,
+            &principal,
+            Some(format!("sandbox:{id}")),
+            serde_json::json!({ "timeout_secs": timeout }),
+        )
+        .await?;
+    transaction.commit().await?;
+    Ok(Json(row.to_api()))
+}
+
+/// Run a command. By default the answer is its whole result; with `"stream": true` an
+/// NDJSON stream of `{"pid"}`, `{"stdout"}` / `{"stderr"}` chunks and a last `{"exit_code"}`;
+/// with `"background": true` its pid at once (see `/processes`). A command that is not
+/// found exits with 127, as in a shell.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Sandbox id")),
+    request_body = ExecRequest,
+    responses(
+        (status = 200, description = "The command's result, or (with `stream`) its NDJSON events", content(
+            (ExecResult = "application/json"),
+            (ExecEvent = "application/x-ndjson"),
+        )),
+        (status = 201, description = "Started in the background", body = BackgroundStarted),
+        (status = 404, description = "Not in the caller's team", body = ErrorBody),
+        (status = 409, description = "Not running (`sandbox_not_running`)", body = ErrorBody),
+        (status = 422, description = "Invalid command", body = ErrorBody),
+    ))]
+async fn exec(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiJson(request): ApiJson<ExecRequest>,
+) -> ApiResult<Response> {
+    principal.require(Role::Member)?;
+    let argv = match (request.cmd, request.command) {
+        (Some(cmd), None) if !cmd.is_empty() && !cmd[0].is_empty() => cmd,
+        (None, Some(command)) if !command.trim().is_empty() => {
+            vec!["/bin/sh".to_owned(), "-c".to_owned(), command]
+        }
+        _ => {
+            return Err(ApiError::InvalidRequest(
+                "give exactly one of `cmd` (a non-empty argument list) or `command` (a shell command line)"
+                    .to_owned(),
+            ));
+        }
+    };
+    if argv.iter().any(|argument| argument.contains('\0')) {
+        return Err(ApiError::InvalidRequest(
+            "command arguments cannot contain NUL bytes".to_owned(),
+        ));
+    }
+    sandboxes::validate_env(&request.env)?;
+    if let Some(cwd) = &request.cwd {
+        sandboxes::validate_absolute("cwd", cwd)?;
+    }
+    let timeout_ms = match request.timeout_secs {
+        Some(0) => {
+            return Err(ApiError::InvalidRequest(
+                "`timeout_secs` must be at least 1".to_owned(),
+            ));
+        }
+        Some(seconds) if seconds > MAX_COMMAND_TIMEOUT_SECS => {
+            return Err(ApiError::InvalidRequest(format!(
+                "`timeout_secs` must be at most {MAX_COMMAND_TIMEOUT_SECS}"
+            )));
+        }
+        other => other.map(|seconds| seconds * 1000),
+    };
+    if request.stream && request.background {
+        return Err(ApiError::InvalidRequest(
+            "`stream` and `background` exclude each other".to_owned(),
+        ));
+    }
+    let exec = Exec {
+        argv,
+        env: request.env,
+        cwd: request.cwd,
+        user: request.user,
+        stdin: request.stdin,
+        timeout_ms,
+        stream: request.stream,
+        background: request.background,
+    };
+    let body = serde_json::to_vec(&exec).map_err(anyhow::Error::from)?;
+    sandboxes::forward(
+        &state,
+        &principal,
+        id,
+        reqwest::Method::POST,
+        "exec",
+        Some(body.into()),
+        &[("content-type", "application/json")],
+    )
+    .await
+}
+
+/// Background processes of the sandbox (without their output).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/processes", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Sandbox id")),
+    responses((status = 200, description = "OK", body = ProcessList), (status = 404, description = "Not in the caller's team", body = ErrorBody)))]
+async fn list_processes(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<Response> {
+    sandboxes::forward(
+        &state,
+        &principal,
+        id,
+        reqwest::Method::GET,
+        "processes",
+        None,
+        &[],
+    )
+    .await
+}
+
+/// A background process with its output so far (the last megabyte of each stream).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/processes/{pid}", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Sandbox id"), ("pid" = u32, Path, description = "Process id")),
+    responses((status = 200, description = "OK", body = Process), (status = 404, description = "No such sandbox or process", body = ErrorBody)))]
+async fn get_process(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath((id, pid)): ApiPath<(Uuid, u32)>,
+) -> ApiResult<Response> {
+    sandboxes::forward(
+        &state,
+        &principal,
+        id,
+        reqwest::Method::GET,
+        &format!("processes/{pid}"),
+        None,
+        &[],
+    )
+    .await
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct StdinQuery {
+    /// Close standard input after these bytes.
+    #[serde(default)]
+    close: bool,
+}
+
+/// Write the body (raw bytes) to a background process's standard input.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/stdin", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Sandbox id"), ("pid" = u32, Path, description = "Process id"), StdinQuery),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 204, description = "Written"), (status = 404, description = "No such sandbox or process", body = ErrorBody), (status = 422, description = "Standard input is closed", body = ErrorBody)))]
+async fn process_stdin(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath((id, pid)): ApiPath<(Uuid, u32)>,
+    ApiQuery(query): ApiQuery<StdinQuery>,
+    body: axum::body::Bytes,
+) -> ApiResult<Response> {
+    principal.require(Role::Member)?;
+    sandboxes::forward(
+        &state,
+        &principal,
+        id,
+        reqwest::Method::POST,
+        &format!("processes/{pid}/stdin?close={}", query.close),
+        Some(body.into()),
+        &[],
+    )
+    .await
+}
+
+/// Send a signal to a background process (and the processes it started).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/signal", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Sandbox id"), ("pid" = u32, Path, description = "Process id")),
+    request_body = SignalRequest,
+    responses((status = 204, description = "Sent"), (status = 404, description = "No such sandbox or process", body = ErrorBody), (status = 422, description = "Unknown signal or exited process", body = ErrorBody)))]
+async fn process_signal(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath((id, pid)): ApiPath<(Uuid, u32)>,
+    ApiJson(request): ApiJson<SignalRequest>,
+) -> ApiResult<Response> {
+    principal.require(Role::Member)?;
+    let signal = signal_number(&request.signal).ok_or_else(|| {
+        ApiError::InvalidRequest(
+            "`signal`: a number from 1 to 64 or a name such as TERM, KILL, INT, HUP".to_owned(),
+        )
+    })?;
+    let body = serde_json::to_vec(&serde_json::json!({ "signal": signal }))
+        .map_err(anyhow::Error::from)?;
+    sandboxes::forward(
+        &state,
+        &principal,
+        id,
+        reqwest::Method::POST,
+        &format!("processes/{pid}/signal"),
+        Some(body.into()),
+        &[("content-type", "application/json")],
+    )
+    .await
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct PathQuery {
+    /// A path in the sandbox; relative paths are under `/work`.
+    path: String,
+    /// For `DELETE` of a directory: remove its contents too.
+    #[serde(default)]
+    recursive: bool,
+}
+
+fn path_suffix(route: &str, query: &PathQuery) -> String {
+    let mut encoded = String::new();
+    for byte in query.path.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'/' | b'-' | b'_' | b'.' | b'~') {
+            encoded.push(byte as char);
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    format!("{route}?path={encoded}&recursive={}", query.recursive)
+}
+
+/// A file's bytes, or a directory's entries as JSON. Paths are resolved inside the
+/// sandbox, so a link there leads to the sandbox's own file, never the host's.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Sandbox id"), PathQuery),
+    responses(
+        (status = 200, description = "The file (`application/octet-stream`) or the directory listing", content(
+            (Vec<u8> = "application/octet-stream"),
+            (DirectoryListing = "application/json"),
+        )),
+        (status = 404, description = "No such sandbox (`not_found`) or path (`path_not_found`)", body = ErrorBody),
+    ))]
+async fn read_path(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiQuery(query): ApiQuery<PathQuery>,
+) -> ApiResult<Response> {
+    sandboxes::forward(
+        &state,
+        &principal,
+        id,
+        reqwest::Method::GET,
+        &path_suffix("files", &query),
+        None,
+        &[],
+    )
+    .await
+}
+
+/// The request body as an upload stream, refused beyond `limit` bytes.
+fn upload_body(headers: &HeaderMap, body: Body, limit: u64) -> ApiResult<reqwest::Body> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit) {
+        return Err(ApiError::PayloadTooLarge);
+    }
+    let mut seen = 0u64;
+    let stream = body.into_data_stream().map(move |chunk| {
+        let chunk = chunk.map_err(std::io::Error::other)?;
+        seen += chunk.len() as u64;
+        if seen > limit {
+            return Err(std::io::Error::other(
+                "the upload is larger than this server accepts",
+            ));
+        }
+        Ok(chunk)
+    });
+    Ok(reqwest::Body::wrap_stream(stream))
+}
+
+/// Write a file (raw body; parents created; owned by the sandbox user). The file is
+/// replaced only once the whole upload has arrived.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "files", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Sandbox id"), PathQuery),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses(
+        (status = 200, description = "Written", body = FileInfo),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+        (status = 413, description = "Larger than `sandboxes.upload_limit_bytes`", body = ErrorBody),
+    ))]
+async fn write_file(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiQuery(query): ApiQuery<PathQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    principal.require(Role::Member)?;
+    let upload = upload_body(&headers, body, state.settings.sandboxes.upload_limit_bytes)?;
+    sandboxes::forward(
+        &state,
+        &principal,
+        id,
+        reqwest::Method::PUT,
+        &path_suffix("files", &query),
+        Some(upload),
+        &[],
+    )
+    .await
+}
+
+/// Remove a file, a link, or a directory (`recursive=true` for one that is not empty).
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", tag = "files", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Sandbox id"), PathQuery),
+    responses((status = 204, description = "Removed"), (status = 404, description = "No such sandbox or path", body = ErrorBody), (status = 409, description = "Directory not empty", body = ErrorBody)))]
+async fn remove_path(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiQuery(query): ApiQuery<PathQuery>,
+) -> ApiResult<Response> {
+    principal.require(Role::Member)?;
+    sandboxes::forward(
+        &state,
+        &principal,
+        id,
+        reqwest::Method::DELETE,
+        &path_suffix("files", &query),
+        None,
+        &[],
+    )
+    .await
+}
+
+/// A directory as a tar archive (links archived as links).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/archive", tag = "files", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Sandbox id"), PathQuery),
+    responses(
+        (status = 200, description = "The archive", content_type = "application/x-tar", body = Vec<u8>),
+        (status = 404, description = "No such sandbox or directory", body = ErrorBody),
+    ))]
+async fn archive_out(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiQuery(query): ApiQuery<PathQuery>,
+) -> ApiResult<Response> {
+    sandboxes::forward(
+        &state,
+        &principal,
+        id,
+        reqwest::Method::GET,
+        &path_suffix("archive", &query),
+        None,
+        &[],
+    )
+    .await
+}
+
+/// Unpack a tar archive (the body) into a directory, owned by the sandbox user. Entries
+/// that would land outside the directory are refused.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/archive", tag = "files", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Sandbox id"), PathQuery),
+    request_body(content = Vec<u8>, content_type = "application/x-tar"),
+    responses(
+        (status = 200, description = "Unpacked", body = FileInfo),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+        (status = 413, description = "Larger than `sandboxes.upload_limit_bytes`", body = ErrorBody),
+        (status = 422, description = "Not a valid archive, or an entry leaves the directory", body = ErrorBody),
+    ))]
+async fn archive_in(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiQuery(query): ApiQuery<PathQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    principal.require(Role::Member)?;
+    let upload = upload_body(&headers, body, state.settings.sandboxes.upload_limit_bytes)?;
+    sandboxes::forward(
+        &state,
+        &principal,
+        id,
+        reqwest::Method::PUT,
+        &path_suffix("archive", &query),
+        Some(upload),
+        &[],
+    )
+    .await
+}

@@ -1,0 +1,651 @@
+//! Sandboxes: placement on a worker, the sandbox → worker routing (PostgreSQL is the truth,
+//! each gateway caches the routes of running sandboxes), calls to the worker's internal
+//! API, and the reaper that stops expired sandboxes and those of silent workers.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::RwLock;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use sandbase_api::ErrorBody;
+use sandbase_api::internal::CreateSandbox;
+use sandbase_api::sandboxes::{CreateSandboxRequest, Resources, Sandbox, SandboxState};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::auth::{Actor, Principal};
+use crate::config::SandboxSettings;
+use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
+
+/// Most cached routes per gateway; the cache is cleared when it is full.
+const ROUTE_CACHE_CAPACITY: usize = 100_000;
+/// How often the reaper looks for expired sandboxes and silent workers.
+pub const REAPER_INTERVAL: Duration = Duration::from_secs(1);
+/// A sandbox still `creating` after this long failed (its gateway died mid-create).
+const CREATE_GIVE_UP_SECS: f64 = 120.0;
+
+pub const SANDBOX_COLUMNS: &str = "id, template, state, stop_reason, cwd, cpu_millis, memory_mb, \
+     disk_mb, pids, metadata, created_at, expires_at, stopped_at";
+
+#[derive(sqlx::FromRow)]
+pub struct SandboxRow {
+    pub id: Uuid,
+    pub template: String,
+    pub state: String,
+    pub stop_reason: Option<String>,
+    pub cwd: String,
+    pub cpu_millis: i32,
+    pub memory_mb: i32,
+    pub disk_mb: i32,
+    pub pids: i32,
+    pub metadata: sqlx::types::Json<BTreeMap<String, String>>,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub stopped_at: Option<DateTime<Utc>>,
+}
+
+impl SandboxRow {
+    pub fn to_api(&self) -> Sandbox {
+        Sandbox {
+            id: self.id,
+            template: self.template.clone(),
+            state: self.state.parse().unwrap_or(SandboxState::Stopped),
+            stop_reason: self.stop_reason.clone(),
+            cwd: self.cwd.clone(),
+            resources: Resources {
+                cpu_millis: self.cpu_millis as u32,
+                memory_mb: self.memory_mb as u32,
+                disk_mb: self.disk_mb as u32,
+                pids: self.pids as u32,
+            },
+            metadata: self.metadata.0.clone(),
+            created_at: self.created_at,
+            expires_at: self.expires_at,
+            stopped_at: self.stopped_at,
+        }
+    }
+}
+
+/// Where each running sandbox lives, as far as this gateway has seen.
+#[derive(Default)]
+pub struct Routes {
+    map: RwLock<HashMap<Uuid, (Uuid, String)>>,
+}
+
+impl Routes {
+    fn get(&self, id: Uuid) -> Option<(Uuid, String)> {
+        self.map
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&id)
+            .cloned()
+    }
+
+    fn insert(&self, id: Uuid, team_id: Uuid, worker_id: String) {
+        let mut map = self
+            .map
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if map.len() >= ROUTE_CACHE_CAPACITY {
+            map.clear();
+        }
+        map.insert(id, (team_id, worker_id));
+    }
+
+    pub fn forget(&self, id: Uuid) {
+        self.map
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&id);
+    }
+}
+
+/// The checked, defaulted form of a create request.
+pub struct Placement {
+    pub template: String,
+    pub env: BTreeMap<String, String>,
+    pub cwd: String,
+    pub timeout_secs: u64,
+    pub resources: Resources,
+    pub metadata: BTreeMap<String, String>,
+}
+
+pub fn validate_create(
+    request: CreateSandboxRequest,
+    settings: &SandboxSettings,
+) -> ApiResult<Placement> {
+    let template = request
+        .template
+        .unwrap_or_else(|| settings.default_template.clone());
+    if template.is_empty()
+        || template.len() > 128
+        || !template
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '/'))
+    {
+        return Err(ApiError::InvalidRequest(
+            "`template`: 1 to 128 letters, digits, `-`, `_`, `.`, `:` or `/`".to_owned(),
+        ));
+    }
+    validate_env(&request.env)?;
+    let cwd = request.cwd.unwrap_or_else(|| "/work".to_owned());
+    validate_absolute("cwd", &cwd)?;
+    let timeout_secs = validate_timeout(request.timeout_secs, settings)?;
+    let resources = validate_resources(request.resources, settings)?;
+    if request.metadata.len() > 32
+        || request
+            .metadata
+            .iter()
+            .any(|(key, value)| key.is_empty() || key.len() > 64 || value.len() > 512)
+    {
+        return Err(ApiError::InvalidRequest(
+            "`metadata`: at most 32 entries, keys of 1 to 64 bytes, values up to 512 bytes"
+                .to_owned(),
+        ));
+    }
+    Ok(Placement {
+        template,
+        env: request.env,
+        cwd,
+        timeout_secs,
+        resources,
+        metadata: request.metadata,
+    })
+}
+
+pub fn validate_env(env: &BTreeMap<String, String>) -> ApiResult<()> {
+    if env.len() > 256 {
+        return Err(ApiError::InvalidRequest(
+            "`env`: at most 256 variables".to_owned(),
+        ));
+    }
+    for (key, value) in env {
+        if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
+            return Err(ApiError::InvalidRequest(format!(
+                "`env`: `{}` is not a valid variable (non-empty name without `=`, no NUL bytes)",
+                key.replace('\0', "\\0")
+            )));
+        }
+    }
+    Ok(())
+}
+
+pub fn validate_absolute(field: &str, path: &str) -> ApiResult<()> {
+    if !path.starts_with('/') || path.contains('\0') || path.len() > 4096 {
+        return Err(ApiError::InvalidRequest(format!(
+            "`{field}` must be an absolute path"
+        )));
+    }
+    Ok(())
+}
+
+pub fn validate_timeout(requested: Option<u64>, settings: &SandboxSettings) -> ApiResult<u64> {
+    let timeout = requested.unwrap_or(settings.default_timeout_secs);
+    if timeout == 0 || timeout > settings.max_timeout_secs {
+        return Err(ApiError::InvalidRequest(format!(
+            "`timeout_secs` must be between 1 and {}",
+            settings.max_timeout_secs
+        )));
+    }
+    Ok(timeout)
+}
+
+pub fn validate_resources(
+    requested: sandbase_api::sandboxes::ResourcesRequest,
+    settings: &SandboxSettings,
+) -> ApiResult<Resources> {
+    let (default, max) = (settings.default_resources, settings.max_resources);
+    let cpu_millis = match requested.cpu {
+        None => default.cpu_millis,
+        Some(cpu) if cpu.is_finite() && cpu >= 0.01 => (cpu * 1000.0).round() as u32,
+        Some(_) => {
+            return Err(ApiError::InvalidRequest(
+                "`resources.cpu` must be at least 0.01".to_owned(),
+            ));
+        }
+    };
+    let resources = Resources {
+        cpu_millis,
+        memory_mb: requested.memory_mb.unwrap_or(default.memory_mb),
+        disk_mb: requested.disk_mb.unwrap_or(default.disk_mb),
+        pids: requested.pids.unwrap_or(default.pids),
+    };
+    let checks = [
+        ("cpu", cpu_millis, 10, max.cpu_millis, 1000.0),
+        ("memory_mb", resources.memory_mb, 16, max.memory_mb, 1.0),
+        ("disk_mb", resources.disk_mb, 16, max.disk_mb, 1.0),
+        ("pids", resources.pids, 8, max.pids, 1.0),
+    ];
+    for (name, value, min, max, unit) in checks {
+        if value < min || value > max {
+            return Err(ApiError::InvalidRequest(format!(
+                "`resources.{name}` must be between {} and {}",
+                f64::from(min) / unit,
+                f64::from(max) / unit
+            )));
+        }
+    }
+    Ok(resources)
+}
+
+/// Creates a sandbox: a row first (so nothing can exist on a worker without one), then the
+/// best worker that has room; a worker that is full passes it to the next.
+pub async fn create(
+    state: &AppState,
+    principal: &Principal,
+    context: &crate::audit::RequestContext,
+    placement: Placement,
+) -> ApiResult<SandboxRow> {
+    let candidates = state.workers.candidates(&placement.template).await?;
+    let id = Uuid::now_v7();
+    let (api_key_id, user_id) = match &principal.actor {
+        Actor::ApiKey(record) => (Some(record.id), record.created_by),
+        Actor::User { id } => (None, Some(*id)),
+    };
+    let resources = placement.resources;
+    sqlx::query(
+        "INSERT INTO sandboxes (id, team_id, api_key_id, user_id, template, state, worker_id, cwd, \
+           cpu_millis, memory_mb, disk_mb, pids, metadata, expires_at) \
+         VALUES ($1, $2, $3, $4, $5, 'creating', NULL, $6, $7, $8, $9, $10, $11, \
+           now() + make_interval(secs => $12))",
+    )
+    .bind(id)
+    .bind(principal.team_id)
+    .bind(api_key_id)
+    .bind(user_id)
+    .bind(&placement.template)
+    .bind(&placement.cwd)
+    .bind(resources.cpu_millis as i32)
+    .bind(resources.memory_mb as i32)
+    .bind(resources.disk_mb as i32)
+    .bind(resources.pids as i32)
+    .bind(sqlx::types::Json(&placement.metadata))
+    .bind(placement.timeout_secs as f64)
+    .execute(&state.db)
+    .await?;
+
+    let request = CreateSandbox {
+        id,
+        template: placement.template.clone(),
+        resources,
+        env: placement.env,
+        cwd: placement.cwd,
+    };
+    let mut last_problem = None;
+    for worker in candidates {
+        sqlx::query("UPDATE sandboxes SET worker_id = $2 WHERE id = $1")
+            .bind(id)
+            .bind(&worker.id)
+            .execute(&state.db)
+            .await?;
+        state.workers.placed(&worker.id);
+        let answer = state
+            .workers
+            .request(
+                reqwest::Method::POST,
+                format!("{}/internal/v1/sandboxes", worker.url),
+            )
+            .timeout(Duration::from_secs(60))
+            .json(&request)
+            .send()
+            .await;
+        match answer {
+            Ok(answer) if answer.status().is_success() => {
+                let mut transaction = state.db.begin().await?;
+                let row: SandboxRow = sqlx::query_as(&format!(
+                    "UPDATE sandboxes SET state = 'running' WHERE id = $1 AND state = 'creating' \
+                     RETURNING {SANDBOX_COLUMNS}"
+                ))
+                .bind(id)
+                .fetch_one(&mut *transaction)
+                .await?;
+                context
+                    .record(
+                        &mut transaction,
+                        principal,
+                        Some(format!("sandbox:{id}")),
+                        serde_json::json!({
+                            "template": row.template,
+                            "worker": worker.id,
+                            "resources": resources,
+                        }),
+                    )
+                    .await?;
+                transaction.commit().await?;
+                state.routes.insert(id, principal.team_id, worker.id);
+                return Ok(row);
+            }
+            Ok(answer) => {
+                let problem = worker_problem(answer).await;
+                let full = matches!(
+                    &problem,
+                    ApiError::Problem {
+                        code: "at_capacity",
+                        ..
+                    }
+                );
+                last_problem = Some(problem);
+                if !full {
+                    break;
+                }
+            }
+            Err(error) => {
+                tracing::warn!(worker = %worker.id, error = %error, "creating a sandbox on a worker failed");
+                last_problem = Some(ApiError::problem(
+                    StatusCode::BAD_GATEWAY,
+                    "worker_unreachable",
+                    "the worker did not answer",
+                ));
+                break;
+            }
+        }
+    }
+    // Nothing runs: the row is marked failed (a worker that did start it will be told to
+    // remove it at its next heartbeat).
+    sqlx::query(
+        "UPDATE sandboxes SET state = 'stopped', stop_reason = 'failed', stopped_at = now() WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&state.db)
+    .await?;
+    Err(match last_problem {
+        Some(ApiError::Problem {
+            code: "at_capacity",
+            ..
+        })
+        | None => ApiError::problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_capacity",
+            "every worker with this template is full; retry later",
+        ),
+        Some(problem) => problem,
+    })
+}
+
+/// A worker's error answer as an [`ApiError`] with the worker's code.
+pub async fn worker_problem(answer: reqwest::Response) -> ApiError {
+    let status = answer.status();
+    let status = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    match answer.json::<ErrorBody>().await {
+        Ok(body) => {
+            if status == StatusCode::UNAUTHORIZED {
+                tracing::error!("a worker refused this gateway's node token");
+                return ApiError::problem(
+                    StatusCode::BAD_GATEWAY,
+                    "worker_error",
+                    "the worker refused the gateway",
+                );
+            }
+            let code = static_code(&body.error.code);
+            let status = if code == "worker_error" {
+                StatusCode::BAD_GATEWAY
+            } else {
+                status
+            };
+            ApiError::problem(status, code, body.error.message)
+        }
+        Err(_) => ApiError::problem(
+            StatusCode::BAD_GATEWAY,
+            "worker_error",
+            "the worker answered with an error",
+        ),
+    }
+}
+
+/// The worker's error codes the public API passes on.
+fn static_code(code: &str) -> &'static str {
+    const PASSED_ON: &[&str] = &[
+        "sandbox_not_found",
+        "process_not_found",
+        "at_capacity",
+        "template_not_found",
+        "invalid_request",
+        "path_not_found",
+        "permission_denied",
+        "already_exists",
+        "not_a_directory",
+        "is_a_directory",
+        "directory_not_empty",
+        "disk_full",
+        "spawn_failed",
+        "sandbox_io_error",
+    ];
+    PASSED_ON
+        .iter()
+        .find(|known| **known == code)
+        .copied()
+        .unwrap_or("worker_error")
+}
+
+/// The worker URL of a running sandbox of the caller's team.
+pub async fn route(state: &AppState, team_id: Uuid, id: Uuid) -> ApiResult<(String, String)> {
+    let worker_id = match state.routes.get(id) {
+        Some((team, worker_id)) if team == team_id => worker_id,
+        Some(_) => return Err(ApiError::NotFound("sandbox")),
+        None => {
+            let row: Option<(String, Option<String>, Option<String>)> = sqlx::query_as(
+                "SELECT state, stop_reason, worker_id FROM sandboxes WHERE id = $1 AND team_id = $2",
+            )
+            .bind(id)
+            .bind(team_id)
+            .fetch_optional(&state.db)
+            .await?;
+            match row {
+                None => return Err(ApiError::NotFound("sandbox")),
+                Some((state_name, reason, Some(worker_id))) if state_name == "running" => {
+                    let _ = reason;
+                    state.routes.insert(id, team_id, worker_id.clone());
+                    worker_id
+                }
+                Some((state_name, reason, _)) => return Err(not_running(&state_name, reason)),
+            }
+        }
+    };
+    let url = state.workers.url_of(&worker_id).await?;
+    Ok((worker_id, url))
+}
+
+fn not_running(state: &str, reason: Option<String>) -> ApiError {
+    ApiError::problem(
+        StatusCode::CONFLICT,
+        "sandbox_not_running",
+        match reason {
+            Some(reason) => format!("the sandbox is {state} ({reason})"),
+            None => format!("the sandbox is {state}"),
+        },
+    )
+}
+
+/// Calls `suffix` (e.g. `exec`, `files?path=…`) of a running sandbox's worker and passes
+/// the answer on: status, content type and a streamed body. A worker that no longer has
+/// the sandbox makes the gateway look again at what happened to it.
+pub async fn forward(
+    state: &AppState,
+    principal: &Principal,
+    id: Uuid,
+    method: reqwest::Method,
+    suffix: &str,
+    body: Option<reqwest::Body>,
+    extra_headers: &[(&str, &str)],
+) -> ApiResult<Response> {
+    let (_, url) = route(state, principal.team_id, id).await?;
+    let mut request = state
+        .workers
+        .request(method, format!("{url}/internal/v1/sandboxes/{id}/{suffix}"));
+    for (name, value) in extra_headers {
+        request = request.header(*name, *value);
+    }
+    if let Some(body) = body {
+        request = request.body(body);
+    }
+    let answer = request.send().await.map_err(|error| {
+        tracing::warn!(error = %error, "calling a worker failed");
+        ApiError::problem(
+            StatusCode::BAD_GATEWAY,
+            "worker_unreachable",
+            "the worker hosting this sandbox did not answer",
+        )
+    })?;
+    if !answer.status().is_success() {
+        let problem = worker_problem(answer).await;
+        if let ApiError::Problem {
+            code: "sandbox_not_found",
+            ..
+        } = problem
+        {
+            state.routes.forget(id);
+            let row: Option<(String, Option<String>)> = sqlx::query_as(
+                "SELECT state, stop_reason FROM sandboxes WHERE id = $1 AND team_id = $2",
+            )
+            .bind(id)
+            .bind(principal.team_id)
+            .fetch_optional(&state.db)
+            .await?;
+            return Err(match row {
+                Some((state_name, reason)) if state_name != "running" => {
+                    not_running(&state_name, reason)
+                }
+                _ => ApiError::NotFound("sandbox"),
+            });
+        }
+        return Err(problem);
+    }
+    let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::OK);
+    let passed_on: Vec<(header::HeaderName, HeaderValue)> =
+        [header::CONTENT_TYPE.as_str(), "x-sandbase-file-size"]
+            .iter()
+            .filter_map(|name| {
+                let value = answer.headers().get(*name)?;
+                Some((
+                    header::HeaderName::from_static(name),
+                    HeaderValue::from_bytes(value.as_bytes()).ok()?,
+                ))
+            })
+            .collect();
+    let mut response = Body::from_stream(answer.bytes_stream()).into_response();
+    *response.status_mut() = status;
+    for (name, value) in passed_on {
+        response.headers_mut().insert(name, value);
+    }
+    Ok(response)
+}
+
+/// Marks stopped sandboxes in the audit log as the system's doing.
+pub async fn record_system_stops(
+    connection: &mut PgConnection,
+    stopped: &[(Uuid, Uuid)],
+    action: &str,
+    why: &str,
+) -> Result<(), sqlx::Error> {
+    for (id, team_id) in stopped {
+        crate::audit::insert(
+            connection,
+            &crate::audit::Entry {
+                team_id: Some(*team_id),
+                actor_type: "system",
+                actor_id: None,
+                action: action.to_owned(),
+                target: Some(id.to_string()),
+                outcome: "success",
+                status_code: None,
+                details: serde_json::json!({ "reason": why }),
+            },
+            None,
+            None,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Asks a worker to remove a sandbox; failures are left to the heartbeat reconciliation.
+pub async fn remove_on_worker(state: &AppState, worker_id: &str, id: Uuid) {
+    let Ok(url) = state.workers.url_of(worker_id).await else {
+        return;
+    };
+    let result = state
+        .workers
+        .request(
+            reqwest::Method::DELETE,
+            format!("{url}/internal/v1/sandboxes/{id}"),
+        )
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await;
+    match result {
+        Ok(answer) if answer.status().is_success() => {}
+        Ok(answer) => {
+            tracing::warn!(%id, status = %answer.status(), "a worker refused to remove a sandbox")
+        }
+        Err(error) => {
+            tracing::warn!(%id, error = %error, "removing a sandbox on its worker failed")
+        }
+    }
+}
+
+/// Stops what should not run any more: expired sandboxes, sandboxes of workers silent for
+/// longer than `workers.lost_after_secs`, and creates abandoned by a gateway that died.
+pub async fn reap(state: &AppState) -> anyhow::Result<()> {
+    let mut transaction = state.db.begin().await?;
+    let expired: Vec<(Uuid, Uuid, Option<String>)> = sqlx::query_as(
+        "UPDATE sandboxes SET state = 'stopped', stop_reason = 'expired', stopped_at = now() \
+         WHERE id IN (SELECT id FROM sandboxes WHERE state <> 'stopped' AND expires_at <= now() \
+                      ORDER BY expires_at LIMIT 200 FOR UPDATE SKIP LOCKED) \
+         RETURNING id, team_id, worker_id",
+    )
+    .fetch_all(&mut *transaction)
+    .await?;
+    let pairs: Vec<(Uuid, Uuid)> = expired.iter().map(|(id, team, _)| (*id, *team)).collect();
+    record_system_stops(
+        &mut transaction,
+        &pairs,
+        "sandbox.expire",
+        "its lifetime ended",
+    )
+    .await?;
+
+    let lost: Vec<(Uuid, Uuid)> = sqlx::query_as(
+        "UPDATE sandboxes SET state = 'stopped', stop_reason = 'lost', stopped_at = now() \
+         WHERE id IN (SELECT s.id FROM sandboxes s JOIN workers w ON w.id = s.worker_id \
+                      WHERE s.state <> 'stopped' AND w.last_seen_at < now() - make_interval(secs => $1) \
+                      LIMIT 200 FOR UPDATE OF s SKIP LOCKED) \
+         RETURNING id, team_id",
+    )
+    .bind(state.settings.workers.lost_after_secs as f64)
+    .fetch_all(&mut *transaction)
+    .await?;
+    record_system_stops(
+        &mut transaction,
+        &lost,
+        "sandbox.lost",
+        "its worker went silent",
+    )
+    .await?;
+
+    let abandoned: Vec<(Uuid, Uuid)> = sqlx::query_as(
+        "UPDATE sandboxes SET state = 'stopped', stop_reason = 'failed', stopped_at = now() \
+         WHERE id IN (SELECT id FROM sandboxes WHERE state = 'creating' \
+                      AND created_at < now() - make_interval(secs => $1) LIMIT 200 FOR UPDATE SKIP LOCKED) \
+         RETURNING id, team_id",
+    )
+    .bind(CREATE_GIVE_UP_SECS)
+    .fetch_all(&mut *transaction)
+    .await?;
+    transaction.commit().await?;
+
+    for (id, _) in lost.iter().chain(&abandoned) {
+        state.routes.forget(*id);
+    }
+    for (id, _, worker_id) in expired {
+        state.routes.forget(id);
+        if let Some(worker_id) = worker_id {
+            let state = state.clone();
+            tokio::spawn(async move { remove_on_worker(&state, &worker_id, id).await });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,149 @@
+//! The worker as a service: connect to containerd, remove what a predecessor left, make sure
+//! the configured templates exist, start the warm pools, serve the internal API, and keep
+//! the link with the gateway. `sandbase worker` and `sandbase dev` run this.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::node::{Node, NodeConfig};
+use crate::registration::GatewayLink;
+use crate::sandboxes::{Worker, WorkerConfig};
+
+/// Where a template comes from when the worker builds it at start-up.
+#[derive(Debug, Clone)]
+pub enum TemplateSource {
+    /// The host's statically linked busybox.
+    Busybox,
+    /// A root file system tarball (such as the Debian `base` of `scripts/setup`).
+    Tarball(PathBuf),
+}
+
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    pub worker: WorkerConfig,
+    pub node: NodeConfig,
+    pub listen: SocketAddr,
+    /// The URL the gateway should call; `http://<bound address>` when absent.
+    pub advertise_url: Option<String>,
+    pub gateway_url: String,
+    pub node_token: String,
+    pub worker_id: String,
+    pub heartbeat_interval: Duration,
+    /// Templates built at start-up when missing.
+    pub templates: Vec<(String, TemplateSource)>,
+}
+
+pub struct RunningService {
+    local_addr: SocketAddr,
+    node: Arc<Node>,
+    server: JoinHandle<()>,
+    link: JoinHandle<()>,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+/// Starts the worker service; it runs until [`RunningService::stop`].
+pub async fn start(config: ServiceConfig) -> anyhow::Result<RunningService> {
+    let (worker, removed) = Worker::start(config.worker.clone()).await?;
+    if removed > 0 {
+        tracing::warn!(removed, "removed sandboxes a previous worker left behind");
+    }
+    for (name, source) in &config.templates {
+        ensure_template(&worker, name, source).await?;
+    }
+    let worker = Arc::new(worker);
+    let node = Node::start(Arc::clone(&worker), config.node.clone());
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding the worker's internal API to {}", config.listen))?;
+    let local_addr = listener.local_addr()?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let router = crate::api::router(Arc::clone(&node), &config.node_token);
+    let mut server_stop = stopped.clone();
+    let server = tokio::spawn(async move {
+        let served = axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                let _ = server_stop.wait_for(|stop| *stop).await;
+            })
+            .await;
+        if let Err(error) = served {
+            tracing::error!(error = %error, "the worker's internal API stopped");
+        }
+    });
+    let link = GatewayLink {
+        gateway_url: config.gateway_url.trim_end_matches('/').to_owned(),
+        node_token: config.node_token.clone(),
+        worker_id: config.worker_id.clone(),
+        advertise_url: config
+            .advertise_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{local_addr}")),
+        heartbeat_interval: config.heartbeat_interval,
+    };
+    let mut link_stop = stopped;
+    let link = tokio::spawn(link.run(Arc::clone(&node), async move {
+        let _ = link_stop.wait_for(|stop| *stop).await;
+    }));
+    Ok(RunningService {
+        local_addr,
+        node,
+        server,
+        link,
+        stop,
+    })
+}
+
+/// Builds `name` from `source` unless this namespace has it already.
+pub async fn ensure_template(
+    worker: &Worker,
+    name: &str,
+    source: &TemplateSource,
+) -> anyhow::Result<()> {
+    if worker.containerd().template_exists(name).await? {
+        return Ok(());
+    }
+    let base = worker.config().id_base;
+    tracing::info!(template = name, "building template");
+    let source = source.clone();
+    worker
+        .containerd()
+        .build_template(name, move |rootfs| match &source {
+            TemplateSource::Busybox => crate::templates::busybox(rootfs, base),
+            TemplateSource::Tarball(tarball) => {
+                crate::templates::from_tarball(rootfs, tarball, base)
+            }
+        })
+        .await
+        .with_context(|| format!("building template `{name}`"))
+}
+
+impl RunningService {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
+    /// Stops serving, destroys every sandbox and the warm pools.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.link.await;
+        let _ = self.server.await;
+        self.node.shut_down().await;
+    }
+
+    /// Stops at once and leaves every sandbox running, as a crash would (for tests of
+    /// what the next start and the gateway do about it).
+    pub fn abandon(self) {
+        self.node.abandon();
+        self.link.abort();
+        self.server.abort();
+    }
+}
