@@ -9,6 +9,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 pub mod internal;
+pub mod runs;
 pub mod sandboxes;
 
 /// The body of every error answer: `{"error":{"code":"…","message":"…"}}`.

@@ -43,7 +43,7 @@ impl Client {
     pub fn with_token(base_url: String, token: Option<String>) -> anyhow::Result<Client> {
         let http = reqwest::Client::builder()
             .user_agent(concat!("sandbase-cli/", env!("CARGO_PKG_VERSION")))
-            .timeout(std::time::Duration::from_secs(60))
+            .connect_timeout(std::time::Duration::from_secs(10))
             .build()
             .context("building the HTTP client")?;
         Ok(Client {
@@ -93,6 +93,34 @@ impl Client {
         check(response).await.map(|_| ())
     }
 
+    /// A request whose answer is read as a stream (commands, files, archives): no overall
+    /// timeout; errors become readable errors.
+    pub async fn stream(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<reqwest::Body>,
+        json: Option<&serde_json::Value>,
+    ) -> anyhow::Result<reqwest::Response> {
+        let url = format!("{}{path}", self.base_url);
+        let mut request = self.http.request(method, &url).query(query);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.body(body);
+        }
+        if let Some(json) = json {
+            request = request.json(json);
+        }
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the SandBase API at {}", self.base_url))?;
+        check(response).await
+    }
+
     async fn send<B: Serialize, T: DeserializeOwned>(
         &self,
         method: Method,
@@ -116,7 +144,11 @@ impl Client {
         body: Option<&B>,
     ) -> anyhow::Result<reqwest::Response> {
         let url = format!("{}{path}", self.base_url);
-        let mut request = self.http.request(method, &url).query(query);
+        let mut request = self
+            .http
+            .request(method, &url)
+            .query(query)
+            .timeout(std::time::Duration::from_secs(120));
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }

@@ -5,6 +5,7 @@ mod client;
 mod commands;
 mod credentials;
 mod output;
+mod sandbox;
 mod serve;
 mod telemetry;
 mod worker;
@@ -78,6 +79,11 @@ enum ClientCommand {
     Members(commands::MembersCommand),
     /// Read the team's audit log.
     Audit(commands::AuditArgs),
+    /// Create sandboxes, run commands in them, move files in and out.
+    #[command(subcommand)]
+    Sandbox(sandbox::SandboxCommand),
+    /// Run one command in a fresh sandbox: inputs in, output and artifacts out.
+    Run(sandbox::RunArgs),
 }
 
 fn main() -> ExitCode {
@@ -110,15 +116,17 @@ fn run_client(global: GlobalArgs, command: ClientCommand) -> anyhow::Result<Exit
         .build()?;
     runtime.block_on(async move {
         match command {
+            ClientCommand::Sandbox(command) => return sandbox::run(&global, command).await,
+            ClientCommand::Run(args) => return sandbox::run_once(&global, args).await,
             ClientCommand::Signup(args) => commands::signup(&global, args).await,
             ClientCommand::Login(args) => commands::login(&global, args).await,
             ClientCommand::Whoami => commands::whoami(&global).await,
             ClientCommand::Keys(command) => commands::keys(&global, command).await,
             ClientCommand::Members(command) => commands::members(&global, command).await,
             ClientCommand::Audit(args) => commands::audit(&global, args).await,
-        }
-    })?;
-    Ok(ExitCode::SUCCESS)
+        }?;
+        Ok(ExitCode::SUCCESS)
+    })
 }
 
 /// A listen address argument.

@@ -301,6 +301,7 @@ const ACTIONS: &[(&str, &str, &str)] = &[
     ("PUT", "/v1/sandboxes/{id}/files", "sandbox.file.write"),
     ("DELETE", "/v1/sandboxes/{id}/files", "sandbox.file.remove"),
     ("PUT", "/v1/sandboxes/{id}/archive", "sandbox.archive.write"),
+    ("POST", "/v1/runs", "run.create"),
 ];
 
 fn action_name(method: &Method, route: &str) -> String {

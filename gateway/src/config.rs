@@ -24,6 +24,18 @@ pub struct Settings {
     pub telemetry: TelemetrySettings,
     pub sandboxes: SandboxSettings,
     pub workers: WorkerSettings,
+    pub runs: RunSettings,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSettings {
+    /// Where run artifacts (and the inputs of queued runs) are kept.
+    pub artifacts_dir: std::path::PathBuf,
+    /// Largest run request (inputs included), in bytes.
+    pub input_limit_bytes: usize,
+    /// Most runs one gateway carries out at once.
+    pub max_concurrent: usize,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -202,6 +214,11 @@ impl Default for Settings {
                 heartbeat_ttl_secs: 10,
                 lost_after_secs: 30,
             },
+            runs: RunSettings {
+                artifacts_dir: "/var/lib/sandbase/artifacts".into(),
+                input_limit_bytes: 64 * 1024 * 1024,
+                max_concurrent: 32,
+            },
         }
     }
 }
@@ -345,6 +362,11 @@ impl Settings {
         {
             return Err(ConfigError(
                 "keys `workers.heartbeat_ttl_secs` (at least 1) and `workers.lost_after_secs` (at least the TTL)".to_owned(),
+            ));
+        }
+        if self.runs.max_concurrent == 0 || self.runs.input_limit_bytes < 1024 {
+            return Err(ConfigError(
+                "keys `runs.max_concurrent` (at least 1) and `runs.input_limit_bytes` (at least 1024)".to_owned(),
             ));
         }
         if let Some(endpoint) = &self.telemetry.otlp_endpoint

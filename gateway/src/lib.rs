@@ -14,6 +14,7 @@ pub mod observe;
 pub mod ratelimit;
 pub mod request_id;
 mod routes;
+pub mod runs;
 pub mod sandboxes;
 pub mod startup;
 pub mod state;

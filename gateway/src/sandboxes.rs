@@ -234,18 +234,43 @@ pub fn validate_resources(
 
 /// Creates a sandbox: a row first (so nothing can exist on a worker without one), then the
 /// best worker that has room; a worker that is full passes it to the next.
+/// Who a sandbox belongs to and who made it.
+#[derive(Debug, Clone, Copy)]
+pub struct Owner {
+    pub team_id: Uuid,
+    pub api_key_id: Option<Uuid>,
+    pub user_id: Option<Uuid>,
+}
+
+impl Owner {
+    pub fn of(principal: &Principal) -> Owner {
+        let (api_key_id, user_id) = match &principal.actor {
+            Actor::ApiKey(record) => (Some(record.id), record.created_by),
+            Actor::User { id } => (None, Some(*id)),
+        };
+        Owner {
+            team_id: principal.team_id,
+            api_key_id,
+            user_id,
+        }
+    }
+}
+
+/// A sandbox just started, and where.
+pub struct Created {
+    pub row: SandboxRow,
+    pub worker_url: String,
+}
+
 pub async fn create(
     state: &AppState,
-    principal: &Principal,
-    context: &crate::audit::RequestContext,
+    owner: Owner,
+    audit: Option<(&crate::audit::RequestContext, &Principal)>,
     placement: Placement,
-) -> ApiResult<SandboxRow> {
+) -> ApiResult<Created> {
     let candidates = state.workers.candidates(&placement.template).await?;
     let id = Uuid::now_v7();
-    let (api_key_id, user_id) = match &principal.actor {
-        Actor::ApiKey(record) => (Some(record.id), record.created_by),
-        Actor::User { id } => (None, Some(*id)),
-    };
+    let (api_key_id, user_id) = (owner.api_key_id, owner.user_id);
     let resources = placement.resources;
     sqlx::query(
         "INSERT INTO sandboxes (id, team_id, api_key_id, user_id, template, state, worker_id, cwd, \
@@ -254,7 +279,7 @@ pub async fn create(
            now() + make_interval(secs => $12))",
     )
     .bind(id)
-    .bind(principal.team_id)
+    .bind(owner.team_id)
     .bind(api_key_id)
     .bind(user_id)
     .bind(&placement.template)
@@ -303,21 +328,26 @@ pub async fn create(
                 .bind(id)
                 .fetch_one(&mut *transaction)
                 .await?;
-                context
-                    .record(
-                        &mut transaction,
-                        principal,
-                        Some(format!("sandbox:{id}")),
-                        serde_json::json!({
-                            "template": row.template,
-                            "worker": worker.id,
-                            "resources": resources,
-                        }),
-                    )
-                    .await?;
+                if let Some((context, principal)) = audit {
+                    context
+                        .record(
+                            &mut transaction,
+                            principal,
+                            Some(format!("sandbox:{id}")),
+                            serde_json::json!({
+                                "template": row.template,
+                                "worker": worker.id,
+                                "resources": resources,
+                            }),
+                        )
+                        .await?;
+                }
                 transaction.commit().await?;
-                state.routes.insert(id, principal.team_id, worker.id);
-                return Ok(row);
+                state.routes.insert(id, owner.team_id, worker.id);
+                return Ok(Created {
+                    row,
+                    worker_url: worker.url,
+                });
             }
             Ok(answer) => {
                 let problem = worker_problem(answer).await;
@@ -532,6 +562,22 @@ pub async fn forward(
         response.headers_mut().insert(name, value);
     }
     Ok(response)
+}
+
+/// Stops a sandbox the system made (for a run) and removes it from its worker.
+pub async fn destroy_for_system(state: &AppState, id: Uuid) -> anyhow::Result<()> {
+    let worker: Option<(Option<String>,)> = sqlx::query_as(
+        "UPDATE sandboxes SET state = 'stopped', stop_reason = 'destroyed', stopped_at = now() \
+         WHERE id = $1 AND state <> 'stopped' RETURNING worker_id",
+    )
+    .bind(id)
+    .fetch_optional(&state.db)
+    .await?;
+    state.routes.forget(id);
+    if let Some((Some(worker_id),)) = worker {
+        remove_on_worker(state, &worker_id, id).await;
+    }
+    Ok(())
 }
 
 /// Marks stopped sandboxes in the audit log as the system's doing.

@@ -94,7 +94,7 @@ impl Application {
         let sessions = Arc::new(SessionKeys::new(jwt_secret, settings.auth.session_ttl_secs));
         let last_used = Arc::new(LastUsed::default());
 
-        let (api, operations) = routes::api_router();
+        let (api, operations) = routes::api_router(&settings);
         let (api_router, mut document) = api.split_for_parts();
         let (operations_router, operations_document) = operations.split_for_parts();
         document.merge(operations_document);
@@ -115,9 +115,16 @@ impl Application {
             metrics: observe::prometheus_handle(),
             workers: Arc::new(crate::workers::Workers::new(
                 &settings_for_workers,
-                redis_for_workers,
+                redis_for_workers.clone(),
             )?),
             routes: Arc::new(crate::sandboxes::Routes::default()),
+            run_queue: Arc::new(crate::runs::RunQueue::new(
+                redis_for_workers.clone(),
+                &settings_for_workers.redis.key_prefix,
+            )),
+            artifacts: Arc::new(crate::runs::ArtifactStore::new(
+                settings_for_workers.runs.artifacts_dir.clone(),
+            )),
             openapi,
         });
 
@@ -158,9 +165,22 @@ impl Application {
                     if let Err(error) = crate::sandboxes::reap(&reaper_state).await {
                         tracing::warn!(error = format!("{error:#}"), "the sandbox reaper failed");
                     }
+                    if let Err(error) = crate::runs::reap(&reaper_state).await {
+                        tracing::warn!(error = format!("{error:#}"), "the run reaper failed");
+                    }
                 }
             }
             .instrument(tracing::info_span!("sandbox_reaper")),
+        ));
+
+        background.push(tokio::spawn(
+            crate::runs::dispatch_forever(
+                state.clone(),
+                Arc::new(tokio::sync::Semaphore::new(
+                    state.settings.runs.max_concurrent,
+                )),
+            )
+            .instrument(tracing::info_span!("run_dispatcher")),
         ));
 
         let listener = TcpListener::bind(state.settings.server.listen)

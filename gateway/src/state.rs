@@ -42,6 +42,9 @@ pub struct Services {
     pub metrics: PrometheusHandle,
     /// Live workers (from Redis) and the HTTP client for their internal API.
     pub workers: Arc<Workers>,
+    /// The fair run queue and the artifact store.
+    pub run_queue: Arc<crate::runs::RunQueue>,
+    pub artifacts: Arc<crate::runs::ArtifactStore>,
     /// Cached sandbox → worker routes.
     pub routes: Arc<Routes>,
     /// The served OpenAPI document, rendered once at start-up.

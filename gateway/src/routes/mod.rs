@@ -7,6 +7,7 @@ mod auth;
 mod health;
 mod me;
 mod members;
+mod runs;
 mod sandboxes;
 
 use axum::Json;
@@ -37,6 +38,7 @@ use crate::state::AppState;
         (name = "audit", description = "The append-only audit log"),
         (name = "sandboxes", description = "Sandboxes: lifecycle, commands, background processes"),
         (name = "files", description = "Files and archives inside a sandbox"),
+        (name = "runs", description = "One-shot runs: inputs in, command, artifacts out"),
         (name = "operations", description = "Health, readiness, metrics, this document"),
     )
 )]
@@ -55,14 +57,17 @@ impl Modify for BearerAuth {
 }
 
 /// The API routes (behind the audit layer) and the operational ones, with their document.
-pub fn api_router() -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>) {
+pub fn api_router(
+    settings: &crate::config::Settings,
+) -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>) {
     let api = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(auth::router())
         .merge(me::router())
         .merge(api_keys::router())
         .merge(members::router())
         .merge(audit::router())
-        .merge(sandboxes::router());
+        .merge(sandboxes::router())
+        .merge(runs::router(settings.runs.input_limit_bytes));
     let operations = OpenApiRouter::new()
         .merge(health::router())
         .routes(routes!(openapi_document));

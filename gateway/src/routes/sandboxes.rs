@@ -63,8 +63,14 @@ async fn create_sandbox(
 ) -> ApiResult<(StatusCode, Json<Sandbox>)> {
     principal.require(Role::Member)?;
     let placement = sandboxes::validate_create(request, &state.settings.sandboxes)?;
-    let row = sandboxes::create(&state, &principal, &context, placement).await?;
-    Ok((StatusCode::CREATED, Json(row.to_api())))
+    let created = sandboxes::create(
+        &state,
+        sandboxes::Owner::of(&principal),
+        Some((&context, &principal)),
+        placement,
+    )
+    .await?;
+    Ok((StatusCode::CREATED, Json(created.row.to_api())))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -12,4 +12,5 @@ mod members;
 mod openapi;
 mod operations;
 mod rate_limit;
+mod runs;
 mod sandboxes;

@@ -43,6 +43,10 @@ const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/sandboxes/{id}/files"),
     ("GET", "/v1/sandboxes/{id}/archive"),
     ("PUT", "/v1/sandboxes/{id}/archive"),
+    ("POST", "/v1/runs"),
+    ("GET", "/v1/runs"),
+    ("GET", "/v1/runs/{id}"),
+    ("GET", "/v1/runs/{id}/artifacts"),
 ];
 
 #[tokio::test]

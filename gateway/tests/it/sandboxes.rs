@@ -34,6 +34,8 @@ pub async fn sandbox_app() -> TestApp {
         settings.sandboxes.default_resources.pids = LIMITS.pids;
         settings.workers.heartbeat_ttl_secs = 5;
         settings.workers.lost_after_secs = 5;
+        settings.runs.artifacts_dir =
+            std::env::temp_dir().join(format!("sandbase-artifacts-{}", Uuid::new_v4().simple()));
     })
     .await
 }
@@ -153,7 +155,7 @@ pub async fn sh(app: &TestApp, token: &str, id: &str, command: &str) -> Value {
     answer.body
 }
 
-async fn raw(
+pub async fn raw(
     app: &TestApp,
     method: Method,
     path: &str,
@@ -173,7 +175,7 @@ async fn raw(
     (status, response.bytes().await.unwrap().to_vec(), headers)
 }
 
-async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,

@@ -1,0 +1,588 @@
+//! `sandbase sandbox …`: create, inspect, run commands in, copy files to and from, export,
+//! extend and destroy sandboxes.
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use futures_util::StreamExt;
+use reqwest::Method;
+use sandbase_api::sandboxes::{
+    CreateSandboxRequest, ExecEvent, ExtendTimeoutRequest, ResourcesRequest, RunAs, Sandbox,
+    SandboxList,
+};
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::GlobalArgs;
+use crate::client::Client;
+use crate::output::{optional_time, table, time};
+
+#[derive(Subcommand)]
+pub enum SandboxCommand {
+    /// Create a sandbox and print its id.
+    Create(CreateArgs),
+    /// List the team's sandboxes.
+    Ls {
+        /// Only sandboxes in this state (creating, running, stopped).
+        #[arg(long)]
+        state: Option<String>,
+    },
+    /// Show one sandbox.
+    Get { id: Uuid },
+    /// Run a command, streaming its output; exits with the command's exit code.
+    Exec(ExecArgs),
+    /// Copy a file or directory between here and a sandbox: `ID:/path` on one side.
+    Cp { source: String, destination: String },
+    /// Download a directory of a sandbox (as an archive) and unpack it here.
+    Export {
+        id: Uuid,
+        path: String,
+        /// Directory to unpack into.
+        #[arg(long, default_value = ".")]
+        to: PathBuf,
+    },
+    /// Destroy a sandbox.
+    Destroy { id: Uuid },
+    /// Give a running sandbox SECONDS more to live (from now).
+    Extend { id: Uuid, seconds: u64 },
+}
+
+#[derive(Args)]
+pub struct CreateArgs {
+    #[arg(long)]
+    template: Option<String>,
+    /// Lifetime in seconds.
+    #[arg(long)]
+    timeout: Option<u64>,
+    /// KEY=VALUE (repeatable).
+    #[arg(long = "env", value_parser = parse_pair)]
+    env: Vec<(String, String)>,
+    /// CPU cores (fractions allowed).
+    #[arg(long)]
+    cpu: Option<f64>,
+    /// Memory in MB.
+    #[arg(long)]
+    memory: Option<u32>,
+    /// Size of /work in MB.
+    #[arg(long)]
+    disk: Option<u32>,
+    /// KEY=VALUE label (repeatable).
+    #[arg(long = "metadata", value_parser = parse_pair)]
+    metadata: Vec<(String, String)>,
+}
+
+#[derive(Args)]
+pub struct ExecArgs {
+    id: Uuid,
+    /// Run as the sandbox's root instead of the unprivileged user.
+    #[arg(long)]
+    root: bool,
+    #[arg(long)]
+    cwd: Option<String>,
+    /// KEY=VALUE (repeatable).
+    #[arg(long = "env", value_parser = parse_pair)]
+    env: Vec<(String, String)>,
+    /// Kill the command after this many seconds.
+    #[arg(long)]
+    timeout: Option<u64>,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+fn parse_pair(value: &str) -> Result<(String, String), String> {
+    value
+        .split_once('=')
+        .map(|(key, value)| (key.to_owned(), value.to_owned()))
+        .ok_or_else(|| format!("`{value}` is not KEY=VALUE"))
+}
+
+pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> anyhow::Result<ExitCode> {
+    let client = Client::new(global)?;
+    client.require_token()?;
+    match command {
+        SandboxCommand::Create(args) => {
+            let request = CreateSandboxRequest {
+                template: args.template,
+                env: args.env.into_iter().collect(),
+                cwd: None,
+                timeout_secs: args.timeout,
+                resources: ResourcesRequest {
+                    cpu: args.cpu,
+                    memory_mb: args.memory,
+                    disk_mb: args.disk,
+                    pids: None,
+                },
+                metadata: args.metadata.into_iter().collect(),
+            };
+            let sandbox: Sandbox = client.post("/v1/sandboxes", &request).await?;
+            if global.json {
+                println!("{}", serde_json::to_string_pretty(&sandbox)?);
+            } else {
+                println!("{}", sandbox.id);
+            }
+        }
+        SandboxCommand::Ls { state } => {
+            let query: Vec<(&str, String)> =
+                state.into_iter().map(|state| ("state", state)).collect();
+            let list: SandboxList = client.get("/v1/sandboxes", &query).await?;
+            if global.json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                let rows: Vec<Vec<String>> = list
+                    .sandboxes
+                    .iter()
+                    .map(|sandbox| {
+                        vec![
+                            sandbox.id.to_string(),
+                            sandbox.template.clone(),
+                            state_text(sandbox),
+                            time(&sandbox.created_at),
+                            time(&sandbox.expires_at),
+                        ]
+                    })
+                    .collect();
+                table(&["ID", "TEMPLATE", "STATE", "CREATED", "EXPIRES"], &rows);
+            }
+        }
+        SandboxCommand::Get { id } => {
+            let sandbox: Sandbox = client.get(&format!("/v1/sandboxes/{id}"), &[]).await?;
+            if global.json {
+                println!("{}", serde_json::to_string_pretty(&sandbox)?);
+            } else {
+                let resources = sandbox.resources;
+                table(
+                    &["FIELD", "VALUE"],
+                    &[
+                        vec!["id".into(), sandbox.id.to_string()],
+                        vec!["template".into(), sandbox.template.clone()],
+                        vec!["state".into(), state_text(&sandbox)],
+                        vec![
+                            "resources".into(),
+                            format!(
+                                "{} cpu, {} MB memory, {} MB disk, {} pids",
+                                f64::from(resources.cpu_millis) / 1000.0,
+                                resources.memory_mb,
+                                resources.disk_mb,
+                                resources.pids
+                            ),
+                        ],
+                        vec!["created".into(), time(&sandbox.created_at)],
+                        vec!["expires".into(), time(&sandbox.expires_at)],
+                        vec!["stopped".into(), optional_time(&sandbox.stopped_at)],
+                    ],
+                );
+            }
+        }
+        SandboxCommand::Exec(args) => return exec(&client, args).await,
+        SandboxCommand::Cp {
+            source,
+            destination,
+        } => copy(&client, &source, &destination).await?,
+        SandboxCommand::Export { id, path, to } => {
+            let count = download_archive(&client, id, &path, &to).await?;
+            eprintln!(
+                "exported {path} ({}) into {}",
+                human_bytes(count),
+                to.display()
+            );
+        }
+        SandboxCommand::Destroy { id } => {
+            client.delete(&format!("/v1/sandboxes/{id}")).await?;
+            if !global.json {
+                println!("destroyed {id}");
+            }
+        }
+        SandboxCommand::Extend { id, seconds } => {
+            let sandbox: Sandbox = client
+                .post(
+                    &format!("/v1/sandboxes/{id}/timeout"),
+                    &ExtendTimeoutRequest {
+                        timeout_secs: seconds,
+                    },
+                )
+                .await?;
+            println!("{id} now expires at {}", time(&sandbox.expires_at));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn state_text(sandbox: &Sandbox) -> String {
+    match &sandbox.stop_reason {
+        Some(reason) => format!("{} ({reason})", sandbox.state.as_str()),
+        None => sandbox.state.as_str().to_owned(),
+    }
+}
+
+/// Streams a command's output to ours and returns its exit code.
+async fn exec(client: &Client, args: ExecArgs) -> anyhow::Result<ExitCode> {
+    // Piped input goes to the command; a terminal is not read.
+    let stdin = if std::io::stdin().is_terminal() {
+        None
+    } else {
+        let mut input = Vec::new();
+        std::io::stdin().read_to_end(&mut input)?;
+        (!input.is_empty()).then(|| String::from_utf8_lossy(&input).into_owned())
+    };
+    let env: BTreeMap<String, String> = args.env.into_iter().collect();
+    let body = json!({
+        "cmd": args.command,
+        "env": env,
+        "cwd": args.cwd,
+        "user": if args.root { RunAs::Root } else { RunAs::User },
+        "stdin": stdin,
+        "timeout_secs": args.timeout,
+        "stream": true,
+    });
+    let response = client
+        .stream(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/exec", args.id),
+            &[],
+            None,
+            Some(&body),
+        )
+        .await?;
+    let mut stream = response.bytes_stream();
+    let mut pending = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        pending.extend_from_slice(&chunk.context("reading the command's output")?);
+        while let Some(end) = pending.iter().position(|byte| *byte == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            match serde_json::from_slice::<ExecEvent>(&line)
+                .with_context(|| format!("a malformed line: {}", String::from_utf8_lossy(&line)))?
+            {
+                ExecEvent::Started { .. } => {}
+                ExecEvent::Stdout { stdout } => {
+                    let mut out = std::io::stdout().lock();
+                    out.write_all(stdout.as_bytes())?;
+                    out.flush()?;
+                }
+                ExecEvent::Stderr { stderr } => {
+                    let mut err = std::io::stderr().lock();
+                    err.write_all(stderr.as_bytes())?;
+                    err.flush()?;
+                }
+                ExecEvent::Exit {
+                    exit_code,
+                    timed_out,
+                    ..
+                } => {
+                    if timed_out {
+                        eprintln!("sandbase: the command timed out");
+                    }
+                    return Ok(ExitCode::from(exit_code.clamp(0, 255) as u8));
+                }
+                ExecEvent::Error { error } => bail!("{} ({})", error.message, error.code),
+            }
+        }
+    }
+    bail!("the command's output ended without an exit code")
+}
+
+/// `ID:/path` → (id, path); anything else is local.
+fn remote(spec: &str) -> Option<(Uuid, &str)> {
+    let (id, path) = spec.split_once(':')?;
+    Some((id.parse().ok()?, path))
+}
+
+async fn copy(client: &Client, source: &str, destination: &str) -> anyhow::Result<()> {
+    match (remote(source), remote(destination)) {
+        (Some(_), Some(_)) => bail!("copy between two sandboxes through a local directory"),
+        (None, None) => bail!("one side must be a sandbox path: ID:/path"),
+        (Some((id, path)), None) => {
+            let response = client
+                .stream(
+                    Method::GET,
+                    &format!("/v1/sandboxes/{id}/files"),
+                    &[("path", path.to_owned())],
+                    None,
+                    None,
+                )
+                .await?;
+            let is_listing = response
+                .headers()
+                .get("content-type")
+                .is_some_and(|value| value.as_bytes().starts_with(b"application/json"));
+            let local = Path::new(destination);
+            if is_listing {
+                // A directory: fetch it as an archive.
+                let name = Path::new(path)
+                    .file_name()
+                    .map(PathBuf::from)
+                    .unwrap_or_default();
+                let target = if local.is_dir() {
+                    local.join(name)
+                } else {
+                    local.to_path_buf()
+                };
+                std::fs::create_dir_all(&target)?;
+                let count = download_archive(client, id, path, &target).await?;
+                eprintln!(
+                    "copied {path} ({}) to {}",
+                    human_bytes(count),
+                    target.display()
+                );
+                return Ok(());
+            }
+            let target = if local.is_dir() {
+                local.join(
+                    Path::new(path)
+                        .file_name()
+                        .context("the source has no file name")?,
+                )
+            } else {
+                local.to_path_buf()
+            };
+            let mut file = std::fs::File::create(&target)
+                .with_context(|| format!("creating {}", target.display()))?;
+            let mut progress = Progress::new("downloading");
+            let mut stream = response.bytes_stream();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.context("reading the file")?;
+                file.write_all(&chunk)?;
+                progress.add(chunk.len() as u64);
+            }
+            progress.finish();
+        }
+        (None, Some((id, path))) => {
+            let local = Path::new(source);
+            let metadata = std::fs::metadata(local).with_context(|| format!("reading {source}"))?;
+            if metadata.is_dir() {
+                let archive = pack(local)?;
+                let size = archive.len() as u64;
+                client
+                    .stream(
+                        Method::PUT,
+                        &format!("/v1/sandboxes/{id}/archive"),
+                        &[("path", path.to_owned())],
+                        Some(archive.into()),
+                        None,
+                    )
+                    .await?;
+                eprintln!("copied {source} ({}) to {id}:{path}", human_bytes(size));
+            } else {
+                let content = std::fs::read(local)?;
+                let size = content.len() as u64;
+                client
+                    .stream(
+                        Method::PUT,
+                        &format!("/v1/sandboxes/{id}/files"),
+                        &[("path", path.to_owned())],
+                        Some(content.into()),
+                        None,
+                    )
+                    .await?;
+                eprintln!("copied {source} ({}) to {id}:{path}", human_bytes(size));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A local directory as a tar archive.
+fn pack(directory: &Path) -> anyhow::Result<Vec<u8>> {
+    let mut builder = tar::Builder::new(Vec::new());
+    builder.follow_symlinks(false);
+    builder
+        .append_dir_all(".", directory)
+        .with_context(|| format!("archiving {}", directory.display()))?;
+    Ok(builder.into_inner()?)
+}
+
+/// Downloads `path` of a sandbox as an archive and unpacks it into `target`; returns the
+/// archive's size.
+pub async fn download_archive(
+    client: &Client,
+    id: Uuid,
+    path: &str,
+    target: &Path,
+) -> anyhow::Result<u64> {
+    let response = client
+        .stream(
+            Method::GET,
+            &format!("/v1/sandboxes/{id}/archive"),
+            &[("path", path.to_owned())],
+            None,
+            None,
+        )
+        .await?;
+    unpack_response(response, target).await
+}
+
+/// Reads an archive answer (with progress) and unpacks it into `target`.
+pub async fn unpack_response(response: reqwest::Response, target: &Path) -> anyhow::Result<u64> {
+    let mut archive = Vec::new();
+    let mut progress = Progress::new("downloading");
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.context("reading the archive")?;
+        archive.extend_from_slice(&chunk);
+        progress.add(chunk.len() as u64);
+    }
+    progress.finish();
+    std::fs::create_dir_all(target)?;
+    let mut unpacker = tar::Archive::new(archive.as_slice());
+    unpacker.set_preserve_permissions(true);
+    unpacker
+        .unpack(target)
+        .with_context(|| format!("unpacking into {}", target.display()))?;
+    Ok(archive.len() as u64)
+}
+
+/// A byte counter on standard error, redrawn in place when it is a terminal.
+pub struct Progress {
+    label: &'static str,
+    bytes: u64,
+    shown: bool,
+}
+
+impl Progress {
+    pub fn new(label: &'static str) -> Progress {
+        Progress {
+            label,
+            bytes: 0,
+            shown: std::io::stderr().is_terminal(),
+        }
+    }
+
+    pub fn add(&mut self, bytes: u64) {
+        self.bytes += bytes;
+        if self.shown {
+            eprint!("\r{} {}   ", self.label, human_bytes(self.bytes));
+        }
+    }
+
+    pub fn finish(&self) {
+        if self.shown {
+            eprintln!();
+        }
+    }
+}
+
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: &[&str] = &["B", "KiB", "MiB", "GiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// A directory whose content the command finds in /work/in (read-only).
+    #[arg(long)]
+    input: Option<PathBuf>,
+    #[arg(long)]
+    template: Option<String>,
+    /// Kill the command after this many seconds.
+    #[arg(long)]
+    timeout: Option<u64>,
+    /// KEY=VALUE (repeatable).
+    #[arg(long = "env", value_parser = parse_pair)]
+    env: Vec<(String, String)>,
+    /// The directory in the sandbox kept as the artifact.
+    #[arg(long, default_value = "/work/out")]
+    outputs: String,
+    /// Where the artifact is unpacked (default: ./run-<id>).
+    #[arg(long)]
+    download_to: Option<PathBuf>,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// `sandbase run`: submits a run, follows it, prints its output, downloads its artifact,
+/// and exits with the command's exit code.
+pub async fn run_once(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<ExitCode> {
+    use base64::Engine;
+    use sandbase_api::runs::{CreateRunRequest, Run, RunInputs, RunState};
+
+    let client = Client::new(global)?;
+    client.require_token()?;
+    let tar_base64 = match &args.input {
+        Some(directory) => {
+            anyhow::ensure!(
+                directory.is_dir(),
+                "{} is not a directory",
+                directory.display()
+            );
+            Some(base64::engine::general_purpose::STANDARD.encode(pack(directory)?))
+        }
+        None => None,
+    };
+    let request = CreateRunRequest {
+        template: args.template,
+        cmd: Some(args.command),
+        command: None,
+        env: args.env.into_iter().collect(),
+        inputs: RunInputs {
+            files: BTreeMap::new(),
+            tar_base64,
+        },
+        timeout_secs: args.timeout,
+        resources: ResourcesRequest::default(),
+        outputs: Some(args.outputs),
+    };
+    let mut run: Run = client.post("/v1/runs", &request).await?;
+    eprintln!("run {} queued", run.id);
+    let mut last = run.state;
+    while matches!(run.state, RunState::Queued | RunState::Running) {
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        run = client.get(&format!("/v1/runs/{}", run.id), &[]).await?;
+        if run.state != last {
+            eprintln!(
+                "run {}: {}",
+                run.id,
+                serde_json::to_value(run.state)?.as_str().unwrap_or("")
+            );
+            last = run.state;
+        }
+    }
+    if global.json {
+        println!("{}", serde_json::to_string_pretty(&run)?);
+    } else {
+        print!("{}", run.stdout.as_deref().unwrap_or(""));
+        eprint!("{}", run.stderr.as_deref().unwrap_or(""));
+    }
+    if run.state == RunState::Failed {
+        bail!(
+            "the run failed: {}",
+            run.error.as_deref().unwrap_or("no reason given")
+        );
+    }
+    if run.artifact_size.is_some() {
+        let target = args
+            .download_to
+            .unwrap_or_else(|| PathBuf::from(format!("run-{}", run.id)));
+        let response = client
+            .stream(
+                Method::GET,
+                &format!("/v1/runs/{}/artifacts", run.id),
+                &[],
+                None,
+                None,
+            )
+            .await?;
+        let size = unpack_response(response, &target).await?;
+        eprintln!("artifact ({}) in {}", human_bytes(size), target.display());
+    }
+    if run.timed_out {
+        eprintln!("sandbase: the command timed out");
+    }
+    Ok(ExitCode::from(
+        run.exit_code.unwrap_or(1).clamp(0, 255) as u8
+    ))
+}

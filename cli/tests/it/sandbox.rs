@@ -1,0 +1,325 @@
+//! `sandbase worker` and the sandbox verbs, as processes: a gateway, a worker on SandBase's
+//! containerd (its own namespace), and the CLI creating, running, copying and destroying.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+
+use crate::{BINARY, Server, free_port, stderr, stdout};
+
+const NODE_TOKEN: &str = "cli-test-node-token-0123456789";
+
+struct WorkerProcess {
+    child: Child,
+    namespace: String,
+    socket: String,
+    run_dir: std::path::PathBuf,
+}
+
+impl WorkerProcess {
+    fn start(gateway: &str) -> WorkerProcess {
+        let unique = Uuid::new_v4().simple().to_string();
+        let namespace = format!("sandbase-cli-test-{unique}");
+        let socket = std::env::var("SANDBASE_CONTAINERD_SOCKET")
+            .unwrap_or_else(|_| "/run/sandbase/containerd.sock".to_owned());
+        let run_dir = std::env::temp_dir().join(format!("sandbase-cli-run-{unique}"));
+        let slot = u32::from_str_radix(&unique[..4], 16).unwrap() % 1000;
+        let child = Command::new(BINARY)
+            .args(["worker", "--gateway", gateway])
+            .args(["--worker-listen", &format!("127.0.0.1:{}", free_port())])
+            .args(["--worker-id", &format!("cli-{unique}")])
+            .args(["--namespace", &namespace, "--containerd-socket", &socket])
+            .arg("--run-dir")
+            .arg(&run_dir)
+            .args(["--id-base", &(3_000_000 + slot * 65_536).to_string()])
+            .args(["--pool", "busybox=1", "--templates-dir", "/nonexistent"])
+            .args([
+                "--default-memory-mb",
+                "128",
+                "--default-disk-mb",
+                "64",
+                "--default-pids",
+                "64",
+            ])
+            .env("SANDBASE_NODE_TOKEN", NODE_TOKEN)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start sandbase worker");
+        WorkerProcess {
+            child,
+            namespace,
+            socket,
+            run_dir,
+        }
+    }
+
+    /// SIGTERM: the worker destroys its sandboxes and exits; then its template goes too.
+    fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "the worker did not stop");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let containers = Command::new("ctr")
+            .args([
+                "--address",
+                &self.socket,
+                "-n",
+                &self.namespace,
+                "containers",
+                "ls",
+                "-q",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(stdout(&containers).trim(), "", "containers left behind");
+        let removed = Command::new("ctr")
+            .args([
+                "--address",
+                &self.socket,
+                "-n",
+                &self.namespace,
+                "snapshots",
+                "rm",
+                "sandbase/template/busybox",
+            ])
+            .output()
+            .unwrap();
+        assert!(removed.status.success(), "{}", stderr(&removed));
+        let _ = std::fs::remove_dir_all(&self.run_dir);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_creates_runs_copies_and_destroys_sandboxes() {
+    let server = Server::start(&[
+        ("SANDBASE_WORKERS__NODE_TOKEN", NODE_TOKEN.to_owned()),
+        ("SANDBASE_SANDBOXES__DEFAULT_TEMPLATE", "busybox".to_owned()),
+        (
+            "SANDBASE_SANDBOXES__DEFAULT_RESOURCES__MEMORY_MB",
+            "128".to_owned(),
+        ),
+        (
+            "SANDBASE_SANDBOXES__DEFAULT_RESOURCES__DISK_MB",
+            "64".to_owned(),
+        ),
+        (
+            "SANDBASE_SANDBOXES__DEFAULT_RESOURCES__PIDS",
+            "64".to_owned(),
+        ),
+    ])
+    .await;
+    let worker = WorkerProcess::start(&server.url);
+    let email = format!("cli-{}@example.com", Uuid::new_v4().simple());
+    let output = server.cli(
+        &[
+            "signup",
+            "--email",
+            &email,
+            "--team",
+            "Sandboxes",
+            "--password-stdin",
+        ],
+        &[],
+        Some("a long enough password\n"),
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+
+    // The worker registers in the background: retry until it is there.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let id = loop {
+        let output = server.cli(
+            &["sandbox", "create", "--timeout", "600", "--env", "WHO=cli"],
+            &[],
+            None,
+        );
+        if output.status.success() {
+            break stdout(&output).trim().to_owned();
+        }
+        assert!(Instant::now() < deadline, "no worker: {}", stderr(&output));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(id.parse::<Uuid>().is_ok(), "{id}");
+
+    // exec streams and exits with the command's code; piped input reaches the command.
+    let output = server.cli(
+        &[
+            "sandbox",
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "echo hi $WHO; echo err >&2; exit 7",
+        ],
+        &[],
+        None,
+    );
+    assert_eq!(output.status.code(), Some(7));
+    assert_eq!(stdout(&output), "hi cli\n");
+    assert_eq!(stderr(&output), "err\n");
+    let output = server.cli(
+        &["sandbox", "exec", &id, "--", "tr", "a-z", "A-Z"],
+        &[],
+        Some("shout\n"),
+    );
+    assert_eq!(stdout(&output), "SHOUT\n");
+    let output = server.cli(
+        &["sandbox", "exec", &id, "--root", "--", "id", "-u"],
+        &[],
+        None,
+    );
+    assert_eq!(stdout(&output), "0\n");
+
+    // cp in both directions, a file and a directory; export.
+    let local = std::env::temp_dir().join(format!("sandbase-cli-cp-{}", Uuid::new_v4().simple()));
+    std::fs::create_dir_all(local.join("project/src")).unwrap();
+    std::fs::write(local.join("project/src/main.py"), "print('hello')\n").unwrap();
+    let blob: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(local.join("blob.bin"), &blob).unwrap();
+    let remote_blob = format!("{id}:/work/blob.bin");
+    let output = server.cli(
+        &[
+            "sandbox",
+            "cp",
+            local.join("blob.bin").to_str().unwrap(),
+            &remote_blob,
+        ],
+        &[],
+        None,
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let output = server.cli(
+        &[
+            "sandbox",
+            "cp",
+            &remote_blob,
+            local.join("back.bin").to_str().unwrap(),
+        ],
+        &[],
+        None,
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(std::fs::read(local.join("back.bin")).unwrap() == blob);
+    let output = server.cli(
+        &[
+            "sandbox",
+            "cp",
+            local.join("project").to_str().unwrap(),
+            &format!("{id}:/work/project"),
+        ],
+        &[],
+        None,
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let output = server.cli(
+        &[
+            "sandbox",
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "cat /work/project/src/main.py && mkdir /work/out && echo result > /work/out/r.txt",
+        ],
+        &[],
+        None,
+    );
+    assert_eq!(stdout(&output), "print('hello')\n", "{}", stderr(&output));
+    let output = server.cli(
+        &[
+            "sandbox",
+            "export",
+            &id,
+            "/work/out",
+            "--to",
+            local.join("exported").to_str().unwrap(),
+        ],
+        &[],
+        None,
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(
+        std::fs::read_to_string(local.join("exported/r.txt")).unwrap(),
+        "result\n"
+    );
+    let output = server.cli(
+        &[
+            "sandbox",
+            "cp",
+            &format!("{id}:/work/out"),
+            local.to_str().unwrap(),
+        ],
+        &[],
+        None,
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(
+        std::fs::read_to_string(local.join("out/r.txt")).unwrap(),
+        "result\n"
+    );
+
+    // ls, get, extend, destroy.
+    let output = server.cli(&["sandbox", "ls"], &[], None);
+    assert!(
+        stdout(&output).contains(&id) && stdout(&output).contains("running"),
+        "{}",
+        stdout(&output)
+    );
+    let output = server.cli(&["sandbox", "extend", &id, "1200"], &[], None);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let output = server.cli(&["--json", "sandbox", "get", &id], &[], None);
+    let sandbox: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(sandbox["state"], "running");
+    let output = server.cli(&["sandbox", "destroy", &id], &[], None);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let output = server.cli(&["sandbox", "exec", &id, "--", "true"], &[], None);
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("sandbox_not_running"),
+        "{}",
+        stderr(&output)
+    );
+    let output = server.cli(&["sandbox", "get", &id], &[], None);
+    assert!(
+        stdout(&output).contains("stopped (destroyed)"),
+        "{}",
+        stdout(&output)
+    );
+
+    // `sandbase run`: inputs in, output printed, artifact downloaded, exit code kept.
+    std::fs::create_dir_all(local.join("inputs")).unwrap();
+    std::fs::write(local.join("inputs/x.txt"), "payload\n").unwrap();
+    let output = server.cli(
+        &[
+            "run",
+            "--input",
+            local.join("inputs").to_str().unwrap(),
+            "--download-to",
+            local.join("artifact").to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "tr a-z A-Z < /work/in/x.txt > /work/out/y.txt; echo done; exit 3",
+        ],
+        &[],
+        None,
+    );
+    assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
+    assert_eq!(stdout(&output), "done\n");
+    assert_eq!(
+        std::fs::read_to_string(local.join("artifact/y.txt")).unwrap(),
+        "PAYLOAD\n"
+    );
+
+    // A sandbox left running is destroyed when the worker stops.
+    let output = server.cli(&["sandbox", "create"], &[], None);
+    assert!(output.status.success(), "{}", stderr(&output));
+    std::fs::remove_dir_all(&local).unwrap();
+    worker.stop();
+}

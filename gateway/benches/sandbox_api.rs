@@ -1,0 +1,326 @@
+//! Sandboxes through the public API, against raw containerd in the same run.
+//!
+//! - create → ready: `POST /v1/sandboxes` then the first `exec` of `true` answered, from a
+//!   warm pool and cold (a size no warm sandbox has), over BENCH_CREATES (100) each;
+//!   baseline `ctr run --rm` of the same busybox root file system running `true`.
+//! - exec: `POST /v1/sandboxes/{id}/exec` of `true`, BENCH_EXECS (1000) in a row, against
+//!   `ctr task exec` of `true` in the same container.
+//! - density: idle sandboxes started until BENCH_DENSITY (300) run; host memory per idle
+//!   sandbox from MemAvailable before and after (container, shim, agent, kernel).
+//!
+//! Needs what the gateway tests need (scripts/setup's PostgreSQL, Redis and containerd, the
+//! static agent in SANDBASE_AGENT_BINARY):
+//! `SANDBASE_AGENT_BINARY=… cargo bench -p sandbase-gateway --bench sandbox_api`.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use sandbase_gateway::{Application, testing};
+use sandbase_worker::node::NodeConfig;
+use sandbase_worker::sandboxes::WorkerConfig;
+use sandbase_worker::service::{self, ServiceConfig, TemplateSource};
+use sandbase_worker::spec::Limits;
+use serde_json::{Value, json};
+
+const NODE_TOKEN: &str = "bench-node-token-0123456789";
+const LIMITS: Limits = Limits {
+    cpu_millis: 1000,
+    memory_mb: 128,
+    disk_mb: 64,
+    pids: 64,
+};
+
+fn env_number(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+struct Samples(Vec<Duration>);
+
+impl Samples {
+    fn ms(&mut self, fraction: f64) -> f64 {
+        self.0.sort_unstable();
+        let index = ((self.0.len() as f64 - 1.0) * fraction).round() as usize;
+        self.0[index].as_secs_f64() * 1000.0
+    }
+}
+
+fn mem_available_kib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix("MemAvailable:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+struct Api {
+    http: reqwest::Client,
+    url: String,
+    token: String,
+}
+
+impl Api {
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.url))
+            .bearer_auth(&self.token)
+            .json(&body)
+            .send()
+            .await
+            .expect("request");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn delete(&self, path: &str) {
+        self.http
+            .delete(format!("{}{path}", self.url))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .expect("request");
+    }
+
+    /// Create + first `true`: the time until the sandbox is usable.
+    async fn create_ready(&self, body: Value) -> (Duration, String) {
+        let started = Instant::now();
+        let (status, created) = self.post("/v1/sandboxes", body).await;
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().expect("id").to_owned();
+        let (status, result) = self
+            .post(
+                &format!("/v1/sandboxes/{id}/exec"),
+                json!({ "cmd": ["true"] }),
+            )
+            .await;
+        assert_eq!((status, &result["exit_code"]), (200, &json!(0)), "{result}");
+        (started.elapsed(), id)
+    }
+}
+
+fn ctr(socket: &str, namespace: &str, args: &[&str]) -> Duration {
+    let started = Instant::now();
+    let output = Command::new("ctr")
+        .args(["--address", socket, "-n", namespace])
+        .args(args)
+        .output()
+        .expect("run ctr");
+    assert!(
+        output.status.success(),
+        "ctr {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    started.elapsed()
+}
+
+fn main() -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let creates = env_number("BENCH_CREATES", 100);
+    let execs = env_number("BENCH_EXECS", 1000);
+    let density = env_number("BENCH_DENSITY", 300);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let mut settings = testing::settings().await;
+        settings.workers.node_token = Some(NODE_TOKEN.to_owned().into());
+        settings.sandboxes.default_template = "busybox".to_owned();
+        settings.sandboxes.default_resources.memory_mb = LIMITS.memory_mb;
+        settings.sandboxes.default_resources.disk_mb = LIMITS.disk_mb;
+        settings.sandboxes.default_resources.pids = LIMITS.pids;
+        let application = Application::build(settings).await?;
+        let url = format!("http://{}", application.local_addr());
+        tokio::spawn(application.run_until_stopped(std::future::pending()));
+
+        let socket = std::env::var("SANDBASE_CONTAINERD_SOCKET")
+            .unwrap_or_else(|_| "/run/sandbase/containerd.sock".to_owned());
+        let namespace = format!("sandbase-bench-{}", uuid::Uuid::new_v4().simple());
+        let run_dir = std::env::temp_dir().join(format!("sandbase-bench-run-{}", uuid::Uuid::new_v4().simple()));
+        let config = ServiceConfig {
+            worker: WorkerConfig {
+                containerd_socket: PathBuf::from(&socket),
+                namespace: namespace.clone(),
+                agent_binary: PathBuf::from(std::env::var("SANDBASE_AGENT_BINARY")?),
+                run_dir: run_dir.clone(),
+                id_base: 5_000_000,
+            },
+            node: NodeConfig {
+                capacity: density + 50,
+                pools: vec![("busybox".to_owned(), 4)],
+                default_limits: LIMITS,
+                process_output_limit: 1024 * 1024,
+            },
+            listen: "127.0.0.1:0".parse()?,
+            advertise_url: None,
+            gateway_url: url.clone(),
+            node_token: NODE_TOKEN.to_owned(),
+            worker_id: "bench".to_owned(),
+            heartbeat_interval: Duration::from_millis(500),
+            templates: vec![("busybox".to_owned(), TemplateSource::Busybox)],
+        };
+        let worker = service::start(config).await?;
+
+        let http = reqwest::Client::new();
+        let signup: Value = http
+            .post(format!("{url}/v1/auth/signup"))
+            .json(&json!({ "email": "bench@example.com", "password": "benchmark password", "team_name": "Bench" }))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let api = Api {
+            http,
+            url: url.clone(),
+            token: signup["api_key"]["token"].as_str().expect("token").to_owned(),
+        };
+        // Wait for the worker's registration and a full pool.
+        let warm_ready = |count: u32| {
+            let node = worker.node().clone();
+            async move {
+                loop {
+                    let warm = node
+                        .templates()
+                        .await
+                        .map(|templates| templates.iter().map(|t| t.warm).sum::<u32>())
+                        .unwrap_or(0);
+                    if warm >= count {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        };
+        loop {
+            let (status, body) = api.post("/v1/sandboxes", json!({})).await;
+            if status == 201 {
+                api.delete(&format!("/v1/sandboxes/{}", body["id"].as_str().expect("id"))).await;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+
+        // Warm: a pool sandbox is waiting each time (the refill is not timed).
+        let mut warm = Samples(Vec::new());
+        for _ in 0..creates {
+            warm_ready(1).await;
+            // Let the snapshot of the worker's heartbeat catch up, as a steady state would.
+            let (elapsed, id) = api.create_ready(json!({})).await;
+            warm.0.push(elapsed);
+            api.delete(&format!("/v1/sandboxes/{id}")).await;
+        }
+        // Cold: a disk size no warm sandbox has.
+        let mut cold = Samples(Vec::new());
+        for _ in 0..creates {
+            let (elapsed, id) = api
+                .create_ready(json!({ "resources": { "disk_mb": LIMITS.disk_mb + 1 } }))
+                .await;
+            cold.0.push(elapsed);
+            api.delete(&format!("/v1/sandboxes/{id}")).await;
+        }
+        // Baseline: ctr run --rm of the same busybox root file system.
+        let rootfs = run_dir.join("baseline-rootfs");
+        std::fs::create_dir_all(&rootfs)?;
+        sandbase_worker::templates::busybox(&rootfs, 0)?;
+        let mut ctr_run = Samples(Vec::new());
+        for index in 0..(creates / 5).max(10) {
+            ctr_run.0.push(ctr(
+                &socket,
+                &namespace,
+                &["run", "--rm", "--rootfs", rootfs.to_str().expect("utf-8"), &format!("baseline-{index}"), "true"],
+            ));
+        }
+
+        // Exec through the gateway vs ctr task exec into the same container.
+        warm_ready(1).await;
+        let (_, id) = api.create_ready(json!({})).await;
+        let mut gateway_exec = Samples(Vec::new());
+        for _ in 0..execs {
+            let started = Instant::now();
+            let (status, result) = api
+                .post(&format!("/v1/sandboxes/{id}/exec"), json!({ "cmd": ["true"] }))
+                .await;
+            assert_eq!((status, &result["exit_code"]), (200, &json!(0)));
+            gateway_exec.0.push(started.elapsed());
+        }
+        let container = worker
+            .node()
+            .get(id.parse()?)
+            .map_err(|error| anyhow::anyhow!("{error}"))?
+            .sandbox
+            .id
+            .clone();
+        let mut ctr_exec = Samples(Vec::new());
+        for index in 0..(execs / 20).max(20) {
+            ctr_exec.0.push(ctr(
+                &socket,
+                &namespace,
+                &["task", "exec", "--exec-id", &format!("bench-{index}"), &container, "true"],
+            ));
+        }
+        api.delete(&format!("/v1/sandboxes/{id}")).await;
+
+        // Density: idle sandboxes until `density` run.
+        warm_ready(4).await;
+        let before = mem_available_kib();
+        let mut ids = Vec::new();
+        let started = Instant::now();
+        for _ in 0..density {
+            let (status, created) = api
+                .post("/v1/sandboxes", json!({ "resources": { "memory_mb": 64 } }))
+                .await;
+            assert_eq!(status, 201, "{created}");
+            ids.push(created["id"].as_str().expect("id").to_owned());
+        }
+        let density_secs = started.elapsed().as_secs_f64();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let after = mem_available_kib();
+        let per_sandbox_mib = (before.saturating_sub(after)) as f64 / 1024.0 / density as f64;
+        let (status, result) = api
+            .post(&format!("/v1/sandboxes/{}/exec", ids[ids.len() / 2]), json!({ "cmd": ["true"] }))
+            .await;
+        assert_eq!((status, &result["exit_code"]), (200, &json!(0)));
+        for id in &ids {
+            api.delete(&format!("/v1/sandboxes/{id}")).await;
+        }
+        worker.stop().await;
+        let _ = Command::new("ctr")
+            .args(["--address", &socket, "-n", &namespace, "snapshots", "rm", "sandbase/template/busybox"])
+            .output();
+        let _ = std::fs::remove_dir_all(&run_dir);
+
+        println!("| measurement | SandBase p50 ms | p99 ms | baseline | p50 ms | p99 ms | ratio (p50) |");
+        println!("|---|---|---|---|---|---|---|");
+        let (ctr_run_p50, ctr_run_p99) = (ctr_run.ms(0.5), ctr_run.ms(0.99));
+        println!(
+            "| create → first `true`, warm pool ({creates}) | {:.1} | {:.1} | `ctr run --rm … true` | {ctr_run_p50:.1} | {ctr_run_p99:.1} | {:.2} |",
+            warm.ms(0.5),
+            warm.ms(0.99),
+            warm.ms(0.5) / ctr_run_p50
+        );
+        println!(
+            "| create → first `true`, cold ({creates}) | {:.1} | {:.1} | `ctr run --rm … true` | {ctr_run_p50:.1} | {ctr_run_p99:.1} | {:.2} |",
+            cold.ms(0.5),
+            cold.ms(0.99),
+            cold.ms(0.5) / ctr_run_p50
+        );
+        let (ctr_exec_p50, ctr_exec_p99) = (ctr_exec.ms(0.5), ctr_exec.ms(0.99));
+        println!(
+            "| exec `true` through the gateway ({execs}) | {:.2} | {:.2} | `ctr task exec … true` | {ctr_exec_p50:.1} | {ctr_exec_p99:.1} | {:.3} ({:.0}× faster) |",
+            gateway_exec.ms(0.5),
+            gateway_exec.ms(0.99),
+            gateway_exec.ms(0.5) / ctr_exec_p50,
+            ctr_exec_p50 / gateway_exec.ms(0.5)
+        );
+        println!(
+            "\ndensity: {density} idle sandboxes started in {density_secs:.1} s; host memory per idle sandbox {per_sandbox_mib:.1} MiB (MemAvailable {} → {} MiB)",
+            before / 1024,
+            after / 1024
+        );
+        Ok::<(), anyhow::Error>(())
+    })
+}

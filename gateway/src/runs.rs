@@ -1,0 +1,695 @@
+//! Runs: "files in, command, files out" in a sandbox of its own.
+//!
+//! A run is a row in PostgreSQL (the truth) and an id in a Redis queue that is fair between
+//! teams: each team has its own list, and a ring of teams with queued runs is served round
+//! robin, so one team's thousand runs do not starve another's one. Every gateway runs a
+//! dispatcher that takes the next run only when some worker has room, claims it in
+//! PostgreSQL, and carries it out: a sandbox, the inputs unpacked into `/work/in` (owned
+//! by the sandbox's root, read-only to the command), the command as the sandbox user, the
+//! outputs directory archived into the artifact store, the sandbox destroyed. A run whose
+//! worker turns out full goes back to the front of its team's queue. The queue is a cache:
+//! queued runs missing from Redis (after a flush) are put back from PostgreSQL.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use futures_util::StreamExt;
+use redis::Script;
+use sandbase_api::internal::Exec;
+use sandbase_api::runs::{Run, RunState};
+use sandbase_api::sandboxes::{ExecResult, Resources, RunAs};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{Notify, Semaphore};
+use uuid::Uuid;
+
+use crate::error::ApiError;
+use crate::sandboxes::{self, Owner, Placement};
+use crate::state::AppState;
+
+/// Output of the command kept on the run (each stream).
+const KEPT_OUTPUT: usize = 64 * 1024;
+/// How long a claimed run's lease lasts; renewed while it runs.
+const LEASE_SECS: f64 = 30.0;
+/// How often queued runs missing from Redis are looked for.
+const REQUEUE_EVERY: Duration = Duration::from_secs(10);
+
+pub const RUN_COLUMNS: &str = "id, template, argv, state, outputs, timeout_secs, cpu_millis, \
+     memory_mb, disk_mb, pids, exit_code, timed_out, stdout, stderr, error, artifact_size, \
+     created_at, started_at, finished_at";
+
+#[derive(sqlx::FromRow)]
+pub struct RunRow {
+    pub id: Uuid,
+    pub template: String,
+    pub argv: sqlx::types::Json<Vec<String>>,
+    pub state: String,
+    pub outputs: String,
+    pub timeout_secs: i32,
+    pub cpu_millis: i32,
+    pub memory_mb: i32,
+    pub disk_mb: i32,
+    pub pids: i32,
+    pub exit_code: Option<i32>,
+    pub timed_out: bool,
+    pub stdout: Option<String>,
+    pub stderr: Option<String>,
+    pub error: Option<String>,
+    pub artifact_size: Option<i64>,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+impl RunRow {
+    pub fn to_api(&self) -> Run {
+        Run {
+            id: self.id,
+            template: self.template.clone(),
+            cmd: self.argv.0.clone(),
+            state: match self.state.as_str() {
+                "queued" => RunState::Queued,
+                "running" => RunState::Running,
+                "completed" => RunState::Completed,
+                _ => RunState::Failed,
+            },
+            outputs: self.outputs.clone(),
+            timeout_secs: self.timeout_secs as u64,
+            resources: Resources {
+                cpu_millis: self.cpu_millis as u32,
+                memory_mb: self.memory_mb as u32,
+                disk_mb: self.disk_mb as u32,
+                pids: self.pids as u32,
+            },
+            exit_code: self.exit_code,
+            timed_out: self.timed_out,
+            stdout: self.stdout.clone(),
+            stderr: self.stderr.clone(),
+            error: self.error.clone(),
+            artifact_size: self.artifact_size.map(|size| size as u64),
+            created_at: self.created_at,
+            started_at: self.started_at,
+            finished_at: self.finished_at,
+        }
+    }
+}
+
+/// The fair queue in Redis.
+pub struct RunQueue {
+    redis: redis::aio::ConnectionManager,
+    prefix: String,
+    push: Script,
+    pop: Script,
+    requeue: Script,
+    /// Woken when a run is queued here or room may have appeared.
+    pub wake: Notify,
+}
+
+// KEYS: ring, active set, ids set, team list. ARGV: team, run.
+const PUSH: &str = r"
+redis.call('RPUSH', KEYS[4], ARGV[2])
+redis.call('SADD', KEYS[3], ARGV[2])
+if redis.call('SADD', KEYS[2], ARGV[1]) == 1 then
+  redis.call('RPUSH', KEYS[1], ARGV[1])
+end
+return 1
+";
+
+// KEYS: ring, active set, ids set. ARGV: team-list key prefix.
+const POP: &str = r"
+local team = redis.call('LPOP', KEYS[1])
+if not team then return false end
+local list = ARGV[1] .. team
+local run = redis.call('LPOP', list)
+if redis.call('LLEN', list) > 0 then
+  redis.call('RPUSH', KEYS[1], team)
+else
+  redis.call('SREM', KEYS[2], team)
+end
+if not run then return false end
+redis.call('SREM', KEYS[3], run)
+return {team, run}
+";
+
+// Back to the front of its team's list. KEYS: ring, active set, ids set, team list.
+const REQUEUE: &str = r"
+redis.call('LPUSH', KEYS[4], ARGV[2])
+redis.call('SADD', KEYS[3], ARGV[2])
+if redis.call('SADD', KEYS[2], ARGV[1]) == 1 then
+  redis.call('LPUSH', KEYS[1], ARGV[1])
+end
+return 1
+";
+
+impl RunQueue {
+    pub fn new(redis: redis::aio::ConnectionManager, key_prefix: &str) -> RunQueue {
+        RunQueue {
+            redis,
+            prefix: format!("{key_prefix}runq:"),
+            push: Script::new(PUSH),
+            pop: Script::new(POP),
+            requeue: Script::new(REQUEUE),
+            wake: Notify::new(),
+        }
+    }
+
+    fn keys(&self, team: Uuid) -> [String; 4] {
+        [
+            format!("{}ring", self.prefix),
+            format!("{}active", self.prefix),
+            format!("{}ids", self.prefix),
+            format!("{}team:{team}", self.prefix),
+        ]
+    }
+
+    pub async fn push(&self, team: Uuid, run: Uuid, front: bool) -> redis::RedisResult<()> {
+        let script = if front { &self.requeue } else { &self.push };
+        let mut invocation = script.prepare_invoke();
+        for key in self.keys(team) {
+            invocation.key(key);
+        }
+        let _: i64 = invocation
+            .arg(team.to_string())
+            .arg(run.to_string())
+            .invoke_async(&mut self.redis.clone())
+            .await?;
+        self.wake.notify_waiters();
+        Ok(())
+    }
+
+    /// The next run, round robin between teams.
+    pub async fn pop(&self) -> redis::RedisResult<Option<(Uuid, Uuid)>> {
+        let [ring, active, ids, _] = self.keys(Uuid::nil());
+        let popped: Option<(String, String)> = self
+            .pop
+            .key(ring)
+            .key(active)
+            .key(ids)
+            .arg(format!("{}team:", self.prefix))
+            .invoke_async(&mut self.redis.clone())
+            .await?;
+        Ok(popped.and_then(|(team, run)| Some((team.parse().ok()?, run.parse().ok()?))))
+    }
+
+    async fn contains(&self, run: Uuid) -> redis::RedisResult<bool> {
+        let [_, _, ids, _] = self.keys(Uuid::nil());
+        redis::cmd("SISMEMBER")
+            .arg(ids)
+            .arg(run.to_string())
+            .query_async(&mut self.redis.clone())
+            .await
+    }
+}
+
+/// Where artifacts (and the inputs of queued runs) are kept.
+pub struct ArtifactStore {
+    root: PathBuf,
+}
+
+impl ArtifactStore {
+    pub fn new(root: PathBuf) -> ArtifactStore {
+        ArtifactStore { root }
+    }
+
+    pub fn artifact(&self, team: Uuid, run: Uuid) -> PathBuf {
+        self.root
+            .join("artifacts")
+            .join(team.to_string())
+            .join(format!("{run}.tar"))
+    }
+
+    pub fn inputs(&self, team: Uuid, run: Uuid) -> PathBuf {
+        self.root
+            .join("inputs")
+            .join(team.to_string())
+            .join(format!("{run}.tar"))
+    }
+
+    pub async fn write(&self, path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+        if let Some(parent) = path.parent() {
+            tokio::fs::create_dir_all(parent).await?;
+        }
+        let partial = path.with_extension("partial");
+        tokio::fs::write(&partial, bytes).await?;
+        tokio::fs::rename(&partial, path).await?;
+        Ok(())
+    }
+}
+
+/// The inputs of a run as one tar archive: the given archive, then the named files.
+pub fn inputs_archive(
+    files: &BTreeMap<String, String>,
+    tar: Option<Vec<u8>>,
+) -> Result<Option<Vec<u8>>, ApiError> {
+    if files.is_empty() && tar.is_none() {
+        return Ok(None);
+    }
+    let mut builder = tar::Builder::new(Vec::new());
+    if let Some(tar) = tar {
+        let mut archive = tar::Archive::new(tar.as_slice());
+        let entries = archive
+            .entries()
+            .map_err(|error| ApiError::InvalidRequest(format!("`inputs.tar_base64`: {error}")))?;
+        for entry in entries {
+            let mut entry = entry.map_err(|error| {
+                ApiError::InvalidRequest(format!("`inputs.tar_base64`: {error}"))
+            })?;
+            let header = entry.header().clone();
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut entry, &mut data).map_err(|error| {
+                ApiError::InvalidRequest(format!("`inputs.tar_base64`: {error}"))
+            })?;
+            builder
+                .append(&header, data.as_slice())
+                .map_err(anyhow::Error::from)?;
+        }
+    }
+    for (path, content) in files {
+        let clean = path.trim_start_matches("./");
+        if clean.is_empty()
+            || clean.starts_with('/')
+            || clean.split('/').any(|part| part == ".." || part.is_empty())
+        {
+            return Err(ApiError::InvalidRequest(format!(
+                "`inputs.files`: `{path}` must be a relative path inside /work/in"
+            )));
+        }
+        let mut header = tar::Header::new_gnu();
+        header.set_size(content.len() as u64);
+        header.set_mode(0o644);
+        header.set_mtime(Utc::now().timestamp().max(0) as u64);
+        header.set_entry_type(tar::EntryType::Regular);
+        builder
+            .append_data(&mut header, clean, content.as_bytes())
+            .map_err(|error| ApiError::InvalidRequest(format!("`inputs.files`: {error}")))?;
+    }
+    Ok(Some(builder.into_inner().map_err(anyhow::Error::from)?))
+}
+
+/// Every gateway's dispatcher: takes runs off the queue while workers have room.
+pub async fn dispatch_forever(state: AppState, concurrency: Arc<Semaphore>) {
+    // Runs taken off the queue whose sandbox is not placed yet: they will need room that
+    // the workers' last heartbeats still show as free.
+    let starting = Arc::new(AtomicUsize::new(0));
+    let mut last_requeue = std::time::Instant::now() - REQUEUE_EVERY;
+    loop {
+        if last_requeue.elapsed() >= REQUEUE_EVERY {
+            last_requeue = std::time::Instant::now();
+            if let Err(error) = requeue_missing(&state).await {
+                tracing::warn!(
+                    error = format!("{error:#}"),
+                    "putting queued runs back failed"
+                );
+            }
+        }
+        let woken = state.run_queue.wake.notified();
+        if !has_room(&state, starting.load(Ordering::Acquire)).await {
+            let _ = tokio::time::timeout(Duration::from_millis(200), woken).await;
+            continue;
+        }
+        let Ok(permit) = Arc::clone(&concurrency).acquire_owned().await else {
+            return;
+        };
+        match state.run_queue.pop().await {
+            Ok(Some((team, run))) => {
+                let state = state.clone();
+                starting.fetch_add(1, Ordering::AcqRel);
+                let placing = Starting(Arc::clone(&starting));
+                tokio::spawn(async move {
+                    execute(&state, team, run, placing).await;
+                    drop(permit);
+                    state.run_queue.wake.notify_waiters();
+                });
+            }
+            Ok(None) => {
+                drop(permit);
+                let _ = tokio::time::timeout(Duration::from_millis(200), woken).await;
+            }
+            Err(error) => {
+                drop(permit);
+                tracing::warn!(error = %error, "reading the run queue failed");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+/// Whether the workers have more free places than runs already on their way to one.
+async fn has_room(state: &AppState, starting: usize) -> bool {
+    match state.workers.live().await {
+        Ok(workers) => {
+            let free: u64 = workers
+                .iter()
+                .map(|worker| u64::from(worker.capacity.saturating_sub(worker.running)))
+                .sum();
+            free > starting as u64
+        }
+        Err(_) => false,
+    }
+}
+
+/// A run on its way to a sandbox; dropping it says the placement is over.
+struct Starting(Arc<AtomicUsize>);
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Queued runs older than a few seconds that Redis does not have (flushed, restarted).
+async fn requeue_missing(state: &AppState) -> anyhow::Result<()> {
+    let queued: Vec<(Uuid, Uuid)> = sqlx::query_as(
+        "SELECT id, team_id FROM runs WHERE state = 'queued' AND created_at < now() - interval '5 seconds' \
+         ORDER BY created_at LIMIT 1000",
+    )
+    .fetch_all(&state.db)
+    .await?;
+    for (run, team) in queued {
+        if !state.run_queue.contains(run).await? {
+            tracing::info!(%run, "a queued run was missing from Redis; queued again");
+            state.run_queue.push(team, run, false).await?;
+        }
+    }
+    Ok(())
+}
+
+#[derive(sqlx::FromRow)]
+struct Claimed {
+    team_id: Uuid,
+    api_key_id: Option<Uuid>,
+    user_id: Option<Uuid>,
+    template: String,
+    argv: sqlx::types::Json<Vec<String>>,
+    env: sqlx::types::Json<BTreeMap<String, String>>,
+    outputs: String,
+    timeout_secs: i32,
+    cpu_millis: i32,
+    memory_mb: i32,
+    disk_mb: i32,
+    pids: i32,
+    has_inputs: bool,
+}
+
+/// Carries out one run taken off the queue.
+async fn execute(state: &AppState, team: Uuid, run: Uuid, placing: Starting) {
+    let claimed: Option<Claimed> = match sqlx::query_as(
+        "UPDATE runs SET state = 'running', started_at = now(), lease_until = now() + make_interval(secs => $2) \
+         WHERE id = $1 AND state = 'queued' \
+         RETURNING team_id, api_key_id, user_id, template, argv, env, outputs, timeout_secs, \
+                   cpu_millis, memory_mb, disk_mb, pids, has_inputs",
+    )
+    .bind(run)
+    .bind(LEASE_SECS)
+    .fetch_optional(&state.db)
+    .await
+    {
+        Ok(claimed) => claimed,
+        Err(error) => {
+            tracing::warn!(%run, error = %error, "claiming a run failed; queued again");
+            let _ = state.run_queue.push(team, run, true).await;
+            return;
+        }
+    };
+    let Some(claimed) = claimed else {
+        // Taken by another gateway, or no longer queued.
+        return;
+    };
+    let renewal = {
+        let state = state.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs_f64(LEASE_SECS / 3.0)).await;
+                let _ = sqlx::query(
+                    "UPDATE runs SET lease_until = now() + make_interval(secs => $2) WHERE id = $1 AND state = 'running'",
+                )
+                .bind(run)
+                .bind(LEASE_SECS)
+                .execute(&state.db)
+                .await;
+            }
+        })
+    };
+    let outcome = carry_out(state, run, &claimed, placing).await;
+    renewal.abort();
+    let result = match outcome {
+        Ok(Outcome::Done {
+            exec,
+            artifact_size,
+        }) => {
+            sqlx::query(
+                "UPDATE runs SET state = 'completed', exit_code = $2, timed_out = $3, stdout = $4, \
+                 stderr = $5, artifact_size = $6, finished_at = now(), lease_until = NULL WHERE id = $1",
+            )
+            .bind(run)
+            .bind(exec.exit_code)
+            .bind(exec.timed_out)
+            .bind(truncate(&exec.stdout))
+            .bind(truncate(&exec.stderr))
+            .bind(artifact_size.map(|size| size as i64))
+            .execute(&state.db)
+            .await
+        }
+        Ok(Outcome::NoRoom) => {
+            // Back to the front of its team's queue, to wait for room.
+            let reset = sqlx::query(
+                "UPDATE runs SET state = 'queued', started_at = NULL, lease_until = NULL WHERE id = $1",
+            )
+            .bind(run)
+            .execute(&state.db)
+            .await;
+            if let Err(error) = state.run_queue.push(team, run, true).await {
+                tracing::warn!(%run, error = %error, "queueing a run again failed (it will be found again)");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            reset
+        }
+        Err(error) => {
+            tracing::warn!(%run, error = format!("{error:#}"), "a run failed");
+            sqlx::query(
+                "UPDATE runs SET state = 'failed', error = $2, finished_at = now(), lease_until = NULL WHERE id = $1",
+            )
+            .bind(run)
+            .bind(public_error(&error))
+            .execute(&state.db)
+            .await
+        }
+    };
+    if let Err(error) = result {
+        tracing::error!(%run, error = %error, "recording a run's outcome failed");
+    }
+    if claimed.has_inputs {
+        let _ = tokio::fs::remove_file(state.artifacts.inputs(team, run)).await;
+    }
+}
+
+/// What a failed run says about why: API errors keep their message, the rest is generic.
+fn public_error(error: &anyhow::Error) -> String {
+    match error.downcast_ref::<ApiError>() {
+        Some(api) => format!("{} ({})", api, api.code()),
+        None => "the run could not be carried out (internal error)".to_owned(),
+    }
+}
+
+fn truncate(text: &str) -> String {
+    if text.len() <= KEPT_OUTPUT {
+        return text.to_owned();
+    }
+    let mut end = KEPT_OUTPUT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
+enum Outcome {
+    Done {
+        exec: ExecResult,
+        artifact_size: Option<u64>,
+    },
+    NoRoom,
+}
+
+async fn carry_out(
+    state: &AppState,
+    run: Uuid,
+    claimed: &Claimed,
+    placing: Starting,
+) -> anyhow::Result<Outcome> {
+    let owner = Owner {
+        team_id: claimed.team_id,
+        api_key_id: claimed.api_key_id,
+        user_id: claimed.user_id,
+    };
+    let placement = Placement {
+        template: claimed.template.clone(),
+        env: claimed.env.0.clone(),
+        cwd: "/work".to_owned(),
+        // The command's time, and a margin for inputs and outputs.
+        timeout_secs: claimed.timeout_secs as u64 + 120,
+        resources: Resources {
+            cpu_millis: claimed.cpu_millis as u32,
+            memory_mb: claimed.memory_mb as u32,
+            disk_mb: claimed.disk_mb as u32,
+            pids: claimed.pids as u32,
+        },
+        metadata: [("run".to_owned(), run.to_string())].into(),
+    };
+    let created = sandboxes::create(state, owner, None, placement).await;
+    // Placed (and counted in the workers' snapshot), or not placed at all.
+    drop(placing);
+    let created = match created {
+        Ok(created) => created,
+        Err(ApiError::Problem {
+            code: "no_capacity" | "no_workers",
+            ..
+        }) => return Ok(Outcome::NoRoom),
+        Err(error) => return Err(anyhow::Error::new(error)),
+    };
+    let sandbox = created.row.id;
+    sqlx::query("UPDATE runs SET sandbox_id = $2 WHERE id = $1")
+        .bind(run)
+        .bind(sandbox)
+        .execute(&state.db)
+        .await?;
+    let result = in_sandbox(state, run, claimed, sandbox, &created.worker_url).await;
+    if let Err(error) = sandboxes::destroy_for_system(state, sandbox).await {
+        tracing::warn!(%sandbox, error = format!("{error:#}"), "destroying a run's sandbox failed (the reaper will)");
+    }
+    result
+}
+
+async fn in_sandbox(
+    state: &AppState,
+    run: Uuid,
+    claimed: &Claimed,
+    sandbox: Uuid,
+    worker_url: &str,
+) -> anyhow::Result<Outcome> {
+    let base = format!("{worker_url}/internal/v1/sandboxes/{sandbox}");
+    if claimed.has_inputs {
+        let inputs = tokio::fs::read(state.artifacts.inputs(claimed.team_id, run))
+            .await
+            .context("reading the run's inputs")?;
+        let answer = state
+            .workers
+            .request(
+                reqwest::Method::PUT,
+                format!("{base}/archive?path=/work/in"),
+            )
+            .header("x-sandbase-owner", "root")
+            .body(inputs)
+            .send()
+            .await?;
+        if !answer.status().is_success() {
+            return Err(anyhow::Error::new(sandboxes::worker_problem(answer).await)
+                .context("unpacking the inputs"));
+        }
+        // Read-only to the command, whatever modes the archive carried.
+        exec(
+            state,
+            &base,
+            vec!["chmod".into(), "-R".into(), "a-w".into(), "/work/in".into()],
+            RunAs::Root,
+            None,
+        )
+        .await?;
+    }
+    exec(
+        state,
+        &base,
+        vec!["mkdir".into(), "-p".into(), claimed.outputs.clone()],
+        RunAs::User,
+        None,
+    )
+    .await?;
+    let result = exec(
+        state,
+        &base,
+        claimed.argv.0.clone(),
+        RunAs::User,
+        Some(claimed.timeout_secs as u64 * 1000),
+    )
+    .await?;
+    // The outputs directory, as the artifact.
+    let answer = state
+        .workers
+        .request(
+            reqwest::Method::GET,
+            format!("{base}/archive?path={}", claimed.outputs),
+        )
+        .send()
+        .await?;
+    let artifact_size = if answer.status().is_success() {
+        let path = state.artifacts.artifact(claimed.team_id, run);
+        if let Some(parent) = path.parent() {
+            tokio::fs::create_dir_all(parent).await?;
+        }
+        let partial = path.with_extension("partial");
+        let mut file = tokio::fs::File::create(&partial).await?;
+        let mut size = 0u64;
+        let mut body = answer.bytes_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.context("reading the artifact")?;
+            size += chunk.len() as u64;
+            file.write_all(&chunk).await?;
+        }
+        file.sync_all().await?;
+        tokio::fs::rename(&partial, &path).await?;
+        Some(size)
+    } else {
+        // The command removed its outputs directory: no artifact.
+        None
+    };
+    Ok(Outcome::Done {
+        exec: result,
+        artifact_size,
+    })
+}
+
+async fn exec(
+    state: &AppState,
+    base: &str,
+    argv: Vec<String>,
+    user: RunAs,
+    timeout_ms: Option<u64>,
+) -> anyhow::Result<ExecResult> {
+    let answer = state
+        .workers
+        .request(reqwest::Method::POST, format!("{base}/exec"))
+        .json(&Exec {
+            argv,
+            env: BTreeMap::new(),
+            cwd: None,
+            user,
+            stdin: None,
+            timeout_ms,
+            stream: false,
+            background: false,
+        })
+        .send()
+        .await?;
+    if !answer.status().is_success() {
+        return Err(anyhow::Error::new(sandboxes::worker_problem(answer).await));
+    }
+    Ok(answer.json().await?)
+}
+
+/// Runs whose gateway stopped renewing their lease failed.
+pub async fn reap(state: &AppState) -> anyhow::Result<()> {
+    let abandoned: Vec<(Uuid, Option<Uuid>)> = sqlx::query_as(
+        "UPDATE runs SET state = 'failed', error = 'the gateway carrying out this run stopped', \
+         finished_at = now(), lease_until = NULL \
+         WHERE state = 'running' AND lease_until < now() RETURNING id, sandbox_id",
+    )
+    .fetch_all(&state.db)
+    .await?;
+    for sandbox in abandoned.into_iter().filter_map(|(_, sandbox)| sandbox) {
+        sandboxes::destroy_for_system(state, sandbox).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,211 @@
+//! Runs end to end: inputs in, command, artifacts out; queueing when full, fair between teams.
+
+use std::process::Command;
+use std::time::Duration;
+
+use base64::Engine;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::helpers::TestApp;
+use crate::sandboxes::{TestWorker, create_ok, raw, sandbox_app, wait_until, worker_config};
+
+async fn finished(app: &TestApp, token: &str, id: &str) -> Value {
+    let path = format!("/v1/runs/{id}");
+    wait_until("the run to finish", Duration::from_secs(60), || async {
+        let run = app.get(&path, token).await.body;
+        matches!(run["state"].as_str(), Some("completed" | "failed"))
+    })
+    .await;
+    app.get(&format!("/v1/runs/{id}"), token).await.body
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_takes_inputs_runs_and_keeps_its_outputs() {
+    let app = sandbox_app().await;
+    let worker = TestWorker::start(worker_config(&app, "w", 4, 1)).await;
+    let alice = app.signup("alice@example.com", "Alice").await;
+    let mallory = app.signup("mallory@example.com", "Mallory").await;
+    let token = alice.api_key.token.as_str();
+
+    // An archive input plus a named file.
+    let scratch = std::env::temp_dir().join(format!("sandbase-run-{}", Uuid::new_v4().simple()));
+    std::fs::create_dir_all(scratch.join("data")).unwrap();
+    std::fs::write(scratch.join("data/numbers.txt"), "1\n2\n3\n").unwrap();
+    let tar = Command::new("tar")
+        .arg("-C")
+        .arg(&scratch)
+        .args(["-cf", "-", "data"])
+        .output()
+        .unwrap();
+    let body = json!({
+        "command": "cat /work/in/data/numbers.txt | wc -l > /work/out/count.txt; cat /work/in/note.txt; \
+                    echo tamper > /work/in/note.txt || echo read-only >&2; mkdir -p /work/out/sub; echo deep > /work/out/sub/d.txt; exit 5",
+        "inputs": {
+            "files": { "note.txt": "a note\n" },
+            "tar_base64": base64::engine::general_purpose::STANDARD.encode(&tar.stdout),
+        },
+    });
+    let answer = app.post("/v1/runs", token, body).await;
+    assert_eq!(answer.status, StatusCode::ACCEPTED, "{}", answer.body);
+    let id = answer.body["id"].as_str().unwrap().to_owned();
+    let run = finished(&app, token, &id).await;
+    assert_eq!(run["state"], "completed", "{run}");
+    assert_eq!(run["exit_code"], 5);
+    assert_eq!(run["stdout"], "a note\n");
+    assert!(
+        run["stderr"].as_str().unwrap().contains("read-only"),
+        "{run}"
+    );
+
+    let (status, archive, headers) = raw(
+        &app,
+        Method::GET,
+        &format!("/v1/runs/{id}/artifacts"),
+        token,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["content-type"], "application/x-tar");
+    assert_eq!(run["artifact_size"], archive.len());
+    std::fs::write(scratch.join("out.tar"), &archive).unwrap();
+    let out = scratch.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let unpacked = Command::new("tar")
+        .arg("-xf")
+        .arg(scratch.join("out.tar"))
+        .arg("-C")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(unpacked.success());
+    assert_eq!(
+        std::fs::read_to_string(out.join("count.txt"))
+            .unwrap()
+            .trim(),
+        "3"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("sub/d.txt")).unwrap(),
+        "deep\n"
+    );
+
+    // The run's sandbox is gone.
+    let sandbox: Option<(String,)> = sqlx::query_as(
+        "SELECT s.stop_reason FROM runs r JOIN sandboxes s ON s.id = r.sandbox_id WHERE r.id = $1",
+    )
+    .bind(Uuid::parse_str(&id).unwrap())
+    .fetch_optional(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(
+        sandbox.map(|(reason,)| reason).as_deref(),
+        Some("destroyed")
+    );
+    wait_until(
+        "the run's sandbox removal",
+        Duration::from_secs(10),
+        || async { worker.running().node().ids().is_empty() },
+    )
+    .await;
+
+    // Another team sees none of it.
+    let evil = mallory.api_key.token.as_str();
+    app.get(&format!("/v1/runs/{id}"), evil)
+        .await
+        .assert_error(404, "not_found");
+    app.get(&format!("/v1/runs/{id}/artifacts"), evil)
+        .await
+        .assert_error(404, "not_found");
+    assert_eq!(app.get("/v1/runs", evil).await.body["runs"], json!([]));
+    // Bad input.
+    for body in [
+        json!({ "cmd": [] }),
+        json!({ "command": "true", "inputs": { "files": { "../escape": "x" } } }),
+        json!({ "command": "true", "inputs": { "tar_base64": "not base64!" } }),
+        json!({ "command": "true", "outputs": "/work/in/x" }),
+        json!({ "command": "true", "timeout_secs": 0 }),
+    ] {
+        let answer = app.post("/v1/runs", token, body.clone()).await;
+        assert_eq!(answer.status.as_u16(), 422, "{body}: {}", answer.body);
+    }
+    // A run without outputs has no artifact.
+    let answer = app
+        .post(
+            "/v1/runs",
+            token,
+            json!({ "command": "rmdir /work/out; echo bye" }),
+        )
+        .await;
+    let quiet = answer.body["id"].as_str().unwrap().to_owned();
+    let run = finished(&app, token, &quiet).await;
+    assert_eq!(run["stdout"], "bye\n", "{run}");
+    app.get(&format!("/v1/runs/{quiet}/artifacts"), token)
+        .await
+        .assert_error(404, "no_artifact");
+    std::fs::remove_dir_all(&scratch).unwrap();
+    worker.clean_up().await;
+}
+
+/// With the only worker full, runs wait in the queue; when room appears they run, round
+/// robin between teams (one team's backlog does not starve another's run).
+#[tokio::test(flavor = "multi_thread")]
+async fn runs_wait_for_room_and_teams_take_turns() {
+    let app = sandbox_app().await;
+    let worker = TestWorker::start(worker_config(&app, "w", 1, 0)).await;
+    let alice = app.signup("alice@example.com", "Alice").await;
+    let bob = app.signup("bob@example.com", "Bob").await;
+    let (a, b) = (alice.api_key.token.as_str(), bob.api_key.token.as_str());
+    // Fill the worker.
+    let blocker = create_ok(&app, a, json!({})).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+
+    let mut alice_runs = Vec::new();
+    for i in 0..3 {
+        let answer = app
+            .post(
+                "/v1/runs",
+                a,
+                json!({ "command": format!("echo alice {i}") }),
+            )
+            .await;
+        assert_eq!(answer.status, StatusCode::ACCEPTED, "{}", answer.body);
+        alice_runs.push(answer.body["id"].as_str().unwrap().to_owned());
+    }
+    let answer = app
+        .post("/v1/runs", b, json!({ "command": "echo bob" }))
+        .await;
+    let bob_run = answer.body["id"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for id in alice_runs.iter().chain([&bob_run]) {
+        let token = if id == &bob_run { b } else { a };
+        assert_eq!(
+            app.get(&format!("/v1/runs/{id}"), token).await.body["state"],
+            "queued"
+        );
+    }
+    // Room: the runs go, one at a time on this one-sandbox worker.
+    assert_eq!(
+        app.delete(&format!("/v1/sandboxes/{blocker}"), a)
+            .await
+            .status,
+        StatusCode::NO_CONTENT
+    );
+    let bob_done = finished(&app, b, &bob_run).await;
+    assert_eq!(bob_done["stdout"], "bob\n");
+    let mut alice_started = Vec::new();
+    for id in &alice_runs {
+        let run = finished(&app, a, id).await;
+        assert_eq!(run["state"], "completed", "{run}");
+        alice_started.push(run["started_at"].as_str().unwrap().to_owned());
+    }
+    // Bob's run did not wait for all of Alice's.
+    let bob_started = bob_done["started_at"].as_str().unwrap().to_owned();
+    assert!(
+        bob_started < alice_started[2],
+        "bob {bob_started}, alice {alice_started:?}"
+    );
+    worker.clean_up().await;
+}
