@@ -32,7 +32,7 @@ pub struct WorkerArgs {
 pub struct NodeArgs {
     /// Address of the worker's internal API (the gateway calls it).
     #[arg(long = "worker-listen", value_parser = crate::parse_listen, default_value = "127.0.0.1:8090")]
-    pub listen: SocketAddr,
+    pub worker_listen: SocketAddr,
     /// URL the gateway uses to reach this worker (default: http://<worker-listen>).
     #[arg(long)]
     pub advertise_url: Option<String>,
@@ -128,7 +128,7 @@ impl NodeArgs {
                 },
                 process_output_limit: 1024 * 1024,
             },
-            listen: self.listen,
+            listen: self.worker_listen,
             advertise_url: self.advertise_url.clone(),
             gateway_url: gateway_url.to_owned(),
             node_token: node_token.to_owned(),
