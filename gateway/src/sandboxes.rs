@@ -157,6 +157,28 @@ pub fn validate_create(
     })
 }
 
+/// The argument list of a command given as `cmd` (a list) or `command` (a shell line).
+pub fn command_argv(cmd: Option<Vec<String>>, command: Option<String>) -> ApiResult<Vec<String>> {
+    let argv = match (cmd, command) {
+        (Some(cmd), None) if !cmd.is_empty() && !cmd[0].is_empty() => cmd,
+        (None, Some(command)) if !command.trim().is_empty() => {
+            vec!["/bin/sh".to_owned(), "-c".to_owned(), command]
+        }
+        _ => {
+            return Err(ApiError::InvalidRequest(
+                "give exactly one of `cmd` (a non-empty argument list) or `command` (a shell command line)"
+                    .to_owned(),
+            ));
+        }
+    };
+    if argv.iter().any(|argument| argument.contains('\0')) {
+        return Err(ApiError::InvalidRequest(
+            "command arguments cannot contain NUL bytes".to_owned(),
+        ));
+    }
+    Ok(argv)
+}
+
 pub fn validate_env(env: &BTreeMap<String, String>) -> ApiResult<()> {
     if env.len() > 256 {
         return Err(ApiError::InvalidRequest(

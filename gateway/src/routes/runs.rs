@@ -50,18 +50,7 @@ async fn create_run(
     ApiJson(request): ApiJson<CreateRunRequest>,
 ) -> ApiResult<(StatusCode, Json<Run>)> {
     principal.require(Role::Member)?;
-    let argv = match (request.cmd, request.command) {
-        (Some(cmd), None) if !cmd.is_empty() && !cmd[0].is_empty() => cmd,
-        (None, Some(command)) if !command.trim().is_empty() => {
-            vec!["/bin/sh".to_owned(), "-c".to_owned(), command]
-        }
-        _ => {
-            return Err(ApiError::InvalidRequest(
-                "give exactly one of `cmd` (a non-empty argument list) or `command` (a shell command line)"
-                    .to_owned(),
-            ));
-        }
-    };
+    let argv = sandboxes::command_argv(request.cmd, request.command)?;
     let settings = &state.settings.sandboxes;
     let template = request
         .template

@@ -279,23 +279,7 @@ async fn exec(
     ApiJson(request): ApiJson<ExecRequest>,
 ) -> ApiResult<Response> {
     principal.require(Role::Member)?;
-    let argv = match (request.cmd, request.command) {
-        (Some(cmd), None) if !cmd.is_empty() && !cmd[0].is_empty() => cmd,
-        (None, Some(command)) if !command.trim().is_empty() => {
-            vec!["/bin/sh".to_owned(), "-c".to_owned(), command]
-        }
-        _ => {
-            return Err(ApiError::InvalidRequest(
-                "give exactly one of `cmd` (a non-empty argument list) or `command` (a shell command line)"
-                    .to_owned(),
-            ));
-        }
-    };
-    if argv.iter().any(|argument| argument.contains('\0')) {
-        return Err(ApiError::InvalidRequest(
-            "command arguments cannot contain NUL bytes".to_owned(),
-        ));
-    }
+    let argv = sandboxes::command_argv(request.cmd, request.command)?;
     sandboxes::validate_env(&request.env)?;
     if let Some(cwd) = &request.cwd {
         sandboxes::validate_absolute("cwd", cwd)?;
