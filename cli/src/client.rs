@@ -121,6 +121,28 @@ impl Client {
         check(response).await
     }
 
+    /// An operator call on an internal route, with the node token instead of an API key.
+    pub async fn operator(
+        &self,
+        method: Method,
+        path: &str,
+        node_token: &str,
+        content_type: &str,
+        body: reqwest::Body,
+    ) -> anyhow::Result<reqwest::Response> {
+        let url = format!("{}{path}", self.base_url);
+        let response = self
+            .http
+            .request(method, &url)
+            .header("x-sandbase-node-token", node_token)
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the SandBase API at {}", self.base_url))?;
+        check(response).await
+    }
+
     async fn send<B: Serialize, T: DeserializeOwned>(
         &self,
         method: Method,

@@ -8,6 +8,7 @@ mod output;
 mod sandbox;
 mod serve;
 mod telemetry;
+mod template;
 mod worker;
 
 use std::net::SocketAddr;
@@ -84,6 +85,9 @@ enum ClientCommand {
     Sandbox(sandbox::SandboxCommand),
     /// Run one command in a fresh sandbox: inputs in, output and artifacts out.
     Run(sandbox::RunArgs),
+    /// Templates: import, pull and remove (operator, node token), list.
+    #[command(subcommand)]
+    Template(template::TemplateCommand),
 }
 
 fn main() -> ExitCode {
@@ -118,6 +122,7 @@ fn run_client(global: GlobalArgs, command: ClientCommand) -> anyhow::Result<Exit
         match command {
             ClientCommand::Sandbox(command) => return sandbox::run(&global, command).await,
             ClientCommand::Run(args) => return sandbox::run_once(&global, args).await,
+            ClientCommand::Template(command) => return template::run(&global, command).await,
             ClientCommand::Signup(args) => commands::signup(&global, args).await,
             ClientCommand::Login(args) => commands::login(&global, args).await,
             ClientCommand::Whoami => commands::whoami(&global).await,

@@ -18,6 +18,7 @@ pub mod runs;
 pub mod sandboxes;
 pub mod startup;
 pub mod state;
+pub mod templates;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod workers;

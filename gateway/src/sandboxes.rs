@@ -455,6 +455,7 @@ fn static_code(code: &str) -> &'static str {
         "process_not_found",
         "at_capacity",
         "template_not_found",
+        "template_exists",
         "invalid_request",
         "path_not_found",
         "permission_denied",

@@ -132,6 +132,7 @@ impl Application {
             .route_layer(from_fn_with_state(state.clone(), audit::middleware))
             .merge(operations_router)
             .merge(crate::workers::internal_router())
+            .merge(crate::templates::internal_router())
             .route_layer(from_fn(observe::middleware))
             .fallback(routes::fallback)
             .method_not_allowed_fallback(routes::method_not_allowed)

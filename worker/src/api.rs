@@ -68,6 +68,11 @@ pub fn router(node: Arc<Node>, token: &str) -> Router {
             "/internal/v1/sandboxes/{id}/archive",
             get(archive_out).put(archive_in),
         )
+        .route(
+            "/internal/v1/templates/{name}",
+            axum::routing::put(import_template).delete(remove_template),
+        )
+        .route("/internal/v1/templates/{name}/pull", post(pull_template))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .with_state(state)
 }
@@ -112,6 +117,7 @@ impl IntoResponse for NodeError {
             NodeError::AtCapacity => (StatusCode::SERVICE_UNAVAILABLE, "at_capacity"),
             NodeError::TemplateNotFound(_) => (StatusCode::NOT_FOUND, "template_not_found"),
             NodeError::Exists => (StatusCode::CONFLICT, "sandbox_exists"),
+            NodeError::TemplateExists(_) => (StatusCode::CONFLICT, "template_exists"),
             NodeError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request"),
             NodeError::Refused(Refused(refusal)) => refusal_status(refusal),
             NodeError::Internal(cause) => {
@@ -663,6 +669,160 @@ async fn archive_in(
         )
         .await?;
     Ok(Json(file_info(name_of(&path), stat)))
+}
+
+/// Template names: lowercase letters, digits, `.`, `_`, `-`; 1 to 64 characters.
+pub fn valid_template_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-'))
+        && !name.starts_with('.')
+}
+
+fn check_template_name(name: &str) -> Result<(), NodeError> {
+    if valid_template_name(name) {
+        Ok(())
+    } else {
+        Err(NodeError::Invalid(
+            "a template name has 1 to 64 lowercase letters, digits, `.`, `_` or `-`".to_owned(),
+        ))
+    }
+}
+
+#[derive(Deserialize)]
+struct ImportQuery {
+    /// `image` (OCI layout or Docker archive, the default) or `rootfs` (a plain tarball).
+    #[serde(default)]
+    format: Option<String>,
+}
+
+/// Builds a template from the uploaded archive.
+async fn import_template(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    Query(query): Query<ImportQuery>,
+    body: Body,
+) -> Result<StatusCode, NodeError> {
+    check_template_name(&name)?;
+    let rootfs_tarball = match query.format.as_deref() {
+        None | Some("image") => false,
+        Some("rootfs") => true,
+        Some(other) => return Err(NodeError::Invalid(format!("unknown format `{other}`"))),
+    };
+    let file =
+        std::env::temp_dir().join(format!("sandbase-import-{}.tar", Uuid::new_v4().simple()));
+    let saved = save_body(&file, body).await;
+    let result = match saved {
+        Ok(()) => {
+            let archive = file.clone();
+            state
+                .node
+                .add_template(&name, move |rootfs, base| {
+                    if rootfs_tarball {
+                        // Unpacked like an image layer: nothing lands outside the root.
+                        crate::templates::from_layers(rootfs, std::slice::from_ref(&archive), base)
+                    } else {
+                        crate::templates::from_image_archive(rootfs, &archive, base)
+                    }
+                })
+                .await
+        }
+        Err(error) => Err(NodeError::Internal(error)),
+    };
+    let _ = tokio::fs::remove_file(&file).await;
+    result.map(|()| StatusCode::CREATED)
+}
+
+async fn save_body(path: &std::path::Path, body: Body) -> anyhow::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let mut file = tokio::fs::File::create(path).await?;
+    let mut chunks = body.into_data_stream();
+    while let Some(chunk) = chunks.next().await {
+        file.write_all(&chunk?).await?;
+    }
+    file.sync_all().await?;
+    Ok(())
+}
+
+async fn remove_template(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, NodeError> {
+    check_template_name(&name)?;
+    state.node.remove_template(&name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+struct PullBody {
+    reference: String,
+    #[serde(default)]
+    insecure_registries: Vec<String>,
+}
+
+/// Pulls an image from a registry into a template; answers NDJSON progress lines
+/// (`{"progress":"…"}`) ending in `{"done":true}` or `{"error":{…}}`.
+async fn pull_template(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    Json(body): Json<PullBody>,
+) -> Result<Response, NodeError> {
+    check_template_name(&name)?;
+    let reference = crate::registry::Reference::parse(&body.reference)
+        .map_err(|error| NodeError::Invalid(format!("{error:#}")))?;
+    if state
+        .node
+        .worker()
+        .containerd()
+        .template_exists(&name)
+        .await?
+    {
+        return Err(NodeError::TemplateExists(name));
+    }
+    let (sender, receiver) = mpsc::channel::<String>(64);
+    let node = Arc::clone(&state.node);
+    tokio::spawn(async move {
+        let line = |value: serde_json::Value| format!("{value}\n");
+        let layout =
+            std::env::temp_dir().join(format!("sandbase-pull-{}", Uuid::new_v4().simple()));
+        let result = async {
+            let puller = crate::registry::Puller::new(body.insecure_registries)?;
+            let progress_sender = sender.clone();
+            let mut report = move |text: String| {
+                let _ = progress_sender.try_send(line(serde_json::json!({ "progress": text })));
+            };
+            let layers = puller.pull(&reference, &layout, &mut report).await?;
+            let _ = sender
+                .send(line(
+                    serde_json::json!({ "progress": "building the template" }),
+                ))
+                .await;
+            node.add_template(&name, move |rootfs, base| {
+                crate::templates::from_layers(rootfs, &layers, base)
+            })
+            .await
+            .map_err(|error| anyhow::anyhow!("{error}"))
+        }
+        .await;
+        let _ = tokio::fs::remove_dir_all(&layout).await;
+        let last = match result {
+            Ok(()) => line(serde_json::json!({ "done": true })),
+            Err(error) => {
+                tracing::warn!(error = format!("{error:#}"), "pulling an image failed");
+                line(
+                    serde_json::json!({ "error": { "code": "pull_failed", "message": format!("{error:#}") } }),
+                )
+            }
+        };
+        let _ = sender.send(last).await;
+    });
+    let lines = futures_util::stream::unfold(receiver, |mut receiver| async move {
+        let line = receiver.recv().await?;
+        Some((Ok::<_, Infallible>(Bytes::from(line)), receiver))
+    });
+    Ok(ndjson_response(Body::from_stream(lines)))
 }
 
 #[cfg(test)]

@@ -104,7 +104,19 @@ impl Containerd {
             [mount] if mount.r#type == "bind" => PathBuf::from(&mount.source),
             other => bail!("unexpected mounts for an empty snapshot: {other:?}"),
         };
-        populate(&directory)?;
+        if let Err(error) = populate(&directory) {
+            // Nothing of a failed build stays.
+            let _ = snapshots
+                .remove(with_namespace!(
+                    RemoveSnapshotRequest {
+                        snapshotter: SNAPSHOTTER.to_owned(),
+                        key: key.clone(),
+                    },
+                    self.namespace
+                ))
+                .await;
+            return Err(error);
+        }
         snapshots
             .commit(with_namespace!(
                 CommitSnapshotRequest {

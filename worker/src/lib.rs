@@ -8,9 +8,11 @@
 pub mod agent_client;
 pub mod api;
 pub mod containerd;
+pub mod images;
 pub mod node;
 pub mod pool;
 pub mod registration;
+pub mod registry;
 pub mod sandboxes;
 pub mod service;
 pub mod spec;

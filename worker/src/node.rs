@@ -77,6 +77,8 @@ pub enum NodeError {
     TemplateNotFound(String),
     #[error("a sandbox with this id already exists")]
     Exists,
+    #[error("template `{0}` exists already on this worker")]
+    TemplateExists(String),
     #[error("{0}")]
     Invalid(String),
     #[error(transparent)]
@@ -250,6 +252,51 @@ impl Node {
         }
     }
 
+    /// Builds template `name` with `populate` (which fills its root file system, on a
+    /// blocking thread); refuses a name that exists.
+    pub async fn add_template(
+        &self,
+        name: &str,
+        populate: impl FnOnce(&std::path::Path, u32) -> anyhow::Result<()> + Send,
+    ) -> Result<(), NodeError> {
+        if self.worker.containerd().template_exists(name).await? {
+            return Err(NodeError::TemplateExists(name.to_owned()));
+        }
+        let base = self.worker.config().id_base;
+        let built = self
+            .worker
+            .containerd()
+            .build_template(name, move |rootfs| {
+                tokio::task::block_in_place(|| populate(rootfs, base))
+                    .map_err(|error| anyhow::Error::new(BadImage(format!("{error:#}"))))
+            })
+            .await;
+        match built {
+            Ok(()) => Ok(()),
+            Err(error) => match error.downcast_ref::<BadImage>() {
+                Some(BadImage(message)) => Err(NodeError::Invalid(format!(
+                    "the image cannot be used: {message}"
+                ))),
+                None => Err(error.into()),
+            },
+        }
+    }
+
+    /// Removes a template (refused while sandboxes started from it exist).
+    pub async fn remove_template(&self, name: &str) -> Result<(), NodeError> {
+        if !self.worker.containerd().template_exists(name).await? {
+            return Err(NodeError::TemplateNotFound(name.to_owned()));
+        }
+        if let Some(pool) = self.pools.get(name) {
+            pool.close().await?;
+        }
+        self.worker
+            .containerd()
+            .remove_template(name)
+            .await
+            .map_err(|error| NodeError::Invalid(format!("the template is in use: {error:#}")))
+    }
+
     /// Stops the warm pools' refilling and leaves every sandbox running (a crash).
     pub fn abandon(&self) {
         for pool in self.pools.values() {
@@ -273,6 +320,11 @@ impl Node {
         self.config.process_output_limit
     }
 }
+
+/// What was wrong with an image's content (as opposed to the worker failing).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct BadImage(String);
 
 struct Release<'a>(&'a AtomicUsize);
 

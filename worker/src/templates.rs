@@ -65,9 +65,55 @@ pub fn from_tarball(rootfs: &Path, tarball: &Path, id_base: u32) -> anyhow::Resu
     shift_ids(rootfs, id_base)
 }
 
+/// Fills `rootfs` from an OCI image layout or Docker archive (`docker save`, `skopeo copy
+/// … oci-archive:`), for the range starting at `id_base`.
+pub fn from_image_archive(rootfs: &Path, archive: &Path, id_base: u32) -> anyhow::Result<()> {
+    crate::images::unpack_image(archive, rootfs)?;
+    finish_image(rootfs, id_base)
+}
+
+/// Fills `rootfs` from layer files (bottom first), for the range starting at `id_base`.
+pub fn from_layers(
+    rootfs: &Path,
+    layers: &[std::path::PathBuf],
+    id_base: u32,
+) -> anyhow::Result<()> {
+    for layer in layers {
+        crate::images::apply_layer(rootfs, layer)?;
+    }
+    finish_image(rootfs, id_base)
+}
+
+fn finish_image(rootfs: &Path, id_base: u32) -> anyhow::Result<()> {
+    // What `prepare` writes must not be a link an image planted toward the host's files.
+    for directory in ["etc", "proc", "sys", "dev", "tmp", "work", ".sandbase"] {
+        let path = rootfs.join(directory);
+        if std::fs::symlink_metadata(&path).is_ok_and(|metadata| !metadata.is_dir()) {
+            anyhow::ensure!(directory != "etc", "the image's /etc is not a directory");
+            std::fs::remove_file(&path)?;
+        }
+    }
+    std::fs::create_dir_all(rootfs.join("etc"))?;
+    for file in ["etc/passwd", "etc/group"] {
+        let path = rootfs.join(file);
+        anyhow::ensure!(
+            !std::fs::symlink_metadata(&path).is_ok_and(|metadata| !metadata.is_file()),
+            "the image's /{file} is not a regular file"
+        );
+    }
+    // Looked up without following links: the image's links point into the image.
+    let shell = if std::fs::symlink_metadata(rootfs.join("usr/bin/bash")).is_ok() {
+        "/bin/bash"
+    } else {
+        "/bin/sh"
+    };
+    prepare(rootfs, shell)?;
+    shift_ids(rootfs, id_base)
+}
+
 /// Adds the agent's mount points and the sandbox user to a root file system.
 fn prepare(rootfs: &Path, shell: &str) -> anyhow::Result<()> {
-    for directory in ["proc", "sys", "dev", "tmp", "work", ".sandbase/run"] {
+    for directory in ["etc", "proc", "sys", "dev", "tmp", "work", ".sandbase/run"] {
         std::fs::create_dir_all(rootfs.join(directory))?;
     }
     // runc gives a tmpfs the mode of the directory it covers: /tmp must be world-writable

@@ -317,6 +317,75 @@ async fn the_cli_creates_runs_copies_and_destroys_sandboxes() {
         "PAYLOAD\n"
     );
 
+    // Templates: a root file system tarball imported by the operator, listed, used, removed.
+    let rootfs = local.join("rootfs");
+    std::fs::create_dir_all(&rootfs).unwrap();
+    std::fs::copy("/bin/busybox", rootfs.join("busybox")).unwrap();
+    std::fs::create_dir_all(rootfs.join("bin")).unwrap();
+    std::os::unix::fs::symlink("/busybox", rootfs.join("bin/sh")).unwrap();
+    std::os::unix::fs::symlink("/busybox", rootfs.join("bin/cat")).unwrap();
+    std::fs::write(rootfs.join("hello.txt"), "from the tarball\n").unwrap();
+    let tarball = local.join("rootfs.tar");
+    let packed = Command::new("tar")
+        .arg("-C")
+        .arg(&rootfs)
+        .arg("-cf")
+        .arg(&tarball)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(packed.success());
+    let operator = [("SANDBASE_NODE_TOKEN", NODE_TOKEN)];
+    let output = server.cli(
+        &[
+            "template",
+            "import",
+            tarball.to_str().unwrap(),
+            "--name",
+            "tiny",
+            "--rootfs",
+        ],
+        &operator,
+        None,
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stderr(&output).contains("done"), "{}", stderr(&output));
+    let output = server.cli(
+        &[
+            "template",
+            "import",
+            tarball.to_str().unwrap(),
+            "--name",
+            "tiny",
+            "--rootfs",
+        ],
+        &[("SANDBASE_NODE_TOKEN", "wrong-token-0123456789")],
+        None,
+    );
+    assert!(!output.status.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let output = server.cli(&["template", "ls"], &[], None);
+        if stdout(&output).contains("tiny") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}", stdout(&output));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let output = server.cli(&["sandbox", "create", "--template", "tiny"], &[], None);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let tiny = stdout(&output).trim().to_owned();
+    let output = server.cli(
+        &["sandbox", "exec", &tiny, "--", "cat", "/hello.txt"],
+        &[],
+        None,
+    );
+    assert_eq!(stdout(&output), "from the tarball\n", "{}", stderr(&output));
+    let output = server.cli(&["sandbox", "destroy", &tiny], &[], None);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let output = server.cli(&["template", "rm", "tiny"], &operator, None);
+    assert!(output.status.success(), "{}", stderr(&output));
+
     // A sandbox left running is destroyed when the worker stops.
     let output = server.cli(&["sandbox", "create"], &[], None);
     assert!(output.status.success(), "{}", stderr(&output));

@@ -9,6 +9,7 @@ mod me;
 mod members;
 mod runs;
 mod sandboxes;
+mod templates;
 
 use axum::Json;
 use axum::http::Uri;
@@ -67,6 +68,7 @@ pub fn api_router(
         .merge(members::router())
         .merge(audit::router())
         .merge(sandboxes::router())
+        .merge(templates::router())
         .merge(runs::router(settings.runs.input_limit_bytes));
     let operations = OpenApiRouter::new()
         .merge(health::router())

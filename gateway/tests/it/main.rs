@@ -14,3 +14,4 @@ mod operations;
 mod rate_limit;
 mod runs;
 mod sandboxes;
+mod templates;

@@ -43,6 +43,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/sandboxes/{id}/files"),
     ("GET", "/v1/sandboxes/{id}/archive"),
     ("PUT", "/v1/sandboxes/{id}/archive"),
+    ("GET", "/v1/templates"),
     ("POST", "/v1/runs"),
     ("GET", "/v1/runs"),
     ("GET", "/v1/runs/{id}"),
