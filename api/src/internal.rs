@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::sandboxes::{Resources, RunAs};
+use crate::sandboxes::{Mount, Resources, RunAs};
 
 /// A worker announcing itself. A worker registers after its start-up reconciliation, so
 /// it hosts nothing yet: every sandbox the gateway routed to it before is lost.
@@ -17,6 +17,15 @@ pub struct RegisterWorker {
     pub url: String,
     pub capacity: u32,
     pub templates: Vec<TemplateInfo>,
+    /// Volumes sandboxes may mount.
+    #[serde(default)]
+    pub volumes: Vec<VolumeInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeInfo {
+    pub name: String,
+    pub writable: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -32,6 +41,8 @@ pub struct Heartbeat {
     pub url: String,
     pub capacity: u32,
     pub templates: Vec<TemplateInfo>,
+    #[serde(default)]
+    pub volumes: Vec<VolumeInfo>,
     /// Every sandbox this worker hosts.
     pub sandboxes: Vec<Uuid>,
 }
@@ -51,6 +62,8 @@ pub struct WorkerStatus {
     pub capacity: u32,
     pub running: u32,
     pub templates: Vec<TemplateInfo>,
+    #[serde(default)]
+    pub volumes: Vec<VolumeInfo>,
     /// Milliseconds since the Unix epoch of the last heartbeat.
     pub seen_ms: i64,
 }
@@ -63,6 +76,8 @@ pub struct CreateSandbox {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     pub cwd: String,
+    #[serde(default)]
+    pub mounts: Vec<Mount>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -54,6 +54,27 @@ pub struct CreateSandboxRequest {
     /// Free-form labels to filter on (`GET /v1/sandboxes?metadata.key=value`).
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+    /// Volumes the operator offers (`sandbase worker --volume NAME=PATH`) to mount; nothing
+    /// else of the host is visible.
+    #[serde(default)]
+    pub mounts: Vec<Mount>,
+}
+
+/// A volume of the node mounted into the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Mount {
+    /// The volume's name on the workers.
+    pub volume: String,
+    /// Where it appears in the sandbox (absolute).
+    pub path: String,
+    /// Read-only unless the volume is writable and this is `false`.
+    #[serde(default = "read_only_by_default")]
+    pub read_only: bool,
+}
+
+fn read_only_by_default() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -100,6 +121,8 @@ pub struct Sandbox {
     pub cwd: String,
     pub resources: Resources,
     pub metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    pub mounts: Vec<Mount>,
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
     #[serde(default)]

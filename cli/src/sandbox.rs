@@ -73,6 +73,26 @@ pub struct CreateArgs {
     /// KEY=VALUE label (repeatable).
     #[arg(long = "metadata", value_parser = parse_pair)]
     metadata: Vec<(String, String)>,
+    /// VOLUME:PATH (read-only) or VOLUME:PATH:rw — a volume the workers offer (repeatable).
+    #[arg(long = "mount", value_parser = parse_mount)]
+    mounts: Vec<sandbase_api::sandboxes::Mount>,
+}
+
+fn parse_mount(value: &str) -> Result<sandbase_api::sandboxes::Mount, String> {
+    let mut parts = value.splitn(3, ':');
+    let (Some(volume), Some(path)) = (parts.next(), parts.next()) else {
+        return Err(format!("`{value}` is not VOLUME:PATH[:rw]"));
+    };
+    let read_only = match parts.next() {
+        None | Some("ro") => true,
+        Some("rw") => false,
+        Some(other) => return Err(format!("`{other}`: expected rw or ro")),
+    };
+    Ok(sandbase_api::sandboxes::Mount {
+        volume: volume.to_owned(),
+        path: path.to_owned(),
+        read_only,
+    })
 }
 
 #[derive(Args)]
@@ -118,6 +138,7 @@ pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> anyhow::Result
                     pids: None,
                 },
                 metadata: args.metadata.into_iter().collect(),
+                mounts: args.mounts,
             };
             let sandbox: Sandbox = client.post("/v1/sandboxes", &request).await?;
             if global.json {

@@ -64,6 +64,10 @@ pub struct NodeArgs {
     /// Warm pool: TEMPLATE=SIZE (repeatable).
     #[arg(long = "pool", value_parser = parse_pool, default_values = ["base=2"])]
     pub pools: Vec<(String, usize)>,
+    /// A host directory sandboxes may mount: NAME=PATH, or NAME=PATH:rw for a writable one
+    /// (repeatable). Nothing else of the host is ever mounted.
+    #[arg(long = "volume", value_parser = parse_volume)]
+    pub volumes: Vec<(String, PathBuf, bool)>,
     /// Directory of template tarballs (`NAME.tar`) built into templates when missing.
     #[arg(long, default_value = TEMPLATES_DIR)]
     pub templates_dir: PathBuf,
@@ -76,6 +80,24 @@ pub struct NodeArgs {
     pub default_disk_mb: u32,
     #[arg(long, default_value_t = 256)]
     pub default_pids: u32,
+}
+
+fn parse_volume(value: &str) -> Result<(String, PathBuf, bool), String> {
+    let (name, path) = value
+        .split_once('=')
+        .ok_or_else(|| format!("`{value}` is not NAME=PATH[:rw]"))?;
+    let (path, writable) = match path.strip_suffix(":rw") {
+        Some(path) => (path, true),
+        None => (path.strip_suffix(":ro").unwrap_or(path), false),
+    };
+    let path = PathBuf::from(path);
+    if !path.is_absolute() {
+        return Err(format!(
+            "volume `{name}`: `{}` is not an absolute path",
+            path.display()
+        ));
+    }
+    Ok((name.to_owned(), path, writable))
 }
 
 fn parse_pool(value: &str) -> Result<(String, usize), String> {
@@ -127,6 +149,11 @@ impl NodeArgs {
                     pids: self.default_pids,
                 },
                 process_output_limit: 1024 * 1024,
+                volumes: self
+                    .volumes
+                    .iter()
+                    .map(|(name, path, writable)| (name.clone(), (path.clone(), *writable)))
+                    .collect(),
             },
             listen: self.worker_listen,
             advertise_url: self.advertise_url.clone(),

@@ -158,6 +158,7 @@ fn main() -> anyhow::Result<()> {
                 pools: vec![("busybox".to_owned(), 4)],
                 default_limits: LIMITS,
                 process_output_limit: 1024 * 1024,
+                volumes: Default::default(),
             },
             listen: "127.0.0.1:0".parse()?,
             advertise_url: None,

@@ -538,6 +538,7 @@ async fn carry_out(
             pids: claimed.pids as u32,
         },
         metadata: [("run".to_owned(), run.to_string())].into(),
+        mounts: Vec::new(),
     };
     let created = sandboxes::create(state, owner, None, placement).await;
     // Placed (and counted in the workers' snapshot), or not placed at all.

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use sandbase_api::ErrorBody;
 use sandbase_api::internal::CreateSandbox;
-use sandbase_api::sandboxes::{CreateSandboxRequest, Resources, Sandbox, SandboxState};
+use sandbase_api::sandboxes::{CreateSandboxRequest, Mount, Resources, Sandbox, SandboxState};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -29,7 +29,7 @@ pub const REAPER_INTERVAL: Duration = Duration::from_secs(1);
 const CREATE_GIVE_UP_SECS: f64 = 120.0;
 
 pub const SANDBOX_COLUMNS: &str = "id, template, state, stop_reason, cwd, cpu_millis, memory_mb, \
-     disk_mb, pids, metadata, created_at, expires_at, stopped_at";
+     disk_mb, pids, metadata, mounts, created_at, expires_at, stopped_at";
 
 #[derive(sqlx::FromRow)]
 pub struct SandboxRow {
@@ -43,6 +43,7 @@ pub struct SandboxRow {
     pub disk_mb: i32,
     pub pids: i32,
     pub metadata: sqlx::types::Json<BTreeMap<String, String>>,
+    pub mounts: sqlx::types::Json<Vec<Mount>>,
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
     pub stopped_at: Option<DateTime<Utc>>,
@@ -63,6 +64,7 @@ impl SandboxRow {
                 pids: self.pids as u32,
             },
             metadata: self.metadata.0.clone(),
+            mounts: self.mounts.0.clone(),
             created_at: self.created_at,
             expires_at: self.expires_at,
             stopped_at: self.stopped_at,
@@ -112,6 +114,7 @@ pub struct Placement {
     pub timeout_secs: u64,
     pub resources: Resources,
     pub metadata: BTreeMap<String, String>,
+    pub mounts: Vec<Mount>,
 }
 
 pub fn validate_create(
@@ -147,6 +150,17 @@ pub fn validate_create(
                 .to_owned(),
         ));
     }
+    if request.mounts.len() > 16 {
+        return Err(ApiError::InvalidRequest("`mounts`: at most 16".to_owned()));
+    }
+    for mount in &request.mounts {
+        if mount.volume.is_empty() || mount.volume.len() > 64 {
+            return Err(ApiError::InvalidRequest(
+                "`mounts[].volume`: 1 to 64 characters".to_owned(),
+            ));
+        }
+        validate_absolute("mounts[].path", &mount.path)?;
+    }
     Ok(Placement {
         template,
         env: request.env,
@@ -154,6 +168,7 @@ pub fn validate_create(
         timeout_secs,
         resources,
         metadata: request.metadata,
+        mounts: request.mounts,
     })
 }
 
@@ -290,15 +305,18 @@ pub async fn create(
     audit: Option<(&crate::audit::RequestContext, &Principal)>,
     placement: Placement,
 ) -> ApiResult<Created> {
-    let candidates = state.workers.candidates(&placement.template).await?;
+    let candidates = state
+        .workers
+        .candidates_with(&placement.template, &placement.mounts)
+        .await?;
     let id = Uuid::now_v7();
     let (api_key_id, user_id) = (owner.api_key_id, owner.user_id);
     let resources = placement.resources;
     sqlx::query(
         "INSERT INTO sandboxes (id, team_id, api_key_id, user_id, template, state, worker_id, cwd, \
-           cpu_millis, memory_mb, disk_mb, pids, metadata, expires_at) \
+           cpu_millis, memory_mb, disk_mb, pids, metadata, expires_at, mounts) \
          VALUES ($1, $2, $3, $4, $5, 'creating', NULL, $6, $7, $8, $9, $10, $11, \
-           now() + make_interval(secs => $12))",
+           now() + make_interval(secs => $12), $13)",
     )
     .bind(id)
     .bind(owner.team_id)
@@ -312,6 +330,7 @@ pub async fn create(
     .bind(resources.pids as i32)
     .bind(sqlx::types::Json(&placement.metadata))
     .bind(placement.timeout_secs as f64)
+    .bind(sqlx::types::Json(&placement.mounts))
     .execute(&state.db)
     .await?;
 
@@ -321,6 +340,7 @@ pub async fn create(
         resources,
         env: placement.env,
         cwd: placement.cwd,
+        mounts: placement.mounts,
     };
     let mut last_problem = None;
     for worker in candidates {
@@ -456,6 +476,7 @@ fn static_code(code: &str) -> &'static str {
         "at_capacity",
         "template_not_found",
         "template_exists",
+        "volume_not_found",
         "invalid_request",
         "path_not_found",
         "permission_denied",

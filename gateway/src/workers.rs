@@ -106,6 +106,15 @@ impl Workers {
 
     /// Workers that can host `template`, best first: warm sandboxes of it, then free room.
     pub async fn candidates(&self, template: &str) -> ApiResult<Vec<WorkerStatus>> {
+        self.candidates_with(template, &[]).await
+    }
+
+    /// Like [`Workers::candidates`], among workers offering every volume of `mounts`.
+    pub async fn candidates_with(
+        &self,
+        template: &str,
+        mounts: &[sandbase_api::sandboxes::Mount],
+    ) -> ApiResult<Vec<WorkerStatus>> {
         let live = self.live().await?;
         if live.is_empty() {
             return Err(ApiError::problem(
@@ -116,6 +125,13 @@ impl Workers {
         }
         let mut candidates: Vec<(u32, u32, WorkerStatus)> = live
             .iter()
+            .filter(|worker| {
+                mounts.iter().all(|mount| {
+                    worker.volumes.iter().any(|volume| {
+                        volume.name == mount.volume && (mount.read_only || volume.writable)
+                    })
+                })
+            })
             .filter_map(|worker| {
                 let info: &TemplateInfo =
                     worker.templates.iter().find(|info| info.name == template)?;
@@ -124,6 +140,15 @@ impl Workers {
             })
             .collect();
         if candidates.is_empty() {
+            if !mounts.is_empty() {
+                return Err(ApiError::problem(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "volume_not_found",
+                    format!(
+                        "no worker has the template `{template}` and the volumes asked for (a writable mount needs a writable volume)"
+                    ),
+                ));
+            }
             return Err(ApiError::problem(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "template_not_found",
@@ -271,6 +296,7 @@ async fn register(
             capacity: body.capacity,
             running: 0,
             templates: body.templates,
+            volumes: body.volumes,
             seen_ms: Utc::now().timestamp_millis(),
         })
         .await?;
@@ -342,6 +368,7 @@ async fn heartbeat(
             capacity: body.capacity,
             running: body.sandboxes.len() as u32,
             templates: body.templates,
+            volumes: body.volumes,
             seen_ms: Utc::now().timestamp_millis(),
         })
         .await?;

@@ -27,6 +27,8 @@ pub struct NodeConfig {
     pub default_limits: Limits,
     /// Most output a background process keeps per stream (older output is dropped).
     pub process_output_limit: usize,
+    /// Host directories sandboxes may ask to mount, by name: (host path, writable).
+    pub volumes: BTreeMap<String, (std::path::PathBuf, bool)>,
 }
 
 pub struct Node {
@@ -169,7 +171,23 @@ impl Node {
             return Err(NodeError::AtCapacity);
         }
         let limits = limits_of(request.resources);
-        let sandbox = self.start_sandbox(&request.template, limits).await?;
+        let volumes = self.volumes_for(&request.mounts)?;
+        let sandbox = if volumes.is_empty() {
+            self.start_sandbox(&request.template, limits).await?
+        } else {
+            // Mounts are fixed at start: no warm sandbox has them.
+            if !self
+                .worker
+                .containerd()
+                .template_exists(&request.template)
+                .await?
+            {
+                return Err(NodeError::TemplateNotFound(request.template));
+            }
+            self.worker
+                .create_with_volumes(&request.template, limits, volumes)
+                .await?
+        };
         let hosted = Arc::new(Hosted {
             id: request.id,
             agent: AgentClient::new(sandbox.socket.clone()),
@@ -194,6 +212,49 @@ impl Node {
         }
         self.write().insert(hosted.id, hosted);
         Ok(())
+    }
+
+    /// The volumes this node offers, as the gateway sees them.
+    pub fn volume_infos(&self) -> Vec<sandbase_api::internal::VolumeInfo> {
+        self.config
+            .volumes
+            .iter()
+            .map(|(name, (_, writable))| sandbase_api::internal::VolumeInfo {
+                name: name.clone(),
+                writable: *writable,
+            })
+            .collect()
+    }
+
+    /// Resolves requested mounts to host directories, refusing unknown volumes, writable
+    /// mounts of read-only volumes, and places the sandbox needs for itself.
+    fn volumes_for(
+        &self,
+        mounts: &[sandbase_api::sandboxes::Mount],
+    ) -> Result<Vec<(String, String, bool)>, NodeError> {
+        let mut resolved = Vec::new();
+        for mount in mounts {
+            let Some((host, writable)) = self.config.volumes.get(&mount.volume) else {
+                return Err(NodeError::Invalid(format!(
+                    "no volume `{}` on this worker",
+                    mount.volume
+                )));
+            };
+            if !mount.read_only && !writable {
+                return Err(NodeError::Invalid(format!(
+                    "volume `{}` is read-only",
+                    mount.volume
+                )));
+            }
+            if let Some(reason) = reserved_mount_path(&mount.path) {
+                return Err(NodeError::Invalid(reason));
+            }
+            let host = host
+                .to_str()
+                .ok_or_else(|| NodeError::Invalid("a volume path is not UTF-8".to_owned()))?;
+            resolved.push((host.to_owned(), mount.path.clone(), mount.read_only));
+        }
+        Ok(resolved)
     }
 
     async fn start_sandbox(&self, template: &str, limits: Limits) -> Result<Sandbox, NodeError> {
@@ -332,6 +393,42 @@ impl Drop for Release<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
+}
+
+/// Why `path` cannot be a mount point, if it cannot: it must be absolute and normal, and
+/// not cover what the sandbox itself needs.
+pub fn reserved_mount_path(path: &str) -> Option<String> {
+    let normal = path.starts_with('/')
+        && path.len() > 1
+        && !path.ends_with('/')
+        && !path.contains('\0')
+        && path
+            .split('/')
+            .skip(1)
+            .all(|part| !part.is_empty() && part != "." && part != "..");
+    if !normal {
+        return Some(format!(
+            "mount path `{path}` must be an absolute, normal path"
+        ));
+    }
+    // The sandbox's own places, and the system's.
+    const RESERVED: &[&str] = &[
+        "/proc",
+        "/sys",
+        "/dev",
+        "/.sandbase",
+        "/etc",
+        "/bin",
+        "/sbin",
+        "/lib",
+        "/lib64",
+        "/usr",
+    ];
+    let under = |root: &str| path == root || path.starts_with(&format!("{root}/"));
+    if path == "/work" || path == "/tmp" || RESERVED.iter().any(|root| under(root)) {
+        return Some(format!("mount path `{path}` is reserved"));
+    }
+    None
 }
 
 pub fn limits_of(resources: Resources) -> Limits {

@@ -38,6 +38,7 @@ impl GatewayLink {
             url: self.advertise_url.clone(),
             capacity: node.capacity() as u32,
             templates: node.templates().await?,
+            volumes: node.volume_infos(),
         };
         let answer = client
             .post(format!("{}/internal/v1/workers/register", self.gateway_url))
@@ -66,6 +67,7 @@ impl GatewayLink {
             url: self.advertise_url.clone(),
             capacity: node.capacity() as u32,
             templates: node.templates().await?,
+            volumes: node.volume_infos(),
             sandboxes: node.ids(),
         };
         let answer = client

@@ -69,9 +69,20 @@ impl Worker {
 
     /// Starts a sandbox from `template` and waits until its agent answers.
     pub async fn create(&self, template: &str, limits: Limits) -> anyhow::Result<Sandbox> {
+        self.create_with_volumes(template, limits, Vec::new()).await
+    }
+
+    /// Like [`Worker::create`], with host directories bind-mounted in (host path, path in
+    /// the sandbox, read-only).
+    pub async fn create_with_volumes(
+        &self,
+        template: &str,
+        limits: Limits,
+        volumes: Vec<(String, String, bool)>,
+    ) -> anyhow::Result<Sandbox> {
         let id = format!("sbx-{}", uuid::Uuid::new_v4().simple());
         self.live().insert(id.clone());
-        let result = self.try_create(&id, template, limits).await;
+        let result = self.try_create(&id, template, limits, volumes).await;
         if result.is_err() {
             // Leave nothing of a sandbox that did not start.
             let _ = self.destroy(&id).await;
@@ -84,6 +95,7 @@ impl Worker {
         id: &str,
         template: &str,
         limits: Limits,
+        volumes: Vec<(String, String, bool)>,
     ) -> anyhow::Result<Sandbox> {
         let control = self.control_dir(id);
         std::fs::create_dir(&control).with_context(|| format!("creating {}", control.display()))?;
@@ -105,6 +117,7 @@ impl Worker {
             control_dir: path_string(&control)?,
             network_namespace: None,
             limits,
+            volumes,
         });
         self.containerd.start_sandbox(id, template, &spec).await?;
         let socket = control.join("agent.sock");

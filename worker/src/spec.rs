@@ -33,6 +33,8 @@ pub struct SandboxSpec {
     /// A network namespace to join (`None`: a fresh one with loopback only).
     pub network_namespace: Option<String>,
     pub limits: Limits,
+    /// Host directories bind-mounted in: (host path, path in the sandbox, read-only).
+    pub volumes: Vec<(String, String, bool)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,6 +181,27 @@ pub fn oci_spec(sandbox: &SandboxSpec) -> Value {
         Some(path) => json!({ "type": "network", "path": path }),
         None => json!({ "type": "network" }),
     });
+    let mut mounts = vec![
+        json!({ "destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"] }),
+        json!({ "destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"] }),
+        json!({ "destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"] }),
+        json!({ "destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=67108864"] }),
+        json!({ "destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"] }),
+        json!({ "destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"] }),
+        json!({ "destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup", "options": ["nosuid", "noexec", "nodev", "relatime", "ro"] }),
+        json!({ "destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777", format!("size={}m", limits.tmp_mb())] }),
+        json!({ "destination": WORK_DIR, "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=755", format!("uid={SANDBOX_USER}"), format!("gid={SANDBOX_USER}"), format!("size={}m", limits.disk_mb)] }),
+        json!({ "destination": AGENT_PATH, "type": "bind", "source": sandbox.agent_binary, "options": ["rbind", "ro", "nosuid", "nodev"] }),
+        json!({ "destination": CONTROL_DIR, "type": "bind", "source": sandbox.control_dir, "options": ["rbind", "rw", "nosuid", "nodev", "noexec"] }),
+    ];
+    for (host, destination, read_only) in &sandbox.volumes {
+        mounts.push(json!({
+            "destination": destination,
+            "type": "bind",
+            "source": host,
+            "options": ["rbind", if *read_only { "ro" } else { "rw" }, "nosuid", "nodev"],
+        }));
+    }
     let id_mapping =
         json!([{ "containerID": 0, "hostID": sandbox.host_id_base, "size": ID_RANGE }]);
     json!({
@@ -202,19 +225,7 @@ pub fn oci_spec(sandbox: &SandboxSpec) -> Value {
         // Read-only: the only writable places are the size-capped /work, /tmp and /dev/shm.
         "root": { "path": "rootfs", "readonly": true },
         "hostname": sandbox.hostname,
-        "mounts": [
-            { "destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"] },
-            { "destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"] },
-            { "destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"] },
-            { "destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=67108864"] },
-            { "destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"] },
-            { "destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"] },
-            { "destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup", "options": ["nosuid", "noexec", "nodev", "relatime", "ro"] },
-            { "destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777", format!("size={}m", limits.tmp_mb())] },
-            { "destination": WORK_DIR, "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=755", format!("uid={SANDBOX_USER}"), format!("gid={SANDBOX_USER}"), format!("size={}m", limits.disk_mb)] },
-            { "destination": AGENT_PATH, "type": "bind", "source": sandbox.agent_binary, "options": ["rbind", "ro", "nosuid", "nodev"] },
-            { "destination": CONTROL_DIR, "type": "bind", "source": sandbox.control_dir, "options": ["rbind", "rw", "nosuid", "nodev", "noexec"] },
-        ],
+        "mounts": mounts,
         "linux": {
             "namespaces": namespaces,
             "uidMappings": id_mapping,
@@ -248,6 +259,7 @@ mod tests {
                 disk_mb: 1024,
                 pids: 256,
             },
+            volumes: vec![("/srv/data".to_owned(), "/data".to_owned(), true)],
         })
     }
 

@@ -64,6 +64,7 @@ async fn create_run(
             timeout_secs: None,
             resources: request.resources,
             metadata: Default::default(),
+            mounts: Vec::new(),
         },
         settings,
     )?;

@@ -63,6 +63,7 @@ impl Sandbox {
             agent_binary: agent,
             control_dir: control.to_str().unwrap().to_owned(),
             network_namespace: None,
+            volumes: Vec::new(),
             limits,
         });
         std::fs::write(
@@ -386,6 +387,7 @@ async fn containerd_runs_a_sandbox_and_destroy_removes_every_trace() {
         agent_binary: std::env::var("SANDBASE_AGENT_BINARY").expect("SANDBASE_AGENT_BINARY"),
         control_dir: control.to_str().unwrap().to_owned(),
         network_namespace: None,
+        volumes: Vec::new(),
         limits: LIMITS,
     });
     client.start_sandbox(&id, template, &spec).await.unwrap();
