@@ -36,6 +36,36 @@ pub struct RunSettings {
     pub input_limit_bytes: usize,
     /// Most runs one gateway carries out at once.
     pub max_concurrent: usize,
+    /// An S3-compatible bucket for artifacts and inputs instead of `artifacts_dir` (needed
+    /// when gateways run on several machines).
+    #[serde(default)]
+    pub s3: Option<S3Settings>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Settings {
+    pub bucket: String,
+    #[serde(default = "default_region")]
+    pub region: String,
+    /// For S3-compatible services (MinIO, Ceph, R2…): their URL; path-style requests.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// Keys are read from the environment (AWS_ACCESS_KEY_ID, …) when not set here.
+    #[serde(default, serialize_with = "serialize_optional_secret")]
+    pub access_key_id: Option<SecretString>,
+    #[serde(default, serialize_with = "serialize_optional_secret")]
+    pub secret_access_key: Option<SecretString>,
+    /// Allow an `http://` endpoint.
+    #[serde(default)]
+    pub allow_http: bool,
+    /// Prefix of every object SandBase writes.
+    #[serde(default)]
+    pub prefix: String,
+}
+
+fn default_region() -> String {
+    "us-east-1".to_owned()
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -218,6 +248,7 @@ impl Default for Settings {
                 artifacts_dir: "/var/lib/sandbase/artifacts".into(),
                 input_limit_bytes: 64 * 1024 * 1024,
                 max_concurrent: 32,
+                s3: None,
             },
         }
     }

@@ -11,7 +11,6 @@
 //! queued runs missing from Redis (after a flush) are put back from PostgreSQL.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -19,6 +18,8 @@ use std::time::Duration;
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
+use object_store::path::Path as StorePath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use redis::Script;
 use sandbase_api::internal::Exec;
 use sandbase_api::runs::{Run, RunState};
@@ -205,38 +206,109 @@ impl RunQueue {
     }
 }
 
-/// Where artifacts (and the inputs of queued runs) are kept.
+/// Where artifacts (and the inputs of queued runs) are kept: a local directory, or an
+/// S3-compatible bucket when `runs.s3` is configured (every gateway then sees every run's
+/// inputs and artifacts).
 pub struct ArtifactStore {
-    root: PathBuf,
+    store: Arc<dyn ObjectStore>,
 }
 
 impl ArtifactStore {
-    pub fn new(root: PathBuf) -> ArtifactStore {
-        ArtifactStore { root }
+    pub fn from_settings(settings: &crate::config::RunSettings) -> anyhow::Result<ArtifactStore> {
+        let store: Arc<dyn ObjectStore> = match &settings.s3 {
+            Some(s3) => {
+                use secrecy::ExposeSecret;
+                let mut builder = object_store::aws::AmazonS3Builder::from_env()
+                    .with_bucket_name(&s3.bucket)
+                    .with_region(&s3.region)
+                    .with_allow_http(s3.allow_http);
+                if let Some(endpoint) = &s3.endpoint {
+                    builder = builder
+                        .with_endpoint(endpoint)
+                        .with_virtual_hosted_style_request(false);
+                }
+                if let (Some(key), Some(secret)) = (&s3.access_key_id, &s3.secret_access_key) {
+                    builder = builder
+                        .with_access_key_id(key.expose_secret())
+                        .with_secret_access_key(secret.expose_secret());
+                }
+                let bucket = builder.build().context("configuring runs.s3")?;
+                Arc::new(object_store::prefix::PrefixStore::new(
+                    bucket,
+                    s3.prefix.as_str(),
+                ))
+            }
+            None => {
+                std::fs::create_dir_all(&settings.artifacts_dir).with_context(|| {
+                    format!(
+                        "creating runs.artifacts_dir {}",
+                        settings.artifacts_dir.display()
+                    )
+                })?;
+                Arc::new(
+                    object_store::local::LocalFileSystem::new_with_prefix(&settings.artifacts_dir)
+                        .context("opening runs.artifacts_dir")?,
+                )
+            }
+        };
+        Ok(ArtifactStore { store })
     }
 
-    pub fn artifact(&self, team: Uuid, run: Uuid) -> PathBuf {
-        self.root
-            .join("artifacts")
-            .join(team.to_string())
-            .join(format!("{run}.tar"))
+    pub fn artifact(&self, team: Uuid, run: Uuid) -> StorePath {
+        StorePath::from(format!("artifacts/{team}/{run}.tar"))
     }
 
-    pub fn inputs(&self, team: Uuid, run: Uuid) -> PathBuf {
-        self.root
-            .join("inputs")
-            .join(team.to_string())
-            .join(format!("{run}.tar"))
+    pub fn inputs(&self, team: Uuid, run: Uuid) -> StorePath {
+        StorePath::from(format!("inputs/{team}/{run}.tar"))
     }
 
-    pub async fn write(&self, path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
-        if let Some(parent) = path.parent() {
-            tokio::fs::create_dir_all(parent).await?;
-        }
-        let partial = path.with_extension("partial");
-        tokio::fs::write(&partial, bytes).await?;
-        tokio::fs::rename(&partial, path).await?;
+    pub async fn put(&self, key: &StorePath, bytes: Vec<u8>) -> anyhow::Result<()> {
+        self.store
+            .put(key, PutPayload::from(bytes))
+            .await
+            .with_context(|| format!("storing {key}"))?;
         Ok(())
+    }
+
+    /// A writer that uploads in parts as it goes (multipart on S3).
+    pub fn writer(&self, key: StorePath) -> object_store::buffered::BufWriter {
+        object_store::buffered::BufWriter::new(Arc::clone(&self.store), key)
+    }
+
+    /// The object's size and bytes, or `None` when there is none.
+    pub async fn get(
+        &self,
+        key: &StorePath,
+    ) -> anyhow::Result<
+        Option<(
+            u64,
+            futures_util::stream::BoxStream<'static, object_store::Result<axum::body::Bytes>>,
+        )>,
+    > {
+        match self.store.get(key).await {
+            Ok(result) => Ok(Some((result.meta.size, result.into_stream()))),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(error) => Err(anyhow::Error::new(error).context(format!("reading {key}"))),
+        }
+    }
+
+    pub async fn read(&self, key: &StorePath) -> anyhow::Result<Option<Vec<u8>>> {
+        let Some((size, mut stream)) = self.get(key).await? else {
+            return Ok(None);
+        };
+        let mut bytes = Vec::with_capacity(size as usize);
+        while let Some(chunk) = stream.next().await {
+            bytes.extend_from_slice(&chunk?);
+        }
+        Ok(Some(bytes))
+    }
+
+    pub async fn delete(&self, key: &StorePath) {
+        if let Err(error) = self.store.delete(key).await
+            && !matches!(error, object_store::Error::NotFound { .. })
+        {
+            tracing::warn!(%key, error = %error, "removing a stored object failed");
+        }
     }
 }
 
@@ -483,7 +555,10 @@ async fn execute(state: &AppState, team: Uuid, run: Uuid, placing: Starting) {
         tracing::error!(%run, error = %error, "recording a run's outcome failed");
     }
     if claimed.has_inputs {
-        let _ = tokio::fs::remove_file(state.artifacts.inputs(team, run)).await;
+        state
+            .artifacts
+            .delete(&state.artifacts.inputs(team, run))
+            .await;
     }
 }
 
@@ -573,9 +648,11 @@ async fn in_sandbox(
 ) -> anyhow::Result<Outcome> {
     let base = format!("{worker_url}/internal/v1/sandboxes/{sandbox}");
     if claimed.has_inputs {
-        let inputs = tokio::fs::read(state.artifacts.inputs(claimed.team_id, run))
-            .await
-            .context("reading the run's inputs")?;
+        let inputs = state
+            .artifacts
+            .read(&state.artifacts.inputs(claimed.team_id, run))
+            .await?
+            .context("the run's inputs are missing from the store")?;
         let answer = state
             .workers
             .request(
@@ -626,21 +703,24 @@ async fn in_sandbox(
         .send()
         .await?;
     let artifact_size = if answer.status().is_success() {
-        let path = state.artifacts.artifact(claimed.team_id, run);
-        if let Some(parent) = path.parent() {
-            tokio::fs::create_dir_all(parent).await?;
-        }
-        let partial = path.with_extension("partial");
-        let mut file = tokio::fs::File::create(&partial).await?;
+        // Stored as it arrives; the object appears only once complete.
+        let mut writer = state
+            .artifacts
+            .writer(state.artifacts.artifact(claimed.team_id, run));
         let mut size = 0u64;
         let mut body = answer.bytes_stream();
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.context("reading the artifact")?;
+            let chunk = match chunk {
+                Ok(chunk) => chunk,
+                Err(error) => {
+                    let _ = writer.abort().await;
+                    return Err(anyhow::Error::new(error).context("reading the artifact"));
+                }
+            };
             size += chunk.len() as u64;
-            file.write_all(&chunk).await?;
+            writer.write_all(&chunk).await?;
         }
-        file.sync_all().await?;
-        tokio::fs::rename(&partial, &path).await?;
+        writer.shutdown().await.context("storing the artifact")?;
         Some(size)
     } else {
         // The command removed its outputs directory: no artifact.

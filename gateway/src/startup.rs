@@ -122,9 +122,9 @@ impl Application {
                 redis_for_workers.clone(),
                 &settings_for_workers.redis.key_prefix,
             )),
-            artifacts: Arc::new(crate::runs::ArtifactStore::new(
-                settings_for_workers.runs.artifacts_dir.clone(),
-            )),
+            artifacts: Arc::new(crate::runs::ArtifactStore::from_settings(
+                &settings_for_workers.runs,
+            )?),
             openapi,
         });
 

@@ -7,6 +7,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
+use futures_util::StreamExt;
 use sandbase_api::runs::{CreateRunRequest, Run, RunList};
 use sandbase_api::{ErrorBody, Role};
 use utoipa_axum::router::OpenApiRouter;
@@ -100,7 +101,7 @@ async fn create_run(
     if let Some(inputs) = &inputs {
         state
             .artifacts
-            .write(&state.artifacts.inputs(owner.team_id, id), inputs)
+            .put(&state.artifacts.inputs(owner.team_id, id), inputs.clone())
             .await?;
     }
     let resources = placement.resources;
@@ -205,34 +206,18 @@ async fn run_artifacts(
             format!("the run is {}", row.state),
         ));
     }
-    let path = state.artifacts.artifact(principal.team_id, id);
-    let file = match tokio::fs::File::open(&path).await {
-        Ok(file) => file,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            return Err(ApiError::problem(
-                StatusCode::NOT_FOUND,
-                "no_artifact",
-                "this run left no artifact (its outputs directory was missing)",
-            ));
-        }
-        Err(error) => return Err(ApiError::Internal(error.into())),
+    let Some((length, stream)) = state
+        .artifacts
+        .get(&state.artifacts.artifact(principal.team_id, id))
+        .await?
+    else {
+        return Err(ApiError::problem(
+            StatusCode::NOT_FOUND,
+            "no_artifact",
+            "this run left no artifact (its outputs directory was missing)",
+        ));
     };
-    let length = file.metadata().await.map_err(anyhow::Error::from)?.len();
-    let stream = futures_util::stream::unfold(file, |mut file| async move {
-        use tokio::io::AsyncReadExt;
-        let mut buffer = vec![0u8; 256 * 1024];
-        match file.read(&mut buffer).await {
-            Ok(0) => None,
-            Ok(read) => {
-                buffer.truncate(read);
-                Some((
-                    Ok::<_, std::io::Error>(axum::body::Bytes::from(buffer)),
-                    file,
-                ))
-            }
-            Err(error) => Some((Err(error), file)),
-        }
-    });
+    let stream = stream.map(|chunk| chunk.map_err(std::io::Error::other));
     Ok((
         [
             (header::CONTENT_TYPE, "application/x-tar".to_owned()),

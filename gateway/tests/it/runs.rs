@@ -209,3 +209,105 @@ async fn runs_wait_for_room_and_teams_take_turns() {
     );
     worker.clean_up().await;
 }
+
+/// With `runs.s3`, inputs and artifacts go to an S3-compatible bucket (moto's server, a
+/// local stand-in speaking S3's wire protocol).
+#[tokio::test(flavor = "multi_thread")]
+async fn artifacts_can_live_in_an_s3_bucket() {
+    let moto = std::env::var("SANDBASE_MOTO_SERVER")
+        .expect("SANDBASE_MOTO_SERVER: moto's server (scripts/setup --test installs it)");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut server = Command::new(moto)
+        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::new();
+    wait_until("moto", Duration::from_secs(30), || {
+        let (http, url) = (http.clone(), format!("{endpoint}/sandbase"));
+        async move {
+            http.put(url)
+                .send()
+                .await
+                .is_ok_and(|answer| answer.status().is_success())
+        }
+    })
+    .await;
+
+    let app = crate::helpers::spawn_app_with(|settings| {
+        settings.workers.node_token = Some("test-node-token-0123456789".to_owned().into());
+        settings.sandboxes.default_template = "busybox".to_owned();
+        settings.sandboxes.default_resources.memory_mb = 128;
+        settings.sandboxes.default_resources.disk_mb = 64;
+        settings.sandboxes.default_resources.pids = 64;
+        settings.runs.s3 = Some(sandbase_gateway::config::S3Settings {
+            bucket: "sandbase".to_owned(),
+            region: "us-east-1".to_owned(),
+            endpoint: Some(endpoint.clone()),
+            access_key_id: Some("test".to_owned().into()),
+            secret_access_key: Some("test".to_owned().into()),
+            allow_http: true,
+            prefix: "deployment-1".to_owned(),
+        });
+    })
+    .await;
+    let worker = TestWorker::start(worker_config(&app, "w", 2, 0)).await;
+    let alice = app.signup("alice@example.com", "Alice").await;
+    let token = alice.api_key.token.as_str();
+    let answer = app
+        .post(
+            "/v1/runs",
+            token,
+            json!({ "command": "tr a-z A-Z < /work/in/in.txt > /work/out/out.txt", "inputs": { "files": { "in.txt": "to the bucket\n" } } }),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::ACCEPTED, "{}", answer.body);
+    let id = answer.body["id"].as_str().unwrap().to_owned();
+    let run = finished(&app, token, &id).await;
+    assert_eq!(run["state"], "completed", "{run}");
+    let (status, archive, _) = raw(
+        &app,
+        Method::GET,
+        &format!("/v1/runs/{id}/artifacts"),
+        token,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let mut unpacked = tar::Archive::new(archive.as_slice());
+    let mut found = String::new();
+    for entry in unpacked.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        if entry.path().unwrap().ends_with("out.txt") {
+            std::io::Read::read_to_string(&mut entry, &mut found).unwrap();
+        }
+    }
+    assert_eq!(found, "TO THE BUCKET\n");
+    // The artifact is in the bucket under the prefix; the inputs are gone once used.
+    let listing = http
+        .get(format!("{endpoint}/sandbase?list-type=2"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        listing.contains(&format!(
+            "deployment-1/artifacts/{}/{id}.tar",
+            alice.team.id
+        )),
+        "{listing}"
+    );
+    assert!(!listing.contains("deployment-1/inputs/"), "{listing}");
+    worker.clean_up().await;
+    let _ = server.kill();
+    let _ = server.wait();
+}
