@@ -128,6 +128,41 @@ pub const DENIED_SYSCALLS: &[&str] = &[
     "vm86old",
 ];
 
+/// `clone` flags that make new namespaces (user namespaces above all: the door to most
+/// kernel attack surface reachable without privileges).
+const NAMESPACE_CLONE_FLAGS: &[u64] = &[
+    0x0000_0080, // CLONE_NEWTIME
+    0x0002_0000, // CLONE_NEWNS
+    0x0200_0000, // CLONE_NEWCGROUP
+    0x0400_0000, // CLONE_NEWUTS
+    0x0800_0000, // CLONE_NEWIPC
+    0x1000_0000, // CLONE_NEWUSER
+    0x2000_0000, // CLONE_NEWPID
+    0x4000_0000, // CLONE_NEWNET
+];
+
+/// The seccomp filter: the denied calls fail with EPERM; `clone` with any namespace flag
+/// fails with EPERM; `clone3` (whose flags a filter cannot read) fails with ENOSYS, so the C
+/// library falls back to `clone`.
+fn seccomp() -> Value {
+    let mut syscalls =
+        vec![json!({ "names": DENIED_SYSCALLS, "action": "SCMP_ACT_ERRNO", "errnoRet": 1 })];
+    for flag in NAMESPACE_CLONE_FLAGS {
+        syscalls.push(json!({
+            "names": ["clone"],
+            "action": "SCMP_ACT_ERRNO",
+            "errnoRet": 1,
+            "args": [{ "index": 0, "value": flag, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ" }],
+        }));
+    }
+    syscalls.push(json!({ "names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38 }));
+    json!({
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+        "syscalls": syscalls,
+    })
+}
+
 /// Paths of the kernel that leak host information or allow host changes.
 const MASKED_PATHS: &[&str] = &[
     "/proc/acpi",
@@ -233,11 +268,7 @@ pub fn oci_spec(sandbox: &SandboxSpec) -> Value {
             "resources": linux_resources(limits),
             "maskedPaths": MASKED_PATHS,
             "readonlyPaths": READONLY_PATHS,
-            "seccomp": {
-                "defaultAction": "SCMP_ACT_ALLOW",
-                "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
-                "syscalls": [{ "names": DENIED_SYSCALLS, "action": "SCMP_ACT_ERRNO", "errnoRet": 1 }],
-            },
+            "seccomp": seccomp(),
         },
     })
 }
@@ -330,6 +361,17 @@ mod tests {
             );
         }
         assert_eq!(spec["linux"]["resources"]["devices"][0]["allow"], false);
+        let rules = spec["linux"]["seccomp"]["syscalls"]
+            .as_array()
+            .expect("rules");
+        let new_user = rules
+            .iter()
+            .find(|rule| {
+                rule["names"] == json!(["clone"]) && rule["args"][0]["value"] == 0x1000_0000
+            })
+            .expect("clone with CLONE_NEWUSER is refused");
+        assert_eq!(new_user["action"], "SCMP_ACT_ERRNO");
+        assert!(rules.iter().any(|rule| rule["names"] == json!(["clone3"])));
     }
 
     #[test]

@@ -839,6 +839,40 @@ async fn the_base_template_runs_python_pip_git_and_curl_as_the_user() {
         ],
         "set-uid bits survive the id shift (and no_new_privs makes them inert)"
     );
+    // New namespaces through clone(2) are refused too (unshare(2) is denied by name), as the
+    // user and as the sandbox's root; threads and processes still start.
+    for root in [false, true] {
+        let probe = "import ctypes, os, threading\n\
+                     libc = ctypes.CDLL(None, use_errno=True)\n\
+                     r = libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0)\n\
+                     if r == 0: os._exit(0)\n\
+                     print(r, ctypes.get_errno())\n\
+                     t = threading.Thread(target=lambda: None); t.start(); t.join()\n\
+                     pid = os.fork()\n\
+                     if pid == 0: os._exit(0)\n\
+                     os.waitpid(pid, 0)\n\
+                     print('fork ok')";
+        let (stdout, stderr, exit) = agent
+            .run(
+                ExecRequest {
+                    argv: vec!["python3".into(), "-c".into(), probe.into()],
+                    user: (!root).then_some(Owner {
+                        uid: SANDBOX_USER,
+                        gid: SANDBOX_USER,
+                    }),
+                    ..Default::default()
+                },
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (String::from_utf8_lossy(&stdout).as_ref(), exit.code),
+            ("-1 1\nfork ok\n", 0),
+            "root={root}: {}",
+            String::from_utf8_lossy(&stderr)
+        );
+    }
     // And a set-uid program gives the user nothing.
     let (stdout, _, _) = agent
         .run(
