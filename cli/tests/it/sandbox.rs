@@ -19,7 +19,12 @@ struct WorkerProcess {
 
 impl WorkerProcess {
     fn start(gateway: &str) -> WorkerProcess {
-        let unique = Uuid::new_v4().simple().to_string();
+        WorkerProcess::start_as(gateway, &Uuid::new_v4().simple().to_string())
+    }
+
+    /// A worker whose namespace, run directory, id range and name derive from `unique`:
+    /// starting it again with the same `unique` is the same worker restarting.
+    fn start_as(gateway: &str, unique: &str) -> WorkerProcess {
         let namespace = format!("sandbase-cli-test-{unique}");
         let socket = std::env::var("SANDBASE_CONTAINERD_SOCKET")
             .unwrap_or_else(|_| "/run/sandbase/containerd.sock".to_owned());
@@ -53,6 +58,23 @@ impl WorkerProcess {
             socket,
             run_dir,
         }
+    }
+
+    /// Container ids in this worker's namespace.
+    fn containers(&self) -> Vec<String> {
+        let output = Command::new("ctr")
+            .args([
+                "--address",
+                &self.socket,
+                "-n",
+                &self.namespace,
+                "containers",
+                "ls",
+                "-q",
+            ])
+            .output()
+            .unwrap();
+        stdout(&output).lines().map(str::to_owned).collect()
     }
 
     /// SIGTERM: the worker destroys its sandboxes and exits; then its template goes too.
@@ -391,4 +413,146 @@ async fn the_cli_creates_runs_copies_and_destroys_sandboxes() {
     assert!(output.status.success(), "{}", stderr(&output));
     std::fs::remove_dir_all(&local).unwrap();
     worker.stop();
+}
+
+/// `kill -9` of the worker process with a sandbox running: the restarted worker removes the
+/// container, its snapshot, its cgroup and its control directory, and the gateway marks the
+/// sandbox lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_killed_with_sigkill_leaves_nothing_once_restarted() {
+    let server = Server::start(&[
+        ("SANDBASE_WORKERS__NODE_TOKEN", NODE_TOKEN.to_owned()),
+        ("SANDBASE_SANDBOXES__DEFAULT_TEMPLATE", "busybox".to_owned()),
+        (
+            "SANDBASE_SANDBOXES__DEFAULT_RESOURCES__MEMORY_MB",
+            "128".to_owned(),
+        ),
+        (
+            "SANDBASE_SANDBOXES__DEFAULT_RESOURCES__DISK_MB",
+            "64".to_owned(),
+        ),
+        (
+            "SANDBASE_SANDBOXES__DEFAULT_RESOURCES__PIDS",
+            "64".to_owned(),
+        ),
+    ])
+    .await;
+    let unique = Uuid::new_v4().simple().to_string();
+    let mut worker = WorkerProcess::start_as(&server.url, &unique);
+    let email = format!("cli-{}@example.com", Uuid::new_v4().simple());
+    let output = server.cli(
+        &[
+            "signup",
+            "--email",
+            &email,
+            "--team",
+            "Crash",
+            "--password-stdin",
+        ],
+        &[],
+        Some("a long enough password\n"),
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let id = loop {
+        let output = server.cli(&["sandbox", "create"], &[], None);
+        if output.status.success() {
+            break stdout(&output).trim().to_owned();
+        }
+        assert!(Instant::now() < deadline, "no worker: {}", stderr(&output));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let output = server.cli(
+        &[
+            "sandbox",
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "sleep 600 & echo started",
+        ],
+        &[],
+        None,
+    );
+    assert_eq!(stdout(&output), "started\n", "{}", stderr(&output));
+    let before = worker.containers();
+    assert!(!before.is_empty());
+    let cgroups = |containers: &[String]| {
+        containers
+            .iter()
+            .filter(|id| {
+                Command::new("sh")
+                    .args([
+                        "-c",
+                        &format!(
+                            "find /sys/fs/cgroup -maxdepth 3 -type d -name '{id}' | grep -q ."
+                        ),
+                    ])
+                    .status()
+                    .is_ok_and(|status| status.success())
+            })
+            .count()
+    };
+    assert_eq!(cgroups(&before), before.len(), "every sandbox has a cgroup");
+
+    // SIGKILL: nothing is cleaned up by the worker itself.
+    worker.child.kill().unwrap();
+    worker.child.wait().unwrap();
+    assert_eq!(worker.containers().len(), before.len());
+
+    let restarted = WorkerProcess::start_as(&server.url, &unique);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let output = server.cli(&["sandbox", "get", &id], &[], None);
+        if stdout(&output).contains("stopped (lost)") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}", stdout(&output));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let after = restarted.containers();
+    assert!(
+        before.iter().all(|old| !after.contains(old)),
+        "{before:?} still in {after:?}"
+    );
+    assert_eq!(
+        cgroups(&before),
+        0,
+        "cgroups of the killed worker's sandboxes remain"
+    );
+    for old in &before {
+        assert!(
+            !restarted.run_dir.join(old).exists(),
+            "control directory of {old} remains"
+        );
+    }
+    let snapshots = Command::new("ctr")
+        .args([
+            "--address",
+            &restarted.socket,
+            "-n",
+            &restarted.namespace,
+            "snapshots",
+            "ls",
+        ])
+        .output()
+        .unwrap();
+    for old in &before {
+        assert!(
+            !stdout(&snapshots).contains(old.as_str()),
+            "snapshot of {old} remains"
+        );
+    }
+    // The restarted worker serves new sandboxes.
+    let output = server.cli(&["sandbox", "create"], &[], None);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let fresh = stdout(&output).trim().to_owned();
+    let output = server.cli(
+        &["sandbox", "exec", &fresh, "--", "echo", "alive"],
+        &[],
+        None,
+    );
+    assert_eq!(stdout(&output), "alive\n");
+    restarted.stop();
 }
