@@ -206,10 +206,26 @@ fn report(line: &Value) -> bool {
         );
         return true;
     }
+    let mut err = std::io::stderr().lock();
+    let terminal = std::io::stderr().is_terminal();
     if line["done"] == true {
-        eprintln!("{worker}: done");
+        let _ = writeln!(err, "{worker}: done");
+    } else if let (Some(layer), Some(bytes)) = (line["layer"].as_u64(), line["bytes"].as_u64()) {
+        // A layer downloading: one bar, redrawn in place on a terminal.
+        let label = format!(
+            "{worker}: layer {layer}/{}",
+            line["layers"].as_u64().unwrap_or(0)
+        );
+        let total = line["total"].as_u64().unwrap_or(0);
+        if terminal {
+            let _ = write!(err, "\r{}", bar(&label, bytes, total));
+        } else if bytes == total {
+            let _ = writeln!(err, "{}", bar(&label, bytes, total));
+        }
     } else if let Some(progress) = line["progress"].as_str() {
-        let mut err = std::io::stderr().lock();
+        if terminal {
+            let _ = writeln!(err);
+        }
         let _ = writeln!(err, "{worker}: {progress}");
     }
     false

@@ -790,8 +790,8 @@ async fn pull_template(
         let result = async {
             let puller = crate::registry::Puller::new(body.insecure_registries)?;
             let progress_sender = sender.clone();
-            let mut report = move |text: String| {
-                let _ = progress_sender.try_send(line(serde_json::json!({ "progress": text })));
+            let mut report = move |progress: serde_json::Value| {
+                let _ = progress_sender.try_send(line(progress));
             };
             let layers = puller.pull(&reference, &layout, &mut report).await?;
             let _ = sender

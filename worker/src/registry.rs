@@ -59,8 +59,9 @@ impl Reference {
     }
 }
 
-/// A progress report of a pull.
-pub type Progress<'a> = &'a mut (dyn FnMut(String) + Send);
+/// A progress report of a pull: a JSON object (`{"layer","layers","bytes","total"}`, or
+/// `{"progress": text}`).
+pub type Progress<'a> = &'a mut (dyn FnMut(Value) + Send);
 
 pub struct Puller {
     http: reqwest::Client,
@@ -233,13 +234,11 @@ impl Puller {
                 hasher.update(&chunk);
                 file.write_all(&chunk).await?;
                 received += chunk.len() as u64;
-                if received - last_report >= 4 * 1024 * 1024 || received == size {
+                if received - last_report >= 1024 * 1024 || received == size {
                     last_report = received;
-                    progress(format!(
-                        "layer {}/{}: {received} of {size} bytes",
-                        index + 1,
-                        layers.len()
-                    ));
+                    progress(serde_json::json!({
+                        "layer": index + 1, "layers": layers.len(), "bytes": received, "total": size,
+                    }));
                 }
             }
             file.sync_all().await?;
@@ -248,11 +247,9 @@ impl Puller {
                 actual == hex,
                 "layer {digest} arrived with digest sha256:{actual}"
             );
-            progress(format!(
-                "layer {}/{}: {received} bytes, verified",
-                index + 1,
-                layers.len()
-            ));
+            progress(serde_json::json!({
+                "progress": format!("layer {}/{}: {received} bytes, digest verified", index + 1, layers.len()),
+            }));
             paths.push(path);
         }
         Ok(paths)

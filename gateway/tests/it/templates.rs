@@ -81,6 +81,32 @@ fn image(layers: &[Vec<u8>]) -> (Vec<u8>, Vec<u8>) {
     (config, manifest)
 }
 
+/// A `docker save` archive of an image with these layers.
+fn docker_archive(layers: &[Vec<u8>]) -> Vec<u8> {
+    let (config, _) = image(layers);
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut add = |path: String, bytes: &[u8]| {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(bytes.len() as u64);
+        header.set_mode(0o644);
+        builder.append_data(&mut header, path, bytes).unwrap();
+    };
+    let names: Vec<String> = layers
+        .iter()
+        .map(|layer| format!("{}/layer.tar", &digest(layer)[7..]))
+        .collect();
+    let manifest = serde_json::to_vec(
+        &json!([{ "Config": "config.json", "RepoTags": ["box:v1"], "Layers": names }]),
+    )
+    .unwrap();
+    add("manifest.json".to_owned(), &manifest);
+    add("config.json".to_owned(), &config);
+    for (name, layer) in names.iter().zip(layers) {
+        add(name.clone(), layer);
+    }
+    builder.into_inner().unwrap()
+}
+
 /// An OCI image layout, as a tar archive.
 fn oci_archive(layers: &[Vec<u8>]) -> Vec<u8> {
     let (config, manifest) = image(layers);
@@ -308,6 +334,30 @@ async fn images_become_templates_by_import_and_pull_and_hostile_ones_are_refused
         StatusCode::NO_CONTENT
     );
 
+    // The same image as a `docker save` archive.
+    let (_, lines) = operator(
+        &app,
+        Method::PUT,
+        "/internal/v1/templates/saved",
+        docker_archive(&layers),
+        NODE_TOKEN,
+    )
+    .await;
+    assert!(done(&lines), "{lines:?}");
+    wait_for_template(&app, token, "saved", true).await;
+    let answer = create(&app, token, json!({ "template": "saved" })).await;
+    let id = answer.body["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        sh(&app, token, &id, "cat /etc/motd").await["stdout"],
+        "layer two\n"
+    );
+    assert_eq!(
+        app.delete(&format!("/v1/sandboxes/{id}"), token)
+            .await
+            .status,
+        StatusCode::NO_CONTENT
+    );
+
     // Pull the same image from a registry.
     let registry = Registry::start().await;
     registry.push("tools/box", "v1", &layers).await;
@@ -448,7 +498,7 @@ async fn images_become_templates_by_import_and_pull_and_hostile_ones_are_refused
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
 
     // Removal.
-    for name in ["imported", "pulled"] {
+    for name in ["imported", "saved", "pulled"] {
         let (status, lines) = operator(
             &app,
             Method::DELETE,
