@@ -847,6 +847,7 @@ async fn the_base_template_runs_python_pip_git_and_curl_as_the_user() {
                      r = libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0)\n\
                      if r == 0: os._exit(0)\n\
                      print(r, ctypes.get_errno())\n\
+                     print('ptrace', libc.ptrace(16, 1, 0, 0), ctypes.get_errno())\n\
                      t = threading.Thread(target=lambda: None); t.start(); t.join()\n\
                      pid = os.fork()\n\
                      if pid == 0: os._exit(0)\n\
@@ -868,7 +869,7 @@ async fn the_base_template_runs_python_pip_git_and_curl_as_the_user() {
             .unwrap();
         assert_eq!(
             (String::from_utf8_lossy(&stdout).as_ref(), exit.code),
-            ("-1 1\nfork ok\n", 0),
+            ("-1 1\nptrace -1 1\nfork ok\n", 0),
             "root={root}: {}",
             String::from_utf8_lossy(&stderr)
         );
