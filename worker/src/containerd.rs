@@ -210,6 +210,16 @@ impl Containerd {
     /// Names of the templates built in this namespace.
     pub async fn templates(&self) -> anyhow::Result<Vec<String>> {
         let prefix = template_snapshot("");
+        Ok(self
+            .snapshot_names()
+            .await?
+            .into_iter()
+            .filter_map(|name| name.strip_prefix(&prefix).map(str::to_owned))
+            .collect())
+    }
+
+    /// Names of every snapshot in this namespace.
+    async fn snapshot_names(&self) -> anyhow::Result<Vec<String>> {
         let mut stream = SnapshotsClient::new(self.channel.clone())
             .list(with_namespace!(
                 ListSnapshotsRequest {
@@ -223,11 +233,7 @@ impl Containerd {
             .into_inner();
         let mut names = Vec::new();
         while let Some(page) = stream.message().await.context("listing snapshots")? {
-            names.extend(
-                page.info
-                    .into_iter()
-                    .filter_map(|info| info.name.strip_prefix(&prefix).map(str::to_owned)),
-            );
+            names.extend(page.info.into_iter().map(|info| info.name));
         }
         Ok(names)
     }
@@ -293,27 +299,12 @@ impl Containerd {
 
     /// Names of the active (per-sandbox) snapshots, committed templates excluded.
     pub async fn sandbox_snapshots(&self) -> anyhow::Result<Vec<String>> {
-        let mut stream = SnapshotsClient::new(self.channel.clone())
-            .list(with_namespace!(
-                ListSnapshotsRequest {
-                    snapshotter: SNAPSHOTTER.to_owned(),
-                    ..Default::default()
-                },
-                self.namespace
-            ))
-            .await
-            .context("listing snapshots")?
-            .into_inner();
-        let mut names = Vec::new();
-        while let Some(page) = stream.message().await.context("listing snapshots")? {
-            names.extend(
-                page.info
-                    .into_iter()
-                    .map(|info| info.name)
-                    .filter(|name| !name.starts_with("sandbase/")),
-            );
-        }
-        Ok(names)
+        Ok(self
+            .snapshot_names()
+            .await?
+            .into_iter()
+            .filter(|name| !name.starts_with("sandbase/"))
+            .collect())
     }
 
     /// Kills every process of the sandbox and removes its task, container and snapshot.

@@ -117,9 +117,9 @@ impl WorkerProcess {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn the_cli_creates_runs_copies_and_destroys_sandboxes() {
-    let server = Server::start(&[
+/// A `sandbase server` whose workers take the test node token, with small busybox sandboxes.
+async fn sandbox_server() -> Server {
+    Server::start(&[
         ("SANDBASE_WORKERS__NODE_TOKEN", NODE_TOKEN.to_owned()),
         ("SANDBASE_SANDBOXES__DEFAULT_TEMPLATE", "busybox".to_owned()),
         (
@@ -135,8 +135,11 @@ async fn the_cli_creates_runs_copies_and_destroys_sandboxes() {
             "64".to_owned(),
         ),
     ])
-    .await;
-    let worker = WorkerProcess::start(&server.url);
+    .await
+}
+
+/// Signs up through the CLI, which saves the key for the next commands.
+fn sign_up(server: &Server, team: &str) {
     let email = format!("cli-{}@example.com", Uuid::new_v4().simple());
     let output = server.cli(
         &[
@@ -144,28 +147,37 @@ async fn the_cli_creates_runs_copies_and_destroys_sandboxes() {
             "--email",
             &email,
             "--team",
-            "Sandboxes",
+            team,
             "--password-stdin",
         ],
         &[],
         Some("a long enough password\n"),
     );
     assert!(output.status.success(), "{}", stderr(&output));
+}
 
-    // The worker registers in the background: retry until it is there.
+/// `sandbox create` (with `extra` arguments), retried until the worker has registered.
+async fn first_sandbox(server: &Server, extra: &[&str]) -> String {
     let deadline = Instant::now() + Duration::from_secs(30);
-    let id = loop {
-        let output = server.cli(
-            &["sandbox", "create", "--timeout", "600", "--env", "WHO=cli"],
-            &[],
-            None,
-        );
+    let mut args = vec!["sandbox", "create"];
+    args.extend_from_slice(extra);
+    loop {
+        let output = server.cli(&args, &[], None);
         if output.status.success() {
-            break stdout(&output).trim().to_owned();
+            return stdout(&output).trim().to_owned();
         }
         assert!(Instant::now() < deadline, "no worker: {}", stderr(&output));
         tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_creates_runs_copies_and_destroys_sandboxes() {
+    let server = sandbox_server().await;
+    let worker = WorkerProcess::start(&server.url);
+    sign_up(&server, "Sandboxes");
+
+    let id = first_sandbox(&server, &["--timeout", "600", "--env", "WHO=cli"]).await;
     assert!(id.parse::<Uuid>().is_ok(), "{id}");
 
     // exec streams and exits with the command's code; piped input reaches the command.
@@ -420,48 +432,11 @@ async fn the_cli_creates_runs_copies_and_destroys_sandboxes() {
 /// sandbox lost.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_worker_killed_with_sigkill_leaves_nothing_once_restarted() {
-    let server = Server::start(&[
-        ("SANDBASE_WORKERS__NODE_TOKEN", NODE_TOKEN.to_owned()),
-        ("SANDBASE_SANDBOXES__DEFAULT_TEMPLATE", "busybox".to_owned()),
-        (
-            "SANDBASE_SANDBOXES__DEFAULT_RESOURCES__MEMORY_MB",
-            "128".to_owned(),
-        ),
-        (
-            "SANDBASE_SANDBOXES__DEFAULT_RESOURCES__DISK_MB",
-            "64".to_owned(),
-        ),
-        (
-            "SANDBASE_SANDBOXES__DEFAULT_RESOURCES__PIDS",
-            "64".to_owned(),
-        ),
-    ])
-    .await;
+    let server = sandbox_server().await;
     let unique = Uuid::new_v4().simple().to_string();
     let mut worker = WorkerProcess::start_as(&server.url, &unique);
-    let email = format!("cli-{}@example.com", Uuid::new_v4().simple());
-    let output = server.cli(
-        &[
-            "signup",
-            "--email",
-            &email,
-            "--team",
-            "Crash",
-            "--password-stdin",
-        ],
-        &[],
-        Some("a long enough password\n"),
-    );
-    assert!(output.status.success(), "{}", stderr(&output));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let id = loop {
-        let output = server.cli(&["sandbox", "create"], &[], None);
-        if output.status.success() {
-            break stdout(&output).trim().to_owned();
-        }
-        assert!(Instant::now() < deadline, "no worker: {}", stderr(&output));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    sign_up(&server, "Crash");
+    let id = first_sandbox(&server, &[]).await;
     let output = server.cli(
         &[
             "sandbox",
