@@ -30,6 +30,8 @@ use crate::protocol::{
 /// How long output may keep flowing after the process exited (from children it left
 /// running with the same pipes) before the exit is reported anyway.
 const OUTPUT_DRAIN: Duration = Duration::from_millis(250);
+/// The OOM score adjustment of every process the agent starts.
+const COMMAND_OOM_SCORE_ADJ: &str = "500";
 /// How often a running process is checked for exit and timeout between output.
 const POLL_INTERVAL: Duration = Duration::from_millis(10);
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -460,6 +462,9 @@ fn exec(
         }
     };
     let pid = child.id();
+    // What the agent starts is what the OOM killer picks first when the sandbox runs out of
+    // memory, not the agent (raising a score needs no privilege; lowering the agent's would).
+    let _ = fs::write(format!("/proc/{pid}/oom_score_adj"), COMMAND_OOM_SCORE_ADJ);
     reply(writer, &Reply::Started { pid })?;
 
     // Both pipes as plain files, so one loop can poll and read them alike.

@@ -290,3 +290,5 @@ pub struct Readiness {
     pub postgres: String,
     pub redis: String,
 }
+
+pub mod billing;

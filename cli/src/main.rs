@@ -1,6 +1,7 @@
 //! `sandbase`: the server (`server`), the all-in-one single node (`dev`), operator
 //! commands (`migrate`, `admin`) and the client verbs, which talk to `SANDBASE_URL`.
 
+mod billing;
 mod client;
 mod commands;
 mod credentials;
@@ -80,6 +81,8 @@ enum ClientCommand {
     Members(commands::MembersCommand),
     /// Read the team's audit log.
     Audit(commands::AuditArgs),
+    /// Show the team's credits and grants.
+    Credits,
     /// Create sandboxes, run commands in them, move files in and out.
     #[command(subcommand)]
     Sandbox(sandbox::SandboxCommand),
@@ -129,6 +132,7 @@ fn run_client(global: GlobalArgs, command: ClientCommand) -> anyhow::Result<Exit
             ClientCommand::Keys(command) => commands::keys(&global, command).await,
             ClientCommand::Members(command) => commands::members(&global, command).await,
             ClientCommand::Audit(args) => commands::audit(&global, args).await,
+            ClientCommand::Credits => billing::credits(&global).await,
         }?;
         Ok(ExitCode::SUCCESS)
     })

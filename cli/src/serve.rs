@@ -48,6 +48,33 @@ pub struct DevArgs {
 
 #[derive(Subcommand)]
 pub enum AdminCommand {
+    /// Grant credits to a team (booked in the ledger; repeat-safe with --key).
+    Grant {
+        #[arg(long)]
+        team: Uuid,
+        /// Credits, e.g. 25 or 2.5.
+        #[arg(long)]
+        credits: String,
+        /// Days until they expire (default: never).
+        #[arg(long)]
+        expires_in_days: Option<u32>,
+        /// Lower is used first (starter credits are 0).
+        #[arg(long, default_value_t = 10)]
+        priority: i32,
+        /// Why (kept in the ledger).
+        #[arg(long, default_value = "admin grant")]
+        note: String,
+        /// Idempotency key: the same key grants once (default: a new one).
+        #[arg(long)]
+        key: Option<String>,
+        #[arg(long, env = "SANDBASE_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Recompute every balance from the ledger's entries and compare (exit 1 on a mismatch).
+    Reconcile {
+        #[arg(long, env = "SANDBASE_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// Set a team's request rate limit (or `--clear` it back to the default).
     RateLimit {
         #[arg(long)]
@@ -172,6 +199,64 @@ pub fn migrate(database_url: String) -> anyhow::Result<ExitCode> {
 pub fn admin(command: AdminCommand) -> anyhow::Result<ExitCode> {
     telemetry::init_client();
     match command {
+        AdminCommand::Grant {
+            team,
+            credits,
+            expires_in_days,
+            priority,
+            note,
+            key,
+            config,
+        } => {
+            let settings = load_operator_settings(config.as_deref())?;
+            let amount = sandbase_billing::Credits::parse(&credits)
+                .filter(|amount| amount.0 > 0)
+                .context("--credits must be a positive amount with at most 6 decimals")?;
+            let granted = runtime()?.block_on(async move {
+                let db = startup::connect_database(&settings).await?;
+                let mut transaction = db.begin().await?;
+                let granted = sandbase_billing::grant(
+                    &mut transaction,
+                    sandbase_billing::NewGrant {
+                        team_id: team,
+                        source: sandbase_billing::GrantSource::Admin,
+                        amount,
+                        priority,
+                        effective_at: None,
+                        expires_at: expires_in_days.map(|days| {
+                            chrono::Utc::now() + chrono::Duration::days(i64::from(days))
+                        }),
+                        idempotency_key: key.unwrap_or_else(|| format!("admin:{}", Uuid::now_v7())),
+                        description: note,
+                        details: serde_json::json!({ "by": "sandbase admin grant" }),
+                    },
+                )
+                .await
+                .context("booking the grant (does the team exist?)")?;
+                transaction.commit().await?;
+                Ok::<_, anyhow::Error>(granted)
+            })?;
+            match granted {
+                Some(grant) => println!("granted {amount} credits to team {team} (grant {grant})"),
+                None => println!("already granted with this key: nothing changed"),
+            }
+        }
+        AdminCommand::Reconcile { config } => {
+            let settings = load_operator_settings(config.as_deref())?;
+            let mismatches = runtime()?.block_on(async move {
+                let db = startup::connect_database(&settings).await?;
+                let mut connection = db.acquire().await?;
+                Ok::<_, anyhow::Error>(sandbase_billing::reconcile(&mut connection).await?)
+            })?;
+            if mismatches.is_empty() {
+                println!("the ledger balances and every grant matches its entries");
+            } else {
+                for mismatch in &mismatches {
+                    println!("{}", serde_json::to_string(mismatch)?);
+                }
+                return Ok(ExitCode::FAILURE);
+            }
+        }
         AdminCommand::RateLimit {
             team,
             per_second,
@@ -327,6 +412,12 @@ async fn ensure_dev_account(
                     accounts::create_user_with_team(&mut transaction, &state.email, &hash, "dev")
                         .await
                         .map_err(|error| anyhow::anyhow!("creating the dev account: {error}"))?;
+                sandbase_gateway::credits::grant_starter(
+                    &mut transaction,
+                    team.id,
+                    &application.state().settings.billing,
+                )
+                .await?;
                 (team.id, user.id)
             }
         };

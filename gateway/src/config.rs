@@ -25,6 +25,16 @@ pub struct Settings {
     pub sandboxes: SandboxSettings,
     pub workers: WorkerSettings,
     pub runs: RunSettings,
+    pub billing: BillingSettings,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BillingSettings {
+    /// Credits every new team starts with (a decimal, e.g. "10" or "2.5"; "0" for none).
+    pub starter_credits: String,
+    /// Days until the starter credits expire (0: never).
+    pub starter_expiry_days: u32,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -250,6 +260,10 @@ impl Default for Settings {
                 max_concurrent: 32,
                 s3: None,
             },
+            billing: BillingSettings {
+                starter_credits: "10".to_owned(),
+                starter_expiry_days: 30,
+            },
         }
     }
 }
@@ -393,6 +407,13 @@ impl Settings {
         {
             return Err(ConfigError(
                 "keys `workers.heartbeat_ttl_secs` (at least 1) and `workers.lost_after_secs` (at least the TTL)".to_owned(),
+            ));
+        }
+        if sandbase_billing::Credits::parse(&self.billing.starter_credits)
+            .is_none_or(|credits| credits.0 < 0)
+        {
+            return Err(ConfigError(
+                "key `billing.starter_credits` must be a non-negative amount of credits with at most 6 decimals".to_owned(),
             ));
         }
         if self.runs.max_concurrent == 0 || self.runs.input_limit_bytes < 1024 {

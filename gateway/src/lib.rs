@@ -8,6 +8,7 @@ pub mod admin;
 pub mod audit;
 pub mod auth;
 pub mod config;
+pub mod credits;
 pub mod error;
 pub mod extract;
 pub mod observe;

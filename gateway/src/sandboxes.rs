@@ -727,6 +727,11 @@ pub async fn reap(state: &AppState) -> anyhow::Result<()> {
     .await?;
     transaction.commit().await?;
 
+    // Grants past their expiry: what is left goes to breakage.
+    let mut connection = state.db.acquire().await?;
+    sandbase_billing::expire_grants(&mut connection).await?;
+    drop(connection);
+
     for (id, _) in lost.iter().chain(&abandoned) {
         state.routes.forget(*id);
     }

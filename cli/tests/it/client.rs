@@ -143,3 +143,68 @@ async fn client_errors_are_readable() {
         stderr(&output)
     );
 }
+
+/// Operators grant credits and check the ledger; teams read their balance.
+#[tokio::test]
+async fn credits_granted_by_the_operator_show_in_the_balance() {
+    let server = Server::start(&[]).await;
+    let email = format!("cli-{}@example.com", uuid::Uuid::new_v4().simple());
+    let output = server.cli(
+        &[
+            "signup",
+            "--email",
+            &email,
+            "--team",
+            "Credits",
+            "--password-stdin",
+        ],
+        &[],
+        Some("a long enough password\n"),
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let me: Value =
+        serde_json::from_slice(&server.cli(&["--json", "whoami"], &[], None).stdout).unwrap();
+    let team = me["team"]["id"].as_str().unwrap().to_owned();
+    let operator = [
+        ("DATABASE_URL", server.database_url.as_str()),
+        ("REDIS_URL", "redis://127.0.0.1:6379"),
+    ];
+    for _ in 0..2 {
+        // The same key twice: granted once.
+        let output = server.cli(
+            &[
+                "admin",
+                "grant",
+                "--team",
+                &team,
+                "--credits",
+                "2.5",
+                "--key",
+                "promo-1",
+                "--note",
+                "promotion",
+            ],
+            &operator,
+            None,
+        );
+        assert!(output.status.success(), "{}", stderr(&output));
+    }
+    let output = server.cli(
+        &["admin", "grant", "--team", &team, "--credits", "-1"],
+        &operator,
+        None,
+    );
+    assert!(!output.status.success());
+    let output = server.cli(&["credits"], &[], None);
+    let text = stdout(&output);
+    assert!(text.starts_with("available: 12.5 credits"), "{text}");
+    assert!(text.contains("starter") && text.contains("admin"), "{text}");
+    let output = server.cli(&["admin", "reconcile"], &operator, None);
+    assert!(
+        output.status.success(),
+        "{}{}",
+        stdout(&output),
+        stderr(&output)
+    );
+    assert!(stdout(&output).contains("balances"), "{}", stdout(&output));
+}

@@ -22,6 +22,7 @@ pub struct Server {
     pub child: Child,
     pub url: String,
     pub config_home: PathBuf,
+    pub database_url: String,
 }
 
 impl Server {
@@ -36,7 +37,7 @@ impl Server {
             .args(["server", "--listen", &format!("127.0.0.1:{port}")])
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("DATABASE_URL", database_url)
+            .env("DATABASE_URL", &database_url)
             .env("REDIS_URL", sandbase_gateway::testing::redis_url())
             .env(
                 "SANDBASE_REDIS__KEY_PREFIX",
@@ -57,6 +58,7 @@ impl Server {
             child,
             url: format!("http://127.0.0.1:{port}"),
             config_home,
+            database_url,
         };
         server.wait_ready().await;
         server

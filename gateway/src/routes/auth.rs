@@ -45,6 +45,7 @@ async fn signup(
     let (user, team) =
         accounts::create_user_with_team(&mut transaction, &email, &password_hash, &team_name)
             .await?;
+    crate::credits::grant_starter(&mut transaction, team.id, &state.settings.billing).await?;
     let api_key = accounts::create_api_key(
         &mut transaction,
         team.id,

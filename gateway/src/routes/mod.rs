@@ -4,6 +4,7 @@
 mod api_keys;
 mod audit;
 mod auth;
+mod billing;
 mod health;
 mod me;
 mod members;
@@ -39,6 +40,7 @@ use crate::state::AppState;
         (name = "audit", description = "The append-only audit log"),
         (name = "sandboxes", description = "Sandboxes: lifecycle, commands, background processes"),
         (name = "files", description = "Files and archives inside a sandbox"),
+        (name = "billing", description = "Credits: balance, grants, ledger"),
         (name = "runs", description = "One-shot runs: inputs in, command, artifacts out"),
         (name = "operations", description = "Health, readiness, metrics, this document"),
     )
@@ -69,6 +71,7 @@ pub fn api_router(
         .merge(audit::router())
         .merge(sandboxes::router())
         .merge(templates::router())
+        .merge(billing::router())
         .merge(runs::router(settings.runs.input_limit_bytes));
     let operations = OpenApiRouter::new()
         .merge(health::router())

@@ -6,6 +6,7 @@ mod accounts;
 mod api_keys;
 mod audit;
 mod bad_input;
+mod billing;
 mod helpers;
 mod isolation;
 mod members;

@@ -44,6 +44,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/sandboxes/{id}/archive"),
     ("PUT", "/v1/sandboxes/{id}/archive"),
     ("GET", "/v1/templates"),
+    ("GET", "/v1/billing/balance"),
+    ("GET", "/v1/billing/ledger"),
     ("POST", "/v1/runs"),
     ("GET", "/v1/runs"),
     ("GET", "/v1/runs/{id}"),

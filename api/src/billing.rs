@@ -1,0 +1,59 @@
+//! Credits: balances, grants and the ledger. Amounts are integers in micro-credits
+//! (`*_micro`, 1 credit = 1 000 000) with the same value as a decimal string.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BalanceAnswer {
+    /// Credits the team can spend now, e.g. "9.25".
+    pub available: String,
+    pub available_micro: i64,
+    pub grants: Vec<GrantAnswer>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct GrantAnswer {
+    pub id: Uuid,
+    /// `starter`, `purchase` or `admin`.
+    pub source: String,
+    pub amount_micro: i64,
+    pub remaining_micro: i64,
+    /// Lower is used first.
+    pub priority: i32,
+    pub effective_at: DateTime<Utc>,
+    #[serde(default)]
+    pub expires_at: Option<DateTime<Utc>>,
+    pub expired: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct LedgerPage {
+    pub transactions: Vec<LedgerTransaction>,
+    /// Pass as `before` for the next (older) page.
+    #[serde(default)]
+    pub next_cursor: Option<Uuid>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct LedgerTransaction {
+    pub id: Uuid,
+    /// `grant`, `debit`, `expiry` or `refund`.
+    pub kind: String,
+    pub description: String,
+    /// The change to the team's credits (negative for charges).
+    pub amount: String,
+    pub amount_micro: i64,
+    pub created_at: DateTime<Utc>,
+    pub entries: Vec<LedgerEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct LedgerEntry {
+    pub account: String,
+    pub amount_micro: i64,
+    #[serde(default)]
+    pub grant_id: Option<Uuid>,
+}
