@@ -57,3 +57,17 @@ pub struct LedgerEntry {
     #[serde(default)]
     pub grant_id: Option<Uuid>,
 }
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CheckoutRequest {
+    /// Whole credits to buy.
+    pub credits: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CheckoutAnswer {
+    /// Stripe Checkout's page: open it to pay.
+    pub url: String,
+    pub session_id: String,
+}

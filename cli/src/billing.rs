@@ -7,9 +7,30 @@ use crate::GlobalArgs;
 use crate::client::Client;
 use crate::output::{optional_time, table};
 
-pub async fn credits(global: &GlobalArgs) -> anyhow::Result<()> {
+#[derive(clap::Subcommand)]
+pub enum CreditsCommand {
+    /// Buy credits: prints the Stripe Checkout link to pay at.
+    Buy { credits: u64 },
+}
+
+pub async fn credits(global: &GlobalArgs, command: Option<CreditsCommand>) -> anyhow::Result<()> {
     let client = Client::new(global)?;
     client.require_token()?;
+    if let Some(CreditsCommand::Buy { credits }) = command {
+        let answer: sandbase_api::billing::CheckoutAnswer = client
+            .post(
+                "/v1/billing/checkout",
+                &sandbase_api::billing::CheckoutRequest { credits },
+            )
+            .await?;
+        if global.json {
+            println!("{}", serde_json::to_string_pretty(&answer)?);
+        } else {
+            println!("Pay for {credits} credits at:\n{}", answer.url);
+            println!("(the credits arrive once Stripe confirms the payment)");
+        }
+        return Ok(());
+    }
     let balance: BalanceAnswer = client.get("/v1/billing/balance", &[]).await?;
     if global.json {
         println!("{}", serde_json::to_string_pretty(&balance)?);

@@ -81,8 +81,11 @@ enum ClientCommand {
     Members(commands::MembersCommand),
     /// Read the team's audit log.
     Audit(commands::AuditArgs),
-    /// Show the team's credits and grants.
-    Credits,
+    /// Show the team's credits and grants (`credits buy N` for a Stripe checkout link).
+    Credits {
+        #[command(subcommand)]
+        command: Option<billing::CreditsCommand>,
+    },
     /// Create sandboxes, run commands in them, move files in and out.
     #[command(subcommand)]
     Sandbox(sandbox::SandboxCommand),
@@ -132,7 +135,7 @@ fn run_client(global: GlobalArgs, command: ClientCommand) -> anyhow::Result<Exit
             ClientCommand::Keys(command) => commands::keys(&global, command).await,
             ClientCommand::Members(command) => commands::members(&global, command).await,
             ClientCommand::Audit(args) => commands::audit(&global, args).await,
-            ClientCommand::Credits => billing::credits(&global).await,
+            ClientCommand::Credits { command } => billing::credits(&global, command).await,
         }?;
         Ok(ExitCode::SUCCESS)
     })

@@ -302,6 +302,12 @@ const ACTIONS: &[(&str, &str, &str)] = &[
     ("DELETE", "/v1/sandboxes/{id}/files", "sandbox.file.remove"),
     ("PUT", "/v1/sandboxes/{id}/archive", "sandbox.archive.write"),
     ("POST", "/v1/runs", "run.create"),
+    ("POST", "/v1/billing/checkout", "billing.checkout"),
+    (
+        "POST",
+        "/v1/billing/stripe/webhook",
+        "billing.stripe_webhook",
+    ),
 ];
 
 fn action_name(method: &Method, route: &str) -> String {

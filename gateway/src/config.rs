@@ -26,6 +26,31 @@ pub struct Settings {
     pub workers: WorkerSettings,
     pub runs: RunSettings,
     pub billing: BillingSettings,
+    pub stripe: StripeSettings,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StripeSettings {
+    /// Secret API key (`sk_…`). Without it, checkout answers 501 and credits come from admins.
+    #[serde(serialize_with = "serialize_optional_secret")]
+    pub secret_key: Option<SecretString>,
+    /// The webhook endpoint's signing secret (`whsec_…`).
+    #[serde(serialize_with = "serialize_optional_secret")]
+    pub webhook_secret: Option<SecretString>,
+    /// Stripe's API base URL (a stand-in's, in tests).
+    pub api_base: String,
+    /// Price of one credit, in the currency's smallest unit.
+    pub unit_amount: u64,
+    pub currency: String,
+    /// Smallest and largest purchase, in credits.
+    pub min_credits: u64,
+    pub max_credits: u64,
+    /// Where Checkout sends the buyer afterwards.
+    pub success_url: String,
+    pub cancel_url: String,
+    /// Webhooks signed longer ago than this are refused.
+    pub tolerance_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -263,6 +288,18 @@ impl Default for Settings {
             billing: BillingSettings {
                 starter_credits: "10".to_owned(),
                 starter_expiry_days: 30,
+            },
+            stripe: StripeSettings {
+                secret_key: None,
+                webhook_secret: None,
+                api_base: "https://api.stripe.com".to_owned(),
+                unit_amount: 100,
+                currency: "usd".to_owned(),
+                min_credits: 5,
+                max_credits: 100_000,
+                success_url: "http://127.0.0.1:8080/billing/success".to_owned(),
+                cancel_url: "http://127.0.0.1:8080/billing/cancel".to_owned(),
+                tolerance_secs: 300,
             },
         }
     }

@@ -19,6 +19,7 @@ pub mod runs;
 pub mod sandboxes;
 pub mod startup;
 pub mod state;
+pub mod stripe;
 pub mod templates;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -1,27 +1,193 @@
-//! The team's credits: balance with grants, and the ledger.
+//! The team's credits: balance with grants, the ledger, buying credits with Stripe.
 
 use axum::Json;
 use axum::extract::State;
-use sandbase_api::ErrorBody;
+use axum::http::{HeaderMap, StatusCode};
 use sandbase_api::billing::{
-    BalanceAnswer, GrantAnswer, LedgerEntry, LedgerPage, LedgerTransaction,
+    BalanceAnswer, CheckoutAnswer, CheckoutRequest, GrantAnswer, LedgerEntry, LedgerPage,
+    LedgerTransaction,
 };
+use sandbase_api::{ErrorBody, Role};
 use sandbase_billing::Credits;
+use secrecy::ExposeSecret;
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
+use crate::audit::RequestContext;
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::ApiQuery;
+use crate::extract::{ApiJson, ApiQuery};
 use crate::state::AppState;
+use crate::stripe::Stripe;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(balance))
         .routes(routes!(ledger))
+        .routes(routes!(checkout))
+        .routes(routes!(stripe_webhook))
+}
+
+/// Buy credits: a Stripe Checkout Session for `credits`, whose URL the buyer opens. The
+/// credits are granted when Stripe reports the payment (webhook), once.
+#[utoipa::path(post, path = "/v1/billing/checkout", tag = "billing", security(("bearer" = [])),
+    request_body = CheckoutRequest,
+    responses(
+        (status = 201, description = "Session created", body = CheckoutAnswer),
+        (status = 422, description = "Credits out of range", body = ErrorBody),
+        (status = 501, description = "Stripe is not configured here (`billing_not_configured`)", body = ErrorBody),
+        (status = 502, description = "Stripe refused or did not answer (`stripe_error`)", body = ErrorBody),
+    ))]
+async fn checkout(
+    State(state): State<AppState>,
+    principal: Principal,
+    context: RequestContext,
+    ApiJson(request): ApiJson<CheckoutRequest>,
+) -> ApiResult<(StatusCode, Json<CheckoutAnswer>)> {
+    principal.require(Role::Admin)?;
+    let settings = &state.settings.stripe;
+    if settings.secret_key.is_none() {
+        return Err(ApiError::problem(
+            StatusCode::NOT_IMPLEMENTED,
+            "billing_not_configured",
+            "buying credits is not set up on this deployment (stripe.secret_key); ask an operator for a grant",
+        ));
+    }
+    if request.credits < settings.min_credits || request.credits > settings.max_credits {
+        return Err(ApiError::InvalidRequest(format!(
+            "`credits` must be between {} and {}",
+            settings.min_credits, settings.max_credits
+        )));
+    }
+    let stripe = Stripe {
+        http: &state.workers.http,
+        settings,
+    };
+    let team_name: String = sqlx::query_scalar("SELECT name FROM teams WHERE id = $1")
+        .bind(principal.team_id)
+        .fetch_one(&state.db)
+        .await?;
+    let stripe_error = |error: anyhow::Error| {
+        tracing::warn!(error = format!("{error:#}"), "a Stripe call failed");
+        ApiError::problem(
+            StatusCode::BAD_GATEWAY,
+            "stripe_error",
+            "Stripe could not create the checkout; try again",
+        )
+    };
+    let customer = stripe
+        .customer(&state.db, principal.team_id, &team_name)
+        .await
+        .map_err(stripe_error)?;
+    let (session_id, url) = stripe
+        .checkout(
+            &customer,
+            principal.team_id,
+            request.credits,
+            &format!("sandbase-checkout-{}", Uuid::now_v7()),
+        )
+        .await
+        .map_err(stripe_error)?;
+    let mut transaction = state.db.begin().await?;
+    sqlx::query(
+        "INSERT INTO stripe_sessions (id, team_id, credits, amount_cents) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(&session_id)
+    .bind(principal.team_id)
+    .bind(request.credits as i64)
+    .bind((request.credits * settings.unit_amount) as i64)
+    .execute(&mut *transaction)
+    .await?;
+    context
+        .record(
+            &mut transaction,
+            &principal,
+            Some(format!("stripe_session:{session_id}")),
+            serde_json::json!({ "credits": request.credits }),
+        )
+        .await?;
+    transaction.commit().await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(CheckoutAnswer { url, session_id }),
+    ))
+}
+
+/// Stripe's webhook (signed with `Stripe-Signature`): grants paid checkouts once, takes
+/// back refunds. Events are deduplicated by id.
+#[utoipa::path(post, path = "/v1/billing/stripe/webhook", tag = "billing",
+    request_body(content = String, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Received (also for duplicates and ignored types)"),
+        (status = 400, description = "Bad or old signature (`invalid_signature`), or not an event", body = ErrorBody),
+        (status = 501, description = "No webhook secret configured", body = ErrorBody),
+    ))]
+async fn stripe_webhook(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> ApiResult<Json<serde_json::Value>> {
+    let settings = &state.settings.stripe;
+    let Some(secret) = &settings.webhook_secret else {
+        return Err(ApiError::problem(
+            StatusCode::NOT_IMPLEMENTED,
+            "billing_not_configured",
+            "no Stripe webhook secret is configured (stripe.webhook_secret)",
+        ));
+    };
+    let header = headers
+        .get("stripe-signature")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default();
+    if let Err(error) = crate::stripe::verify_signature(
+        header,
+        &body,
+        secret.expose_secret(),
+        chrono::Utc::now().timestamp(),
+        settings.tolerance_secs,
+    ) {
+        tracing::warn!(?error, "a Stripe webhook was refused");
+        return Err(ApiError::problem(
+            StatusCode::BAD_REQUEST,
+            "invalid_signature",
+            "the Stripe-Signature header does not verify",
+        ));
+    }
+    let event: serde_json::Value = serde_json::from_slice(&body)
+        .map_err(|_| ApiError::InvalidJson("the event is not JSON".to_owned()))?;
+    let (Some(id), Some(kind)) = (event["id"].as_str(), event["type"].as_str()) else {
+        return Err(ApiError::InvalidRequest(
+            "an event has an id and a type".to_owned(),
+        ));
+    };
+    let mut transaction = state.db.begin().await?;
+    // A concurrent delivery of the same event waits here for the first to commit.
+    let fresh = sqlx::query(
+        "INSERT INTO stripe_events (id, type, outcome) VALUES ($1, $2, 'pending') ON CONFLICT (id) DO NOTHING",
+    )
+    .bind(id)
+    .bind(kind)
+    .execute(&mut *transaction)
+    .await?;
+    if fresh.rows_affected() == 0 {
+        return Ok(Json(
+            serde_json::json!({ "received": true, "duplicate": true }),
+        ));
+    }
+    let outcome = crate::stripe::handle_event(&mut transaction, &event, settings).await?;
+    sqlx::query("UPDATE stripe_events SET outcome = $2 WHERE id = $1")
+        .bind(id)
+        .bind(outcome)
+        .execute(&mut *transaction)
+        .await?;
+    transaction.commit().await?;
+    tracing::info!(event = id, kind, outcome, "Stripe event handled");
+    Ok(Json(
+        serde_json::json!({ "received": true, "outcome": outcome }),
+    ))
 }
 
 /// Credits available now, and the grants they come from (in the order they are used).

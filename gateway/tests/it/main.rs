@@ -15,4 +15,5 @@ mod operations;
 mod rate_limit;
 mod runs;
 mod sandboxes;
+mod stripe;
 mod templates;

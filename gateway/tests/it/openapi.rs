@@ -46,6 +46,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/templates"),
     ("GET", "/v1/billing/balance"),
     ("GET", "/v1/billing/ledger"),
+    ("POST", "/v1/billing/checkout"),
+    ("POST", "/v1/billing/stripe/webhook"),
     ("POST", "/v1/runs"),
     ("GET", "/v1/runs"),
     ("GET", "/v1/runs/{id}"),
