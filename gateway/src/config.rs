@@ -60,6 +60,12 @@ pub struct BillingSettings {
     pub starter_credits: String,
     /// Days until the starter credits expire (0: never).
     pub starter_expiry_days: u32,
+    /// Micro-credits per second of one vCPU of a sandbox's size.
+    pub vcpu_second_micro: u64,
+    /// Micro-credits per second of one GiB of a sandbox's memory.
+    pub gib_second_micro: u64,
+    /// Seconds a team at zero credits keeps its running sandboxes before they are stopped.
+    pub grace_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -288,6 +294,9 @@ impl Default for Settings {
             billing: BillingSettings {
                 starter_credits: "10".to_owned(),
                 starter_expiry_days: 30,
+                vcpu_second_micro: 14,
+                gib_second_micro: 5,
+                grace_secs: 30,
             },
             stripe: StripeSettings {
                 secret_key: None,

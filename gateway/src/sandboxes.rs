@@ -305,18 +305,57 @@ pub async fn create(
     audit: Option<(&crate::audit::RequestContext, &Principal)>,
     placement: Placement,
 ) -> ApiResult<Created> {
-    let candidates = state
+    // No worker or no template: refused before anything is reserved.
+    state
         .workers
         .candidates_with(&placement.template, &placement.mounts)
         .await?;
     let id = Uuid::now_v7();
+    // The first minute is reserved before anything starts; refused at zero.
+    let first_minute =
+        crate::credits::price_per_second(placement.resources, &state.settings.billing) * 60;
+    if first_minute > 0 {
+        let admitted = state
+            .admission
+            .reserve(&state.db, owner.team_id, id, first_minute, 60_000)
+            .await
+            .map_err(|error| ApiError::Unavailable(format!("credit admission: {error:#}")))?;
+        if admitted == crate::credits::Admitted::InsufficientCredits {
+            return Err(ApiError::problem(
+                StatusCode::PAYMENT_REQUIRED,
+                "insufficient_credits",
+                "the team's credits do not cover this sandbox's first minute; buy credits or ask an admin",
+            ));
+        }
+    }
+    let created = place(state, owner, audit, placement, id).await;
+    if created.is_err() && first_minute > 0 {
+        let _ = state
+            .admission
+            .release(owner.team_id, id, first_minute)
+            .await;
+    }
+    created
+}
+
+async fn place(
+    state: &AppState,
+    owner: Owner,
+    audit: Option<(&crate::audit::RequestContext, &Principal)>,
+    placement: Placement,
+    id: Uuid,
+) -> ApiResult<Created> {
+    let candidates = state
+        .workers
+        .candidates_with(&placement.template, &placement.mounts)
+        .await?;
     let (api_key_id, user_id) = (owner.api_key_id, owner.user_id);
     let resources = placement.resources;
     sqlx::query(
         "INSERT INTO sandboxes (id, team_id, api_key_id, user_id, template, state, worker_id, cwd, \
-           cpu_millis, memory_mb, disk_mb, pids, metadata, expires_at, mounts) \
+           cpu_millis, memory_mb, disk_mb, pids, metadata, expires_at, mounts, charged_until) \
          VALUES ($1, $2, $3, $4, $5, 'creating', NULL, $6, $7, $8, $9, $10, $11, \
-           now() + make_interval(secs => $12), $13)",
+           now() + make_interval(secs => $12), $13, now())",
     )
     .bind(id)
     .bind(owner.team_id)

@@ -118,6 +118,10 @@ impl Application {
                 redis_for_workers.clone(),
             )?),
             routes: Arc::new(crate::sandboxes::Routes::default()),
+            admission: Arc::new(crate::credits::Admission::new(
+                redis_for_workers.clone(),
+                &settings_for_workers.redis.key_prefix,
+            )),
             run_queue: Arc::new(crate::runs::RunQueue::new(
                 redis_for_workers.clone(),
                 &settings_for_workers.redis.key_prefix,
@@ -168,6 +172,15 @@ impl Application {
                     }
                     if let Err(error) = crate::runs::reap(&reaper_state).await {
                         tracing::warn!(error = format!("{error:#}"), "the run reaper failed");
+                    }
+                    if let Err(error) = crate::credits::meter(&reaper_state).await {
+                        tracing::warn!(error = format!("{error:#}"), "charging runtime failed");
+                    }
+                    if let Err(error) = crate::credits::stop_when_exhausted(&reaper_state).await {
+                        tracing::warn!(
+                            error = format!("{error:#}"),
+                            "stopping at zero credits failed"
+                        );
                     }
                 }
             }

@@ -45,6 +45,8 @@ pub struct Services {
     /// The fair run queue and the artifact store.
     pub run_queue: Arc<crate::runs::RunQueue>,
     pub artifacts: Arc<crate::runs::ArtifactStore>,
+    /// Credit reservations in Redis.
+    pub admission: Arc<crate::credits::Admission>,
     /// Cached sandbox → worker routes.
     pub routes: Arc<Routes>,
     /// The served OpenAPI document, rendered once at start-up.

@@ -222,17 +222,18 @@ impl Stripe<'_> {
     }
 }
 
-/// What handling an event did (recorded with the event id).
+/// What handling an event did (recorded with the event id), and the team whose credits
+/// changed.
 pub async fn handle_event(
     connection: &mut PgConnection,
     event: &Value,
     settings: &StripeSettings,
-) -> anyhow::Result<&'static str> {
+) -> anyhow::Result<(&'static str, Option<Uuid>)> {
     let object = &event["data"]["object"];
     match event["type"].as_str().unwrap_or_default() {
         "checkout.session.completed" | "checkout.session.async_payment_succeeded" => {
             if object["payment_status"] != "paid" {
-                return Ok("not paid yet");
+                return Ok(("not paid yet", None));
             }
             let session_id = object["id"].as_str().unwrap_or_default();
             let session: Option<(Uuid, i64)> = sqlx::query_as(
@@ -242,7 +243,7 @@ pub async fn handle_event(
             .fetch_optional(&mut *connection)
             .await?;
             let Some((team_id, credits)) = session else {
-                return Ok("unknown session");
+                return Ok(("unknown session", None));
             };
             sqlx::query("UPDATE stripe_sessions SET payment_intent = coalesce($2, payment_intent), granted = true WHERE id = $1")
                 .bind(session_id)
@@ -265,15 +266,16 @@ pub async fn handle_event(
                 },
             )
             .await?;
-            Ok(if granted.is_some() {
+            let outcome = if granted.is_some() {
                 "granted"
             } else {
                 "already granted"
-            })
+            };
+            Ok((outcome, Some(team_id)))
         }
         "charge.refunded" => {
             let Some(payment_intent) = object["payment_intent"].as_str() else {
-                return Ok("no payment intent");
+                return Ok(("no payment intent", None));
             };
             let refunded_total = object["amount_refunded"].as_i64().unwrap_or(0);
             let session: Option<(String, Uuid, i64)> = sqlx::query_as(
@@ -283,11 +285,11 @@ pub async fn handle_event(
             .fetch_optional(&mut *connection)
             .await?;
             let Some((session_id, team_id, already)) = session else {
-                return Ok("unknown payment");
+                return Ok(("unknown payment", None));
             };
             let newly = refunded_total - already;
             if newly <= 0 {
-                return Ok("nothing new refunded");
+                return Ok(("nothing new refunded", None));
             }
             sqlx::query("UPDATE stripe_sessions SET refunded_cents = $2 WHERE id = $1")
                 .bind(&session_id)
@@ -310,9 +312,9 @@ pub async fn handle_event(
                 )
                 .await?;
             }
-            Ok("refund taken back")
+            Ok(("refund taken back", Some(team_id)))
         }
-        _ => Ok("ignored"),
+        _ => Ok(("ignored", None)),
     }
 }
 

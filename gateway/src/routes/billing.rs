@@ -177,13 +177,17 @@ async fn stripe_webhook(
             serde_json::json!({ "received": true, "duplicate": true }),
         ));
     }
-    let outcome = crate::stripe::handle_event(&mut transaction, &event, settings).await?;
+    let (outcome, team) = crate::stripe::handle_event(&mut transaction, &event, settings).await?;
     sqlx::query("UPDATE stripe_events SET outcome = $2 WHERE id = $1")
         .bind(id)
         .bind(outcome)
         .execute(&mut *transaction)
         .await?;
     transaction.commit().await?;
+    // Balances changed: the admission cache reads the ledger again.
+    if let Some(team) = team {
+        let _ = state.admission.forget(team).await;
+    }
     tracing::info!(event = id, kind, outcome, "Stripe event handled");
     Ok(Json(
         serde_json::json!({ "received": true, "outcome": outcome }),
