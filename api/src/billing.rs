@@ -71,3 +71,23 @@ pub struct CheckoutAnswer {
     pub url: String,
     pub session_id: String,
 }
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct UsageAnswer {
+    /// `hour`, `day`, `sandbox`, `kind` or `key`.
+    pub group_by: String,
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    /// Credits spent per group, in order (time groups oldest first).
+    pub series: Vec<UsagePoint>,
+    pub total: String,
+    pub total_micro: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct UsagePoint {
+    /// The hour or day (RFC 3339), sandbox id, kind, or API key id (`none` for sessions).
+    pub key: String,
+    pub amount: String,
+    pub amount_micro: i64,
+}

@@ -61,3 +61,76 @@ pub async fn credits(global: &GlobalArgs, command: Option<CreditsCommand>) -> an
     );
     Ok(())
 }
+
+#[derive(clap::Args)]
+pub struct UsageArgs {
+    /// hour, day, sandbox, kind or key.
+    #[arg(long, default_value = "day")]
+    group_by: String,
+    /// Start (RFC 3339; default 7 days ago).
+    #[arg(long)]
+    from: Option<chrono::DateTime<chrono::Utc>>,
+    /// End (RFC 3339; default now).
+    #[arg(long)]
+    to: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// `sandbase usage`: a table, and a bar per group.
+pub async fn usage(global: &GlobalArgs, args: UsageArgs) -> anyhow::Result<()> {
+    let client = Client::new(global)?;
+    client.require_token()?;
+    let mut query = vec![("group_by", args.group_by)];
+    if let Some(from) = args.from {
+        query.push(("from", from.to_rfc3339()));
+    }
+    if let Some(to) = args.to {
+        query.push(("to", to.to_rfc3339()));
+    }
+    let usage: sandbase_api::billing::UsageAnswer = client.get("/v1/usage", &query).await?;
+    if global.json {
+        println!("{}", serde_json::to_string_pretty(&usage)?);
+        return Ok(());
+    }
+    let largest = usage
+        .series
+        .iter()
+        .map(|point| point.amount_micro)
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let rows: Vec<Vec<String>> = usage
+        .series
+        .iter()
+        .map(|point| {
+            vec![
+                point.key.clone(),
+                point.amount.clone(),
+                bar(point.amount_micro, largest, 40),
+            ]
+        })
+        .collect();
+    table(&[&usage.group_by.to_uppercase(), "CREDITS", ""], &rows);
+    println!();
+    println!("total: {} credits", usage.total);
+    Ok(())
+}
+
+/// A horizontal bar of `width` cells for `value` out of `largest`, in eighths of a cell.
+fn bar(value: i64, largest: i64, width: usize) -> String {
+    const PARTS: [&str; 8] = ["", "▏", "▎", "▍", "▌", "▋", "▊", "▉"];
+    let eighths = (value.max(0) as u128 * (width as u128 * 8) / largest.max(1) as u128) as usize;
+    let mut text = "█".repeat(eighths / 8);
+    text.push_str(PARTS[eighths % 8]);
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn bars_scale_to_the_largest() {
+        assert_eq!(super::bar(10, 10, 4), "████");
+        assert_eq!(super::bar(5, 10, 4), "██");
+        assert_eq!(super::bar(1, 16, 4), "▎");
+        assert_eq!(super::bar(0, 10, 4), "");
+    }
+}

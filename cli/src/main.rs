@@ -86,6 +86,8 @@ enum ClientCommand {
         #[command(subcommand)]
         command: Option<billing::CreditsCommand>,
     },
+    /// What the team spent, grouped (a table and a chart).
+    Usage(billing::UsageArgs),
     /// Create sandboxes, run commands in them, move files in and out.
     #[command(subcommand)]
     Sandbox(sandbox::SandboxCommand),
@@ -136,6 +138,7 @@ fn run_client(global: GlobalArgs, command: ClientCommand) -> anyhow::Result<Exit
             ClientCommand::Members(command) => commands::members(&global, command).await,
             ClientCommand::Audit(args) => commands::audit(&global, args).await,
             ClientCommand::Credits { command } => billing::credits(&global, command).await,
+            ClientCommand::Usage(args) => billing::usage(&global, args).await,
         }?;
         Ok(ExitCode::SUCCESS)
     })

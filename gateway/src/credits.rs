@@ -258,6 +258,7 @@ pub async fn meter(state: &crate::state::AppState) -> anyhow::Result<()> {
                     idempotency_key: format!("runtime:{id}:{}", from.timestamp_millis()),
                     description: "sandbox runtime".to_owned(),
                     details: serde_json::json!({
+                        "kind": "runtime",
                         "sandbox": id,
                         "from": from,
                         "until": until,

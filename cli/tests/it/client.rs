@@ -199,6 +199,13 @@ async fn credits_granted_by_the_operator_show_in_the_balance() {
     let text = stdout(&output);
     assert!(text.starts_with("available: 12.5 credits"), "{text}");
     assert!(text.contains("starter") && text.contains("admin"), "{text}");
+    let output = server.cli(&["usage", "--group-by", "kind"], &[], None);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        stdout(&output).contains("total: 0 credits"),
+        "{}",
+        stdout(&output)
+    );
     let output = server.cli(&["admin", "reconcile"], &operator, None);
     assert!(
         output.status.success(),

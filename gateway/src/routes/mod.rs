@@ -11,6 +11,7 @@ mod members;
 mod runs;
 mod sandboxes;
 mod templates;
+mod usage;
 
 use axum::Json;
 use axum::http::Uri;
@@ -72,6 +73,7 @@ pub fn api_router(
         .merge(sandboxes::router())
         .merge(templates::router())
         .merge(billing::router())
+        .merge(usage::router())
         .merge(runs::router(settings.runs.input_limit_bytes));
     let operations = OpenApiRouter::new()
         .merge(health::router())

@@ -324,3 +324,72 @@ async fn concurrent_debits_are_each_booked_once() {
     );
     assert_consistent(&app).await;
 }
+
+#[tokio::test]
+async fn usage_is_grouped_for_charts() {
+    let app = spawn_app().await;
+    let alice = app.signup("alice@example.com", "Alice").await;
+    let mallory = app.signup("mallory@example.com", "Mallory").await;
+    let team = alice.team.id;
+    let sandbox = Uuid::new_v4();
+    for (key, amount, details) in [
+        ("a", "0.5", json!({ "kind": "runtime", "sandbox": sandbox })),
+        (
+            "b",
+            "0.25",
+            json!({ "kind": "runtime", "sandbox": sandbox }),
+        ),
+        ("c", "1", json!({ "kind": "model" })),
+    ] {
+        let mut transaction = app.db.begin().await.unwrap();
+        sandbase_billing::debit(
+            &mut transaction,
+            Debit {
+                team_id: team,
+                amount: Credits::parse(amount).unwrap(),
+                idempotency_key: key.to_owned(),
+                description: "usage".to_owned(),
+                details,
+            },
+        )
+        .await
+        .unwrap();
+        transaction.commit().await.unwrap();
+    }
+    let token = alice.api_key.token.as_str();
+    let by_kind = app.get("/v1/usage?group_by=kind", token).await.body;
+    assert_eq!(by_kind["total"], "1.75");
+    assert_eq!(by_kind["series"][0]["key"], "model");
+    assert_eq!(
+        by_kind["series"][1],
+        json!({ "key": "runtime", "amount": "0.75", "amount_micro": 750_000 })
+    );
+    let by_day = app.get("/v1/usage", token).await.body;
+    assert_eq!(by_day["series"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        by_day["series"][0]["key"],
+        Utc::now().format("%Y-%m-%d").to_string()
+    );
+    let by_sandbox = app.get("/v1/usage?group_by=sandbox", token).await.body;
+    assert!(
+        by_sandbox["series"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|point| point["key"] == sandbox.to_string())
+    );
+    app.get("/v1/usage?group_by=week", token)
+        .await
+        .assert_error(422, "invalid_request");
+    app.get(
+        "/v1/usage?from=2030-01-01T00:00:00Z&to=2029-01-01T00:00:00Z",
+        token,
+    )
+    .await
+    .assert_error(422, "invalid_request");
+    let theirs = app
+        .get("/v1/usage?group_by=kind", &mallory.api_key.token)
+        .await
+        .body;
+    assert_eq!(theirs["series"], json!([]));
+}

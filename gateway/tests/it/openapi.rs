@@ -47,6 +47,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/billing/balance"),
     ("GET", "/v1/billing/ledger"),
     ("POST", "/v1/billing/checkout"),
+    ("GET", "/v1/usage"),
     ("POST", "/v1/billing/stripe/webhook"),
     ("POST", "/v1/runs"),
     ("GET", "/v1/runs"),

@@ -1,0 +1,100 @@
+//! What the team spent, grouped for a chart: by hour or day, sandbox, kind or API key.
+
+use axum::Json;
+use axum::extract::State;
+use chrono::{DateTime, Duration, Utc};
+use sandbase_api::ErrorBody;
+use sandbase_api::billing::{UsageAnswer, UsagePoint};
+use sandbase_billing::Credits;
+use serde::Deserialize;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::auth::Principal;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::ApiQuery;
+use crate::state::AppState;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(usage))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct UsageQuery {
+    /// Start (RFC 3339; default: 7 days ago).
+    from: Option<DateTime<Utc>>,
+    /// End (RFC 3339; default: now).
+    to: Option<DateTime<Utc>>,
+    /// `hour`, `day` (default), `sandbox`, `kind` or `key`.
+    group_by: Option<String>,
+}
+
+/// Credits charged to the team (grants and expiries not counted), grouped for a chart.
+#[utoipa::path(get, path = "/v1/usage", tag = "billing", security(("bearer" = [])),
+    params(UsageQuery),
+    responses((status = 200, description = "OK", body = UsageAnswer), (status = 422, description = "Invalid grouping or range", body = ErrorBody)))]
+async fn usage(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiQuery(query): ApiQuery<UsageQuery>,
+) -> ApiResult<Json<UsageAnswer>> {
+    let to = query.to.unwrap_or_else(Utc::now);
+    let from = query.from.unwrap_or(to - Duration::days(7));
+    if from >= to || to - from > Duration::days(400) {
+        return Err(ApiError::InvalidRequest(
+            "`from` must be before `to`, at most 400 days apart".to_owned(),
+        ));
+    }
+    let group_by = query.group_by.unwrap_or_else(|| "day".to_owned());
+    let group = match group_by.as_str() {
+        "hour" => {
+            "to_char(date_trunc('hour', t.created_at AT TIME ZONE 'UTC'), 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')"
+        }
+        "day" => "to_char(date_trunc('day', t.created_at AT TIME ZONE 'UTC'), 'YYYY-MM-DD')",
+        "sandbox" => "coalesce(t.details->>'sandbox', 'none')",
+        "kind" => "coalesce(t.details->>'kind', t.description)",
+        "key" => "coalesce(s.api_key_id::text, 'none')",
+        _ => {
+            return Err(ApiError::InvalidRequest(
+                "`group_by` is one of hour, day, sandbox, kind, key".to_owned(),
+            ));
+        }
+    };
+    let order = if matches!(group_by.as_str(), "hour" | "day") {
+        "1"
+    } else {
+        "2 DESC"
+    };
+    let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
+        "SELECT {group}, (-sum(e.amount))::bigint FROM ledger_transactions t \
+         JOIN ledger_entries e ON e.transaction_id = t.id AND e.account = $2 \
+         LEFT JOIN sandboxes s ON s.id::text = t.details->>'sandbox' AND s.team_id = t.team_id \
+         WHERE t.team_id = $1 AND t.kind = 'debit' AND t.created_at >= $3 AND t.created_at < $4 \
+         GROUP BY 1 ORDER BY {order} LIMIT 1000"
+    ))
+    .bind(principal.team_id)
+    .bind(format!("team:{}", principal.team_id))
+    .bind(from)
+    .bind(to)
+    .fetch_all(&state.db)
+    .await?;
+    let total: i64 = rows.iter().map(|(_, amount)| amount).sum();
+    Ok(Json(UsageAnswer {
+        group_by,
+        from,
+        to,
+        series: rows
+            .into_iter()
+            .map(|(key, amount)| UsagePoint {
+                key,
+                amount: Credits(amount).to_string(),
+                amount_micro: amount,
+            })
+            .collect(),
+        total: Credits(total).to_string(),
+        total_micro: total,
+    }))
+}
