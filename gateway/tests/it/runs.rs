@@ -311,3 +311,75 @@ async fn artifacts_can_live_in_an_s3_bucket() {
     let _ = server.kill();
     let _ = server.wait();
 }
+
+/// Redis is a cache: after every key of the deployment is gone (a flush), queued runs are
+/// put back from PostgreSQL, workers re-announce themselves, and balances are reloaded from
+/// the ledger — nothing lost, nothing counted twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redis_flush_loses_nothing() {
+    let app = sandbox_app().await;
+    let worker = TestWorker::start(worker_config(&app, "w", 1, 0)).await;
+    let alice = app.signup("alice@example.com", "Alice").await;
+    let token = alice.api_key.token.as_str();
+    let blocker = create_ok(&app, token, json!({})).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let answer = app
+        .post("/v1/runs", token, json!({ "command": "echo survived" }))
+        .await;
+    let run = answer.body["id"].as_str().unwrap().to_owned();
+
+    // Everything of this deployment in Redis goes.
+    let client = redis::Client::open(sandbase_gateway::testing::redis_url()).unwrap();
+    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+    let pattern = format!("{}*", app.settings.redis.key_prefix);
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(&pattern)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(!keys.is_empty());
+    let _: i64 = redis::cmd("DEL")
+        .arg(&keys)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+
+    // Room again: the queued run is found in PostgreSQL and carried out.
+    assert_eq!(
+        app.delete(&format!("/v1/sandboxes/{blocker}"), token)
+            .await
+            .status,
+        StatusCode::NO_CONTENT
+    );
+    let finished = finished(&app, token, &run).await;
+    assert_eq!(
+        (finished["state"].as_str(), finished["stdout"].as_str()),
+        (Some("completed"), Some("survived\n")),
+        "{finished}"
+    );
+    // Admission reloads the balance from the ledger; charges still land once.
+    let id = create_ok(&app, token, json!({})).await;
+    assert_eq!(
+        app.delete(&format!("/v1/sandboxes/{id}"), token)
+            .await
+            .status,
+        StatusCode::NO_CONTENT
+    );
+    wait_until("the last charges", Duration::from_secs(15), || async {
+        app.count("SELECT count(*) FROM sandboxes WHERE stop_reason <> 'failed' AND charged_until < stopped_at").await == 0
+    })
+    .await;
+    let duplicates = app
+        .count("SELECT count(*) FROM (SELECT idempotency_key FROM ledger_transactions GROUP BY 1 HAVING count(*) > 1) d")
+        .await;
+    assert_eq!(duplicates, 0);
+    let mut connection = app.db.acquire().await.unwrap();
+    assert!(
+        sandbase_billing::reconcile(&mut connection)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    drop(connection);
+    worker.clean_up().await;
+}

@@ -276,8 +276,12 @@ fn escape_attempts_fail_and_the_sandbox_keeps_working() {
     // Still serving.
     let (stdout, _, exit) = sandbox.sh("echo alive", false);
     assert_eq!((stdout.as_str(), exit.code), ("alive\n", 0));
-    // The OOM killer picks a command before the agent.
-    let (stdout, _, _) = sandbox.sh("cat /proc/1/oom_score_adj /proc/self/oom_score_adj", true);
+    // The OOM killer picks a command before the agent (the agent raises the score just
+    // after the spawn, so the command reads it a moment later).
+    let (stdout, _, _) = sandbox.sh(
+        "sleep 0.3; cat /proc/1/oom_score_adj /proc/self/oom_score_adj",
+        true,
+    );
     let scores: Vec<i32> = stdout.lines().map(|line| line.parse().unwrap()).collect();
     assert!(
         scores[1] >= scores[0] + 500,
