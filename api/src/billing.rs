@@ -91,3 +91,33 @@ pub struct UsagePoint {
     pub amount: String,
     pub amount_micro: i64,
 }
+
+/// An operator's grant to a team (`POST /v1/admin/teams/{id}/grants`, node token).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AdminGrantRequest {
+    /// Credits to grant (a decimal, e.g. "25" or "0.5").
+    pub credits: String,
+    /// Days until the grant expires; never when absent.
+    #[serde(default)]
+    pub expires_in_days: Option<u32>,
+    /// Lower is used first (default 10).
+    #[serde(default)]
+    pub priority: Option<i32>,
+    #[serde(default)]
+    pub note: Option<String>,
+    /// The same key is granted once; a retry with it changes nothing.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AdminGrantAnswer {
+    /// The new grant; absent when the idempotency key was granted before.
+    #[serde(default)]
+    pub grant_id: Option<Uuid>,
+    pub credits: String,
+    pub amount_micro: i64,
+    /// Whether this call booked it (false: a retry of an earlier grant).
+    pub granted: bool,
+}

@@ -101,3 +101,51 @@ pub struct Exec {
 
 /// The header carrying the node token on internal calls (both directions).
 pub const NODE_TOKEN_HEADER: &str = "x-sandbase-node-token";
+
+/// Usage a worker reports. The gateway answers 200 only once every sample and event is
+/// written to PostgreSQL; a worker keeps what was not acknowledged and sends it again
+/// (resends change nothing).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct UsageReport {
+    pub worker: String,
+    #[serde(default)]
+    pub samples: Vec<UsageSample>,
+    #[serde(default)]
+    pub events: Vec<UsageEvent>,
+}
+
+/// A running sandbox's cumulative counters since it became the team's. `seq` grows by one
+/// per sample of the sandbox, so `(sandbox, seq)` identifies a sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageSample {
+    pub sandbox: Uuid,
+    pub seq: u64,
+    /// Wall time since the sandbox was handed to its team, in milliseconds.
+    pub uptime_ms: u64,
+    /// CPU time used by the sandbox's cgroup since then, in microseconds.
+    pub cpu_usec: u64,
+    /// The last sample, taken when the sandbox was destroyed.
+    #[serde(default)]
+    pub last: bool,
+    pub sampled_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// A discrete quantity of usage by a sandbox (egress bytes, API calls, model tokens).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageEvent {
+    /// Unique per event: a resend with the same key changes nothing.
+    pub key: String,
+    pub sandbox: Uuid,
+    pub kind: String,
+    #[serde(default)]
+    pub subject: String,
+    pub quantity: u64,
+    pub occurred_at: chrono::DateTime<chrono::Utc>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct UsageReceipt {
+    /// Samples and events written now (resends and unknown sandboxes are not counted).
+    pub samples: u64,
+    pub events: u64,
+}

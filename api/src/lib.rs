@@ -11,6 +11,7 @@ use uuid::Uuid;
 pub mod internal;
 pub mod runs;
 pub mod sandboxes;
+pub mod secrets;
 
 /// The body of every error answer: `{"error":{"code":"…","message":"…"}}`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -183,6 +184,14 @@ pub struct ApiKey {
     pub last_used_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub expires_at: Option<DateTime<Utc>>,
+    /// Spend cap of the key, in micro-credits: what the sandboxes and calls it makes may cost
+    /// in all. At the cap, its sandboxes stop and new ones get 402 `spend_cap_reached`.
+    #[serde(default)]
+    pub max_credits_micro: Option<i64>,
+    /// What the key's sandboxes and calls have cost so far, in micro-credits (not in
+    /// `GET /v1/me`, which is answered from a cache).
+    #[serde(default)]
+    pub spent_micro: Option<i64>,
 }
 
 /// A newly created API key, with its full token (shown once).
@@ -207,6 +216,10 @@ pub struct CreateApiKeyRequest {
     /// Expiry relative to now, in seconds. Exclusive with `expires_at`.
     #[serde(default)]
     pub expires_in_secs: Option<u64>,
+    /// Spend cap in credits (a decimal, e.g. "20"): the key's sandboxes and calls may cost
+    /// this much in all.
+    #[serde(default)]
+    pub max_credits: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -58,6 +58,10 @@ pub struct CreateSandboxRequest {
     /// else of the host is visible.
     #[serde(default)]
     pub mounts: Vec<Mount>,
+    /// Spend cap of this sandbox, in credits (a decimal, e.g. "0.5"): once its runtime and
+    /// usage cost this much it is stopped (`stop_reason: spend_cap`).
+    #[serde(default)]
+    pub max_credits: Option<String>,
 }
 
 /// A volume of the node mounted into the sandbox.
@@ -115,7 +119,9 @@ pub struct Sandbox {
     pub id: Uuid,
     pub template: String,
     pub state: SandboxState,
-    /// Why a stopped sandbox stopped: `destroyed`, `expired`, `failed` or `lost`.
+    /// Why a stopped sandbox stopped: `destroyed`, `expired`, `failed`, `lost`,
+    /// `insufficient_credits` (the team's credits ran out) or `spend_cap` (its own cap or
+    /// its API key's was reached).
     #[serde(default)]
     pub stop_reason: Option<String>,
     pub cwd: String,
@@ -127,6 +133,12 @@ pub struct Sandbox {
     pub expires_at: DateTime<Utc>,
     #[serde(default)]
     pub stopped_at: Option<DateTime<Utc>>,
+    /// What it has cost so far, in micro-credits (charged from its usage samples).
+    #[serde(default)]
+    pub spent_micro: i64,
+    /// Its spend cap, in micro-credits.
+    #[serde(default)]
+    pub max_credits_micro: Option<i64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -143,7 +143,7 @@ impl Client {
         check(response).await
     }
 
-    async fn send<B: Serialize, T: DeserializeOwned>(
+    pub async fn send<B: Serialize, T: DeserializeOwned>(
         &self,
         method: Method,
         path: &str,

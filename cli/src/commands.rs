@@ -85,6 +85,9 @@ pub enum KeysCommand {
         /// Lifetime in seconds.
         #[arg(long)]
         expires_in: Option<u64>,
+        /// Spend cap in credits: what the key's sandboxes may cost in all.
+        #[arg(long = "max-credits")]
+        max_credits: Option<String>,
     },
     /// List the team's active API keys.
     Ls,
@@ -244,6 +247,7 @@ pub async fn keys(global: &GlobalArgs, command: KeysCommand) -> anyhow::Result<(
             name,
             role,
             expires_in,
+            max_credits,
         } => {
             let created: CreatedApiKey = client
                 .post(
@@ -253,6 +257,7 @@ pub async fn keys(global: &GlobalArgs, command: KeysCommand) -> anyhow::Result<(
                         role,
                         expires_at: None,
                         expires_in_secs: expires_in,
+                        max_credits,
                     },
                 )
                 .await?;
@@ -281,6 +286,7 @@ pub async fn keys(global: &GlobalArgs, command: KeysCommand) -> anyhow::Result<(
                     "CREATED",
                     "LAST USED",
                     "EXPIRES",
+                    "SPENT / CAP",
                 ],
                 &rows,
             );
@@ -305,6 +311,13 @@ fn key_row(key: &ApiKey) -> Vec<String> {
         time(&key.created_at),
         optional_time(&key.last_used_at),
         optional_time(&key.expires_at),
+        format!(
+            "{} / {}",
+            sandbase_billing::Credits(key.spent_micro.unwrap_or(0)),
+            key.max_credits_micro
+                .map_or("-".to_owned(), |cap| sandbase_billing::Credits(cap)
+                    .to_string())
+        ),
     ]
 }
 

@@ -7,6 +7,7 @@ mod commands;
 mod credentials;
 mod output;
 mod sandbox;
+mod secret;
 mod serve;
 mod telemetry;
 mod template;
@@ -60,6 +61,9 @@ enum Command {
     /// Operator commands that act on the database directly.
     #[command(subcommand)]
     Admin(serve::AdminCommand),
+    /// The vault's key-encryption keys: make one, rotate to the newest.
+    #[command(subcommand)]
+    Vault(serve::VaultCommand),
     #[command(flatten)]
     Client(ClientCommand),
 }
@@ -93,6 +97,9 @@ enum ClientCommand {
     Sandbox(sandbox::SandboxCommand),
     /// Run one command in a fresh sandbox: inputs in, output and artifacts out.
     Run(sandbox::RunArgs),
+    /// Credentials for sandboxes' outbound requests: set (value from stdin), ls, rm.
+    #[command(subcommand)]
+    Secret(secret::SecretCommand),
     /// Templates: import, pull and remove (operator, node token), list.
     #[command(subcommand)]
     Template(template::TemplateCommand),
@@ -108,6 +115,7 @@ fn main() -> ExitCode {
         Command::Worker(args) => worker::run(args),
         Command::Migrate { database_url } => serve::migrate(database_url),
         Command::Admin(command) => serve::admin(command),
+        Command::Vault(command) => serve::vault(command),
         Command::Client(command) => {
             telemetry::init_client();
             run_client(cli.global, command)
@@ -139,6 +147,7 @@ fn run_client(global: GlobalArgs, command: ClientCommand) -> anyhow::Result<Exit
             ClientCommand::Audit(args) => commands::audit(&global, args).await,
             ClientCommand::Credits { command } => billing::credits(&global, command).await,
             ClientCommand::Usage(args) => billing::usage(&global, args).await,
+            ClientCommand::Secret(command) => secret::run(&global, command).await,
         }?;
         Ok(ExitCode::SUCCESS)
     })

@@ -76,6 +76,9 @@ pub struct CreateArgs {
     /// VOLUME:PATH (read-only) or VOLUME:PATH:rw — a volume the workers offer (repeatable).
     #[arg(long = "mount", value_parser = parse_mount)]
     mounts: Vec<sandbase_api::sandboxes::Mount>,
+    /// Spend cap in credits: the sandbox stops once it has cost this much.
+    #[arg(long = "max-credits")]
+    max_credits: Option<String>,
 }
 
 fn parse_mount(value: &str) -> Result<sandbase_api::sandboxes::Mount, String> {
@@ -138,6 +141,7 @@ pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> anyhow::Result
                     pids: None,
                 },
                 metadata: args.metadata.into_iter().collect(),
+                max_credits: args.max_credits,
                 mounts: args.mounts,
             };
             let sandbox: Sandbox = client.post("/v1/sandboxes", &request).await?;

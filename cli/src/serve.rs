@@ -90,6 +90,46 @@ pub enum AdminCommand {
     },
 }
 
+#[derive(Subcommand)]
+pub enum VaultCommand {
+    /// Print a new random key-encryption key entry (`VERSION:BASE64`) for vault.keys or
+    /// the key file.
+    NewKey {
+        #[arg(long, default_value_t = 1)]
+        version: i32,
+    },
+    /// Re-wrap every team's data key under the newest configured key-encryption key (keep
+    /// the older key configured until this has finished; gateways keep working throughout).
+    RotateKek {
+        #[arg(long, env = "SANDBASE_CONFIG")]
+        config: Option<PathBuf>,
+    },
+}
+
+pub fn vault(command: VaultCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        VaultCommand::NewKey { version } => {
+            anyhow::ensure!(version > 0, "--version must be positive");
+            println!("{}", sandbase_vault::Keyring::generate_entry(version));
+        }
+        VaultCommand::RotateKek { config } => {
+            telemetry::init_client();
+            let settings = load_operator_settings(config.as_deref())?;
+            let keyring = settings
+                .vault
+                .keyring()?
+                .context("no vault keys configured (vault.keys or vault.key_file)")?;
+            let current = keyring.current();
+            let rewrapped = runtime()?.block_on(async move {
+                let db = startup::connect_database(&settings).await?;
+                Ok::<_, anyhow::Error>(sandbase_vault::rotate(&db, &keyring).await?)
+            })?;
+            println!("re-wrapped {rewrapped} data keys under key version {current}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// The dev-mode defaults: everything on this machine.
 pub const DEV_DATABASE_URL: &str = "postgres://sandbase:sandbase@127.0.0.1:5432/sandbase";
 pub const DEV_REDIS_URL: &str = "redis://127.0.0.1:6379";
@@ -121,6 +161,7 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     defaults.redis.url = Some(SecretString::from(DEV_REDIS_URL));
     defaults.auth.jwt_secret = Some(SecretString::from(state.jwt_secret.clone()));
     defaults.workers.node_token = Some(SecretString::from(state.node_token.clone()));
+    defaults.vault.keys = vec![SecretString::from(state.vault_key.clone())];
     let mut settings = Settings::load_with_defaults(defaults, args.config.as_deref())?;
     settings.server.listen = args.listen;
     let _telemetry = telemetry::init(&settings.telemetry)?;
@@ -341,6 +382,13 @@ struct DevState {
     /// Shared by the dev gateway and its worker.
     #[serde(default = "new_node_token")]
     node_token: String,
+    /// The dev vault's key-encryption key.
+    #[serde(default = "new_vault_key")]
+    vault_key: String,
+}
+
+fn new_vault_key() -> String {
+    sandbase_vault::Keyring::generate_entry(1)
 }
 
 fn new_node_token() -> String {
@@ -361,6 +409,7 @@ impl DevState {
                 password: random_string(20),
                 api_key: None,
                 node_token: new_node_token(),
+                vault_key: new_vault_key(),
             }),
             Err(error) => Err(error).with_context(|| format!("reading {}", path.display())),
         }

@@ -164,6 +164,7 @@ impl NodeArgs {
                 None => hostname(),
             },
             heartbeat_interval: Duration::from_secs(2),
+            usage_interval: Duration::from_secs(5),
             templates,
         })
     }

@@ -166,6 +166,7 @@ fn main() -> anyhow::Result<()> {
             node_token: NODE_TOKEN.to_owned(),
             worker_id: "bench".to_owned(),
             heartbeat_interval: Duration::from_millis(500),
+            usage_interval: Duration::from_secs(5),
             templates: vec![("busybox".to_owned(), TemplateSource::Busybox)],
         };
         let worker = service::start(config).await?;

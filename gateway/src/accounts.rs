@@ -54,6 +54,8 @@ pub struct ApiKeyRow {
     pub created_at: DateTime<Utc>,
     pub last_used_at: Option<DateTime<Utc>>,
     pub expires_at: Option<DateTime<Utc>>,
+    pub max_credits: Option<i64>,
+    pub spent_micro: i64,
 }
 
 impl ApiKeyRow {
@@ -67,12 +69,14 @@ impl ApiKeyRow {
             created_at: self.created_at,
             last_used_at: self.last_used_at,
             expires_at: self.expires_at,
+            max_credits_micro: self.max_credits,
+            spent_micro: Some(self.spent_micro),
         }
     }
 }
 
-pub const API_KEY_COLUMNS: &str =
-    "id, public_id, name, role, created_by, created_at, last_used_at, expires_at";
+pub const API_KEY_COLUMNS: &str = "id, public_id, name, role, created_by, created_at, last_used_at, expires_at, \
+     max_credits, spent_micro";
 
 /// Normalizes and checks an e-mail address: trimmed, one `@`, a dot in the domain, no spaces.
 pub fn parse_email(email: &str) -> Result<String, ApiError> {

@@ -27,6 +27,50 @@ pub struct Settings {
     pub runs: RunSettings,
     pub billing: BillingSettings,
     pub stripe: StripeSettings,
+    pub vault: VaultSettings,
+}
+
+/// The vault's key-encryption keys: `VERSION:BASE64` entries (32 random bytes each; make one
+/// with `sandbase vault new-key`), given here or in a key file, one a line. The highest
+/// version wraps new data keys; keep the older ones until `sandbase vault rotate-kek` has
+/// re-wrapped everything. Without keys, the secrets API answers 501.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct VaultSettings {
+    #[serde(serialize_with = "serialize_secrets")]
+    pub keys: Vec<SecretString>,
+    pub key_file: Option<std::path::PathBuf>,
+}
+
+impl VaultSettings {
+    /// The keyring, when keys are configured.
+    pub fn keyring(&self) -> Result<Option<sandbase_vault::Keyring>, ConfigError> {
+        let mut entries: Vec<String> = self
+            .keys
+            .iter()
+            .map(|key| key.expose_secret().to_owned())
+            .collect();
+        if let Some(path) = &self.key_file {
+            let text = std::fs::read_to_string(path).map_err(|error| {
+                ConfigError(format!(
+                    "key `vault.key_file`: cannot read {}: {error}",
+                    path.display()
+                ))
+            })?;
+            entries.extend(text.lines().map(str::to_owned));
+        }
+        let entries: Vec<&str> = entries
+            .iter()
+            .map(|entry| entry.trim())
+            .filter(|entry| !entry.is_empty() && !entry.starts_with('#'))
+            .collect();
+        if entries.is_empty() {
+            return Ok(None);
+        }
+        sandbase_vault::Keyring::parse(entries)
+            .map(Some)
+            .map_err(|error| ConfigError(format!("keys `vault.keys` / `vault.key_file`: {error}")))
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -64,8 +108,58 @@ pub struct BillingSettings {
     pub vcpu_second_micro: u64,
     /// Micro-credits per second of one GiB of a sandbox's memory.
     pub gib_second_micro: u64,
+    /// Micro-credits per second of CPU time a sandbox used (measured in its cgroup).
+    pub cpu_second_micro: u64,
+    /// A running sandbox's reported usage is charged once it adds up to this many seconds
+    /// (of wall or CPU time); sooner when it stops or has a spend cap.
+    pub charge_every_secs: u64,
     /// Seconds a team at zero credits keeps its running sandboxes before they are stopped.
     pub grace_secs: u64,
+    /// Prices of the other kinds of usage (model tokens, API calls, egress bytes): the first
+    /// entry matching an event's kind and subject (`*`: any subject) prices it. An event
+    /// without a price is refused when it is reported.
+    pub prices: Vec<Price>,
+}
+
+/// `micro` micro-credits per `per` units of `kind` for `subject`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    pub kind: String,
+    #[serde(default = "any_subject")]
+    pub subject: String,
+    pub micro: u64,
+    #[serde(default = "one")]
+    pub per: u64,
+}
+
+fn any_subject() -> String {
+    "*".to_owned()
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// The kinds of usage the pipeline accepts as events.
+pub const EVENT_KINDS: [&str; 4] = [
+    "model_input_tokens",
+    "model_output_tokens",
+    "api_calls",
+    "egress_bytes",
+];
+
+impl BillingSettings {
+    /// The price of `quantity` units of `kind` for `subject`, rounded up; `None` when the
+    /// table has no price for them.
+    pub fn price_of(&self, kind: &str, subject: &str, quantity: i64) -> Option<(i64, &Price)> {
+        let price = self.prices.iter().find(|price| {
+            price.kind == kind && (price.subject == "*" || price.subject == subject)
+        })?;
+        let amount =
+            (quantity.max(0) as u128 * u128::from(price.micro)).div_ceil(u128::from(price.per));
+        Some((i64::try_from(amount).unwrap_or(i64::MAX), price))
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -296,7 +390,35 @@ impl Default for Settings {
                 starter_expiry_days: 30,
                 vcpu_second_micro: 14,
                 gib_second_micro: 5,
+                cpu_second_micro: 5,
+                charge_every_secs: 15,
                 grace_secs: 30,
+                prices: vec![
+                    Price {
+                        kind: "model_input_tokens".to_owned(),
+                        subject: "*".to_owned(),
+                        micro: 3,
+                        per: 1,
+                    },
+                    Price {
+                        kind: "model_output_tokens".to_owned(),
+                        subject: "*".to_owned(),
+                        micro: 15,
+                        per: 1,
+                    },
+                    Price {
+                        kind: "api_calls".to_owned(),
+                        subject: "*".to_owned(),
+                        micro: 1000,
+                        per: 1,
+                    },
+                    Price {
+                        kind: "egress_bytes".to_owned(),
+                        subject: "*".to_owned(),
+                        micro: 50_000,
+                        per: 1 << 30,
+                    },
+                ],
             },
             stripe: StripeSettings {
                 secret_key: None,
@@ -310,6 +432,7 @@ impl Default for Settings {
                 cancel_url: "http://127.0.0.1:8080/billing/cancel".to_owned(),
                 tolerance_secs: 300,
             },
+            vault: VaultSettings::default(),
         }
     }
 }
@@ -364,6 +487,7 @@ impl Settings {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        self.vault.keyring()?;
         let database_url = self.database_url()?;
         let scheme_ok = ["postgres://", "postgresql://"]
             .iter()
@@ -462,6 +586,15 @@ impl Settings {
                 "key `billing.starter_credits` must be a non-negative amount of credits with at most 6 decimals".to_owned(),
             ));
         }
+        for price in &self.billing.prices {
+            if !EVENT_KINDS.contains(&price.kind.as_str()) || price.per == 0 {
+                return Err(ConfigError(format!(
+                    "key `billing.prices`: kind `{}` is not one of {} or `per` is 0",
+                    price.kind,
+                    EVENT_KINDS.join(", ")
+                )));
+            }
+        }
         if self.runs.max_concurrent == 0 || self.runs.input_limit_bytes < 1024 {
             return Err(ConfigError(
                 "keys `runs.max_concurrent` (at least 1) and `runs.input_limit_bytes` (at least 1024)".to_owned(),
@@ -498,6 +631,13 @@ impl Settings {
 }
 
 /// Secrets are written out only so figment can layer the defaults; they are never logged.
+fn serialize_secrets<S: serde::Serializer>(
+    values: &[SecretString],
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_seq(values.iter().map(|secret| secret.expose_secret()))
+}
+
 fn serialize_optional_secret<S: serde::Serializer>(
     value: &Option<SecretString>,
     serializer: S,

@@ -47,9 +47,10 @@ pub fn price_per_second(
     (cpu + memory) as i64
 }
 
-/// Real-time admission in Redis, a cache of the ledger: each team's balance and what is
-/// reserved against it, changed only by one Lua script at a time. A reservation expires on
-/// its own (a sorted set of expiry times), so a crashed caller cannot hold credits forever.
+/// Real-time admission in Redis, a cache of the ledger. A budget is a balance and what is
+/// reserved against it, changed only by one Lua script at a time: the team's credits, and
+/// the spend cap of the API key that asks (if it has one). A reservation expires on its own
+/// (a sorted set of expiry times), so a crashed caller cannot hold credits forever.
 pub struct Admission {
     redis: redis::aio::ConnectionManager,
     prefix: String,
@@ -63,30 +64,51 @@ pub struct Admission {
 pub enum Admitted {
     Yes,
     InsufficientCredits,
+    /// The API key's spend cap is reached.
+    KeyCapReached,
 }
 
-// KEYS: balance hash, reservations zset. ARGV: id, amount, ttl ms.
-// Returns 1 admitted, 0 refused, -1 when the team's balance is not cached.
+/// Whose budget: a team's credits or an API key's cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Budget {
+    Team(Uuid),
+    Key(Uuid),
+}
+
+// KEYS: (hash, zset) per budget. ARGV: id, amount, ttl ms.
+// Returns 0 when every budget admits (and reserves in each), k when budget k refuses, -k
+// when budget k is not cached. A budget with `uncapped` set admits anything.
 const RESERVE: &str = r"
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now_ms)) do
-  local amount = tonumber(string.match(member, ':(%-?%d+)$'))
-  redis.call('HINCRBY', KEYS[1], 'reserved', -amount)
-  redis.call('ZREM', KEYS[2], member)
-end
-local balance = tonumber(redis.call('HGET', KEYS[1], 'balance') or '0')
-local reserved = tonumber(redis.call('HGET', KEYS[1], 'reserved') or '0')
 local amount = tonumber(ARGV[2])
-if balance - reserved < amount then return 0 end
-redis.call('HINCRBY', KEYS[1], 'reserved', amount)
-redis.call('ZADD', KEYS[2], now_ms + tonumber(ARGV[3]), ARGV[1] .. ':' .. ARGV[2])
-return 1
+local budgets = #KEYS / 2
+local capped = {}
+for k = 1, budgets do
+  local hash, zset = KEYS[2 * k - 1], KEYS[2 * k]
+  if redis.call('EXISTS', hash) == 0 then return -k end
+  capped[k] = redis.call('HGET', hash, 'uncapped') ~= '1'
+  if capped[k] then
+    for _, member in ipairs(redis.call('ZRANGEBYSCORE', zset, '-inf', now_ms)) do
+      redis.call('HINCRBY', hash, 'reserved', -tonumber(string.match(member, ':(%-?%d+)$')))
+      redis.call('ZREM', zset, member)
+    end
+    local balance = tonumber(redis.call('HGET', hash, 'balance') or '0')
+    local reserved = tonumber(redis.call('HGET', hash, 'reserved') or '0')
+    if balance - reserved < amount then return k end
+  end
+end
+for k = 1, budgets do
+  if capped[k] then
+    redis.call('HINCRBY', KEYS[2 * k - 1], 'reserved', amount)
+    redis.call('ZADD', KEYS[2 * k], now_ms + tonumber(ARGV[3]), ARGV[1] .. ':' .. ARGV[2])
+  end
+end
+return 0
 ";
 
-// Caches a balance read from the ledger, with what live reservations still hold.
-// KEYS: balance hash, reservations zset. ARGV: balance, ttl seconds.
+// Caches a budget read from PostgreSQL, with what live reservations still hold.
+// KEYS: hash, zset. ARGV: balance, ttl seconds, uncapped (0 or 1).
 const LOAD: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local now = redis.call('TIME')
@@ -96,20 +118,22 @@ local reserved = 0
 for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
   reserved = reserved + tonumber(string.match(member, ':(%-?%d+)$'))
 end
-redis.call('HSET', KEYS[1], 'balance', ARGV[1], 'reserved', reserved)
+redis.call('HSET', KEYS[1], 'balance', ARGV[1], 'reserved', reserved, 'uncapped', ARGV[3])
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
 return 1
 ";
 
-// KEYS: balance hash, reservations zset. ARGV: id, amount.
+// KEYS: (hash, zset) per budget. ARGV: id, amount.
 const RELEASE: &str = r"
-if redis.call('ZREM', KEYS[2], ARGV[1] .. ':' .. ARGV[2]) == 1 then
-  redis.call('HINCRBY', KEYS[1], 'reserved', -tonumber(ARGV[2]))
+for k = 1, #KEYS / 2 do
+  if redis.call('ZREM', KEYS[2 * k], ARGV[1] .. ':' .. ARGV[2]) == 1 then
+    redis.call('HINCRBY', KEYS[2 * k - 1], 'reserved', -tonumber(ARGV[2]))
+  end
 end
 return 1
 ";
 
-/// How long a team's cached balance lives before it is read again from the ledger.
+/// How long a cached budget lives before it is read again from PostgreSQL.
 const CACHE_SECS: i64 = 60;
 
 impl Admission {
@@ -123,49 +147,75 @@ impl Admission {
         }
     }
 
-    fn keys(&self, team_id: Uuid) -> (String, String) {
+    fn keys(&self, budget: Budget) -> (String, String) {
+        let name = match budget {
+            Budget::Team(id) => id.to_string(),
+            Budget::Key(id) => format!("key:{id}"),
+        };
         (
-            format!("{}{team_id}", self.prefix),
-            format!("{}{team_id}:reservations", self.prefix),
+            format!("{}{name}", self.prefix),
+            format!("{}{name}:reservations", self.prefix),
         )
     }
 
-    /// Reserves `amount` for `id` during `ttl_ms`, loading the balance from the ledger
-    /// when Redis does not have it (after a flush or a restart).
+    fn budgets(team_id: Uuid, api_key_id: Option<Uuid>) -> Vec<Budget> {
+        let mut budgets = vec![Budget::Team(team_id)];
+        budgets.extend(api_key_id.map(Budget::Key));
+        budgets
+    }
+
+    /// Reserves `amount` for `id` during `ttl_ms` against the team's credits and the key's
+    /// cap, loading a budget from PostgreSQL when Redis does not have it (after a flush or
+    /// a restart).
     pub async fn reserve(
         &self,
         db: &sqlx::PgPool,
         team_id: Uuid,
+        api_key_id: Option<Uuid>,
         id: Uuid,
         amount: i64,
         ttl_ms: u64,
     ) -> anyhow::Result<Admitted> {
-        let (balance, reservations) = self.keys(team_id);
-        for _ in 0..2 {
-            let answer: i64 = self
-                .reserve
-                .key(&balance)
-                .key(&reservations)
+        let budgets = Self::budgets(team_id, api_key_id);
+        for _ in 0..=budgets.len() {
+            let mut invocation = self.reserve.prepare_invoke();
+            for budget in &budgets {
+                let (hash, zset) = self.keys(*budget);
+                invocation.key(hash).key(zset);
+            }
+            let answer: i64 = invocation
                 .arg(id.to_string())
                 .arg(amount)
                 .arg(ttl_ms)
                 .invoke_async(&mut self.redis.clone())
                 .await?;
             match answer {
-                1 => return Ok(Admitted::Yes),
-                0 => return Ok(Admitted::InsufficientCredits),
-                _ => self.load(db, team_id).await?,
+                0 => return Ok(Admitted::Yes),
+                k if k > 0 => {
+                    return Ok(match budgets[k as usize - 1] {
+                        Budget::Team(_) => Admitted::InsufficientCredits,
+                        Budget::Key(_) => Admitted::KeyCapReached,
+                    });
+                }
+                k => self.load(db, budgets[(-k) as usize - 1]).await?,
             }
         }
-        anyhow::bail!("the team's balance could not be cached")
+        anyhow::bail!("the budgets could not be cached")
     }
 
-    pub async fn release(&self, team_id: Uuid, id: Uuid, amount: i64) -> anyhow::Result<()> {
-        let (balance, reservations) = self.keys(team_id);
-        let _: i64 = self
-            .release
-            .key(&balance)
-            .key(&reservations)
+    pub async fn release(
+        &self,
+        team_id: Uuid,
+        api_key_id: Option<Uuid>,
+        id: Uuid,
+        amount: i64,
+    ) -> anyhow::Result<()> {
+        let mut invocation = self.release.prepare_invoke();
+        for budget in Self::budgets(team_id, api_key_id) {
+            let (hash, zset) = self.keys(budget);
+            invocation.key(hash).key(zset);
+        }
+        let _: i64 = invocation
             .arg(id.to_string())
             .arg(amount)
             .invoke_async(&mut self.redis.clone())
@@ -173,116 +223,98 @@ impl Admission {
         Ok(())
     }
 
-    /// After a charge booked in the ledger: the cached balance follows (when cached).
-    pub async fn charged(&self, team_id: Uuid, amount: i64) -> anyhow::Result<()> {
-        let (balance, _) = self.keys(team_id);
+    /// After a charge booked in the ledger: the cached budgets follow (when cached).
+    pub async fn charged(
+        &self,
+        team_id: Uuid,
+        api_key_id: Option<Uuid>,
+        amount: i64,
+    ) -> anyhow::Result<()> {
         let mut redis = self.redis.clone();
-        let cached: bool = redis::AsyncCommands::exists(&mut redis, &balance).await?;
-        if cached {
-            let _: i64 =
-                redis::AsyncCommands::hincr(&mut redis, &balance, "balance", -amount).await?;
+        for budget in Self::budgets(team_id, api_key_id) {
+            let (hash, _) = self.keys(budget);
+            let cached: bool = redis::AsyncCommands::exists(&mut redis, &hash).await?;
+            if cached {
+                let _: i64 =
+                    redis::AsyncCommands::hincr(&mut redis, &hash, "balance", -amount).await?;
+            }
         }
         Ok(())
     }
 
-    /// Drops the cached balance (after a grant): the next reservation reads the ledger.
+    /// Drops the team's cached balance (after a grant): the next reservation reads the ledger.
     pub async fn forget(&self, team_id: Uuid) -> anyhow::Result<()> {
-        let (balance, _) = self.keys(team_id);
+        let (balance, _) = self.keys(Budget::Team(team_id));
         let _: i64 = redis::AsyncCommands::del(&mut self.redis.clone(), &balance).await?;
         Ok(())
     }
 
-    async fn load(&self, db: &sqlx::PgPool, team_id: Uuid) -> anyhow::Result<()> {
-        let mut connection = db.acquire().await?;
-        let available = sandbase_billing::balance(&mut connection, team_id)
-            .await?
-            .available;
-        let (balance, reservations) = self.keys(team_id);
+    async fn load(&self, db: &sqlx::PgPool, budget: Budget) -> anyhow::Result<()> {
+        let (balance, uncapped) = match budget {
+            Budget::Team(team_id) => {
+                let mut connection = db.acquire().await?;
+                let available = sandbase_billing::balance(&mut connection, team_id)
+                    .await?
+                    .available;
+                (available.0, false)
+            }
+            Budget::Key(key_id) => {
+                let row: Option<(Option<i64>, i64)> =
+                    sqlx::query_as("SELECT max_credits, spent_micro FROM api_keys WHERE id = $1")
+                        .bind(key_id)
+                        .fetch_optional(db)
+                        .await?;
+                match row {
+                    Some((Some(cap), spent)) => (cap - spent, false),
+                    _ => (0, true),
+                }
+            }
+        };
+        let (hash, zset) = self.keys(budget);
         let _: i64 = self
             .load
-            .key(&balance)
-            .key(&reservations)
-            .arg(available.0)
+            .key(&hash)
+            .key(&zset)
+            .arg(balance)
             .arg(CACHE_SECS)
+            .arg(i64::from(uncapped))
             .invoke_async(&mut self.redis.clone())
             .await?;
         Ok(())
     }
 }
 
-/// How much runtime is charged at once, at least.
-const CHARGE_EVERY_SECS: f64 = 5.0;
-
-/// Charges sandboxes' runtime to the ledger: running ones every few seconds, stopped ones up
-/// to when they stopped. Each charge is idempotent (keyed by the sandbox and the start of
-/// the charged interval) and names the sandbox, the seconds and the price, so every debit is
-/// traceable to the usage it came from.
-pub async fn meter(state: &crate::state::AppState) -> anyhow::Result<()> {
-    type Row = (
-        Uuid,
-        Uuid,
-        i32,
-        i32,
-        chrono::DateTime<Utc>,
-        chrono::DateTime<Utc>,
-    );
+/// Running sandboxes that reached their own spend cap, or whose API key reached its cap,
+/// stop at once (the cap is the team's own limit: no grace period).
+pub async fn stop_at_caps(state: &crate::state::AppState) -> anyhow::Result<()> {
     let mut transaction = state.db.begin().await?;
-    let due: Vec<Row> = sqlx::query_as(
-        "SELECT id, team_id, cpu_millis, memory_mb, charged_until, \
-                CASE WHEN state = 'stopped' THEN stopped_at ELSE now() END \
-         FROM sandboxes \
-         WHERE (state = 'running' AND charged_until <= now() - make_interval(secs => $1)) \
-            OR (state = 'stopped' AND stop_reason <> 'failed' AND charged_until < stopped_at) \
-         ORDER BY charged_until LIMIT 200 FOR UPDATE SKIP LOCKED",
+    let stopped: Vec<(Uuid, Uuid, Option<String>)> = sqlx::query_as(
+        "UPDATE sandboxes SET state = 'stopped', stop_reason = 'spend_cap', stopped_at = now() \
+         WHERE state = 'running' AND ( \
+             (max_credits IS NOT NULL AND spent_micro >= max_credits) \
+             OR api_key_id IN (SELECT id FROM api_keys \
+                               WHERE max_credits IS NOT NULL AND spent_micro >= max_credits)) \
+         RETURNING id, team_id, worker_id",
     )
-    .bind(CHARGE_EVERY_SECS)
     .fetch_all(&mut *transaction)
     .await?;
-    let mut charged = Vec::new();
-    for (id, team_id, cpu_millis, memory_mb, from, until) in due {
-        let milliseconds = (until - from).num_milliseconds().max(0);
-        let resources = sandbase_api::sandboxes::Resources {
-            cpu_millis: cpu_millis as u32,
-            memory_mb: memory_mb as u32,
-            disk_mb: 0,
-            pids: 0,
-        };
-        let per_second = price_per_second(resources, &state.settings.billing);
-        let amount = (per_second.max(0) as u128 * milliseconds as u128).div_ceil(1000) as i64;
-        if amount > 0 {
-            let booked = sandbase_billing::debit(
-                &mut transaction,
-                sandbase_billing::Debit {
-                    team_id,
-                    amount: Credits(amount),
-                    idempotency_key: format!("runtime:{id}:{}", from.timestamp_millis()),
-                    description: "sandbox runtime".to_owned(),
-                    details: serde_json::json!({
-                        "kind": "runtime",
-                        "sandbox": id,
-                        "from": from,
-                        "until": until,
-                        "milliseconds": milliseconds,
-                        "vcpu_millis": cpu_millis,
-                        "memory_mb": memory_mb,
-                        "price_per_second_micro": per_second,
-                    }),
-                },
-            )
-            .await?;
-            if booked.is_some() {
-                charged.push((team_id, amount));
-            }
-        }
-        sqlx::query("UPDATE sandboxes SET charged_until = $2 WHERE id = $1")
-            .bind(id)
-            .bind(until)
-            .execute(&mut *transaction)
-            .await?;
+    if stopped.is_empty() {
+        return Ok(());
     }
+    let pairs: Vec<(Uuid, Uuid)> = stopped.iter().map(|(id, team, _)| (*id, *team)).collect();
+    crate::sandboxes::record_system_stops(
+        &mut transaction,
+        &pairs,
+        "sandbox.stop_spend_cap",
+        "the sandbox's or its API key's spend cap was reached",
+    )
+    .await?;
     transaction.commit().await?;
-    for (team_id, amount) in charged {
-        state.admission.charged(team_id, amount).await?;
+    for (id, _, worker_id) in stopped {
+        state.routes.forget(id);
+        if let Some(worker_id) = worker_id {
+            crate::sandboxes::remove_on_worker(state, &worker_id, id).await;
+        }
     }
     Ok(())
 }

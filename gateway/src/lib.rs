@@ -11,6 +11,7 @@ pub mod config;
 pub mod credits;
 pub mod error;
 pub mod extract;
+pub mod hosts;
 pub mod observe;
 pub mod ratelimit;
 pub mod request_id;
@@ -23,6 +24,7 @@ pub mod stripe;
 pub mod templates;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod usage;
 pub mod workers;
 
 pub use config::Settings;

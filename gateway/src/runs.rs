@@ -613,6 +613,7 @@ async fn carry_out(
             pids: claimed.pids as u32,
         },
         metadata: [("run".to_owned(), run.to_string())].into(),
+        max_credits: None,
         mounts: Vec::new(),
     };
     let created = sandboxes::create(state, owner, None, placement).await;

@@ -29,7 +29,7 @@ pub const REAPER_INTERVAL: Duration = Duration::from_secs(1);
 const CREATE_GIVE_UP_SECS: f64 = 120.0;
 
 pub const SANDBOX_COLUMNS: &str = "id, template, state, stop_reason, cwd, cpu_millis, memory_mb, \
-     disk_mb, pids, metadata, mounts, created_at, expires_at, stopped_at";
+     disk_mb, pids, metadata, mounts, created_at, expires_at, stopped_at, spent_micro, max_credits";
 
 #[derive(sqlx::FromRow)]
 pub struct SandboxRow {
@@ -47,6 +47,8 @@ pub struct SandboxRow {
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
     pub stopped_at: Option<DateTime<Utc>>,
+    pub spent_micro: i64,
+    pub max_credits: Option<i64>,
 }
 
 impl SandboxRow {
@@ -68,6 +70,8 @@ impl SandboxRow {
             created_at: self.created_at,
             expires_at: self.expires_at,
             stopped_at: self.stopped_at,
+            spent_micro: self.spent_micro,
+            max_credits_micro: self.max_credits,
         }
     }
 }
@@ -115,6 +119,19 @@ pub struct Placement {
     pub resources: Resources,
     pub metadata: BTreeMap<String, String>,
     pub mounts: Vec<Mount>,
+    /// Spend cap, in micro-credits.
+    pub max_credits: Option<i64>,
+}
+
+/// A spend cap given in credits: positive, at most six decimals.
+pub fn parse_cap(field: &str, value: Option<&str>) -> ApiResult<Option<i64>> {
+    let Some(value) = value else { return Ok(None) };
+    match sandbase_billing::Credits::parse(value) {
+        Some(credits) if credits.0 > 0 => Ok(Some(credits.0)),
+        _ => Err(ApiError::InvalidRequest(format!(
+            "`{field}` must be a positive amount of credits with at most 6 decimals, e.g. \"2.5\""
+        ))),
+    }
 }
 
 pub fn validate_create(
@@ -161,6 +178,7 @@ pub fn validate_create(
         }
         validate_absolute("mounts[].path", &mount.path)?;
     }
+    let max_credits = parse_cap("max_credits", request.max_credits.as_deref())?;
     Ok(Placement {
         template,
         env: request.env,
@@ -169,6 +187,7 @@ pub fn validate_create(
         resources,
         metadata: request.metadata,
         mounts: request.mounts,
+        max_credits,
     })
 }
 
@@ -311,28 +330,49 @@ pub async fn create(
         .candidates_with(&placement.template, &placement.mounts)
         .await?;
     let id = Uuid::now_v7();
-    // The first minute is reserved before anything starts; refused at zero.
+    // The first minute (or the sandbox's cap, when lower) is reserved before anything
+    // starts, against the team's credits and the key's cap; refused when either is spent.
     let first_minute =
         crate::credits::price_per_second(placement.resources, &state.settings.billing) * 60;
+    let first_minute = placement
+        .max_credits
+        .map_or(first_minute, |cap| first_minute.min(cap));
     if first_minute > 0 {
         let admitted = state
             .admission
-            .reserve(&state.db, owner.team_id, id, first_minute, 60_000)
+            .reserve(
+                &state.db,
+                owner.team_id,
+                owner.api_key_id,
+                id,
+                first_minute,
+                60_000,
+            )
             .await
             .map_err(|error| ApiError::Unavailable(format!("credit admission: {error:#}")))?;
-        if admitted == crate::credits::Admitted::InsufficientCredits {
-            return Err(ApiError::problem(
-                StatusCode::PAYMENT_REQUIRED,
-                "insufficient_credits",
-                "the team's credits do not cover this sandbox's first minute; buy credits or ask an admin",
-            ));
+        match admitted {
+            crate::credits::Admitted::Yes => {}
+            crate::credits::Admitted::InsufficientCredits => {
+                return Err(ApiError::problem(
+                    StatusCode::PAYMENT_REQUIRED,
+                    "insufficient_credits",
+                    "the team's credits do not cover this sandbox's first minute; buy credits or ask an admin",
+                ));
+            }
+            crate::credits::Admitted::KeyCapReached => {
+                return Err(ApiError::problem(
+                    StatusCode::PAYMENT_REQUIRED,
+                    "spend_cap_reached",
+                    "this API key's spend cap (`max_credits`) does not cover this sandbox's first minute",
+                ));
+            }
         }
     }
     let created = place(state, owner, audit, placement, id).await;
     if created.is_err() && first_minute > 0 {
         let _ = state
             .admission
-            .release(owner.team_id, id, first_minute)
+            .release(owner.team_id, owner.api_key_id, id, first_minute)
             .await;
     }
     created
@@ -353,9 +393,9 @@ async fn place(
     let resources = placement.resources;
     sqlx::query(
         "INSERT INTO sandboxes (id, team_id, api_key_id, user_id, template, state, worker_id, cwd, \
-           cpu_millis, memory_mb, disk_mb, pids, metadata, expires_at, mounts, charged_until) \
+           cpu_millis, memory_mb, disk_mb, pids, metadata, expires_at, mounts, max_credits) \
          VALUES ($1, $2, $3, $4, $5, 'creating', NULL, $6, $7, $8, $9, $10, $11, \
-           now() + make_interval(secs => $12), $13, now())",
+           now() + make_interval(secs => $12), $13, $14)",
     )
     .bind(id)
     .bind(owner.team_id)
@@ -370,6 +410,7 @@ async fn place(
     .bind(sqlx::types::Json(&placement.metadata))
     .bind(placement.timeout_secs as f64)
     .bind(sqlx::types::Json(&placement.mounts))
+    .bind(placement.max_credits)
     .execute(&state.db)
     .await?;
 

@@ -103,7 +103,13 @@ impl Application {
 
         let settings_for_workers = settings.clone();
         let redis_for_workers = redis.clone();
+        let vault = settings
+            .vault
+            .keyring()
+            .map_err(|error| anyhow::anyhow!("{error}"))?
+            .map(Arc::new);
         let state = AppState::new(Services {
+            vault,
             db: db.clone(),
             redis,
             rate_limiter: RateLimiter::new(&settings.redis.key_prefix),
@@ -137,6 +143,7 @@ impl Application {
             .merge(operations_router)
             .merge(crate::workers::internal_router())
             .merge(crate::templates::internal_router())
+            .merge(crate::usage::internal_router())
             .route_layer(from_fn(observe::middleware))
             .fallback(routes::fallback)
             .method_not_allowed_fallback(routes::method_not_allowed)
@@ -173,8 +180,14 @@ impl Application {
                     if let Err(error) = crate::runs::reap(&reaper_state).await {
                         tracing::warn!(error = format!("{error:#}"), "the run reaper failed");
                     }
-                    if let Err(error) = crate::credits::meter(&reaper_state).await {
-                        tracing::warn!(error = format!("{error:#}"), "charging runtime failed");
+                    if let Err(error) = crate::usage::charge_all(&reaper_state).await {
+                        tracing::warn!(error = format!("{error:#}"), "charging usage failed");
+                    }
+                    if let Err(error) = crate::credits::stop_at_caps(&reaper_state).await {
+                        tracing::warn!(
+                            error = format!("{error:#}"),
+                            "stopping at spend caps failed"
+                        );
                     }
                     if let Err(error) = crate::credits::stop_when_exhausted(&reaper_state).await {
                         tracing::warn!(

@@ -31,6 +31,8 @@ impl std::ops::Deref for AppState {
 }
 
 pub struct Services {
+    /// The vault's key-encryption keys (`None`: not configured; secrets answer 501).
+    pub vault: Option<Arc<sandbase_vault::Keyring>>,
     pub db: PgPool,
     pub redis: redis::aio::ConnectionManager,
     pub settings: Arc<Settings>,

@@ -15,7 +15,8 @@ use containerd_client::services::v1::snapshots::{
 use containerd_client::services::v1::tasks_client::TasksClient;
 use containerd_client::services::v1::{
     Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
-    DeleteTaskRequest, KillRequest, ListContainersRequest, StartRequest, UpdateTaskRequest,
+    DeleteTaskRequest, GetRequest, KillRequest, ListContainersRequest, StartRequest,
+    UpdateTaskRequest,
 };
 use containerd_client::tonic::transport::Channel;
 use containerd_client::tonic::{Code, Request};
@@ -252,6 +253,26 @@ impl Containerd {
             .await
             .context("removing the template")?;
         Ok(())
+    }
+
+    /// The host pid of a sandbox's first process.
+    pub async fn task_pid(&self, id: &str) -> anyhow::Result<u32> {
+        let answer = TasksClient::new(self.channel.clone())
+            .get(with_namespace!(
+                GetRequest {
+                    container_id: id.to_owned(),
+                    ..Default::default()
+                },
+                self.namespace
+            ))
+            .await
+            .context("reading the sandbox's task")?
+            .into_inner();
+        answer
+            .process
+            .map(|process| process.pid)
+            .filter(|pid| *pid > 0)
+            .context("the sandbox's task has no process")
     }
 
     /// Changes a running sandbox's cgroup limits (cpu, memory, pids).

@@ -17,3 +17,4 @@ pub mod sandboxes;
 pub mod service;
 pub mod spec;
 pub mod templates;
+pub mod usage;

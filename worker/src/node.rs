@@ -38,6 +38,8 @@ pub struct Node {
     hosted: RwLock<HashMap<Uuid, Arc<Hosted>>>,
     /// Creates in progress, counted against capacity.
     creating: AtomicUsize,
+    /// Usage samples waiting for the gateway.
+    usage: crate::usage::Outbox,
 }
 
 /// A sandbox hosted for the gateway.
@@ -49,6 +51,7 @@ pub struct Hosted {
     env: BTreeMap<String, String>,
     cwd: String,
     processes: Mutex<HashMap<u32, Arc<Background>>>,
+    meter: crate::usage::Meter,
 }
 
 /// A command started in the background: its output so far, its exit, its open stdin.
@@ -121,6 +124,7 @@ impl Node {
             pools,
             hosted: RwLock::new(HashMap::new()),
             creating: AtomicUsize::new(0),
+            usage: crate::usage::Outbox::default(),
         })
     }
 
@@ -188,7 +192,18 @@ impl Node {
                 .create_with_volumes(&request.template, limits, volumes)
                 .await?
         };
+        // The team's time starts now (a warm sandbox's wait is not theirs).
+        let pid = self
+            .worker
+            .containerd()
+            .task_pid(&sandbox.id)
+            .await
+            .map_err(|error| {
+                tracing::warn!(error = format!("{error:#}"), "no pid: CPU time unmetered")
+            })
+            .ok();
         let hosted = Arc::new(Hosted {
+            meter: crate::usage::Meter::start(pid),
             id: request.id,
             agent: AgentClient::new(sandbox.socket.clone()),
             sandbox,
@@ -294,9 +309,24 @@ impl Node {
         let Some(hosted) = self.write().remove(&id) else {
             return Ok(false);
         };
+        // The last sample, before the cgroup goes.
+        self.usage.push(hosted.meter.sample(id, true));
         hosted.lock_processes().clear();
         self.worker.destroy(&hosted.sandbox.id).await?;
         Ok(true)
+    }
+
+    /// Usage samples waiting for the gateway.
+    pub fn usage(&self) -> &crate::usage::Outbox {
+        &self.usage
+    }
+
+    /// Takes a sample of every hosted sandbox into the outbox.
+    pub fn sample_all(&self) {
+        let hosted: Vec<Arc<Hosted>> = self.read().values().cloned().collect();
+        for sandbox in hosted {
+            self.usage.push(sandbox.meter.sample(sandbox.id, false));
+        }
     }
 
     /// Destroys every hosted sandbox and the warm pools (worker shutdown).

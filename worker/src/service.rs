@@ -35,6 +35,8 @@ pub struct ServiceConfig {
     pub node_token: String,
     pub worker_id: String,
     pub heartbeat_interval: Duration,
+    /// How often hosted sandboxes' usage is sampled and reported (at most 10 s).
+    pub usage_interval: Duration,
     /// Templates built at start-up when missing.
     pub templates: Vec<(String, TemplateSource)>,
 }
@@ -44,6 +46,8 @@ pub struct RunningService {
     node: Arc<Node>,
     server: JoinHandle<()>,
     link: JoinHandle<()>,
+    reporter: JoinHandle<()>,
+    usage: crate::usage::Reporter,
     stop: tokio::sync::watch::Sender<bool>,
 }
 
@@ -85,6 +89,16 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<RunningService> {
             .unwrap_or_else(|| format!("http://{local_addr}")),
         heartbeat_interval: config.heartbeat_interval,
     };
+    let usage = crate::usage::Reporter {
+        gateway_url: link.gateway_url.clone(),
+        node_token: config.node_token.clone(),
+        worker_id: config.worker_id.clone(),
+        interval: config.usage_interval.min(Duration::from_secs(10)),
+    };
+    let mut reporter_stop = stopped.clone();
+    let reporter = tokio::spawn(usage.clone().run(Arc::clone(&node), async move {
+        let _ = reporter_stop.wait_for(|stop| *stop).await;
+    }));
     let mut link_stop = stopped;
     let link = tokio::spawn(link.run(Arc::clone(&node), async move {
         let _ = link_stop.wait_for(|stop| *stop).await;
@@ -94,6 +108,8 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<RunningService> {
         node,
         server,
         link,
+        reporter,
+        usage,
         stop,
     })
 }
@@ -135,8 +151,17 @@ impl RunningService {
     pub async fn stop(self) {
         let _ = self.stop.send(true);
         let _ = self.link.await;
+        let _ = self.reporter.await;
         let _ = self.server.await;
         self.node.shut_down().await;
+        // The last samples of what shut-down destroyed.
+        if let Ok(client) = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            && let Err(error) = self.usage.flush(&client, self.node.usage()).await
+        {
+            tracing::warn!(error = format!("{error:#}"), "the last usage report failed");
+        }
     }
 
     /// Stops at once and leaves every sandbox running, as a crash would (for tests of
@@ -144,6 +169,7 @@ impl RunningService {
     pub fn abandon(self) {
         self.node.abandon();
         self.link.abort();
+        self.reporter.abort();
         self.server.abort();
     }
 }

@@ -215,3 +215,103 @@ async fn credits_granted_by_the_operator_show_in_the_balance() {
     );
     assert!(stdout(&output).contains("balances"), "{}", stdout(&output));
 }
+
+#[tokio::test]
+async fn secrets_from_the_command_line_and_a_key_rotation() {
+    let keys =
+        std::env::temp_dir().join(format!("sandbase-keys-{}", uuid::Uuid::new_v4().simple()));
+    let output = server_less_cli(&["vault", "new-key", "--version", "1"]);
+    let first = String::from_utf8(output.stdout).unwrap();
+    assert!(first.starts_with("1:"), "{first}");
+    std::fs::write(&keys, &first).unwrap();
+    let server = Server::start(&[(
+        "SANDBASE_VAULT__KEY_FILE",
+        keys.to_string_lossy().into_owned(),
+    )])
+    .await;
+    let email = format!("cli-{}@example.com", uuid::Uuid::new_v4().simple());
+    let output = server.cli(
+        &[
+            "signup",
+            "--email",
+            &email,
+            "--team",
+            "Vault",
+            "--password-stdin",
+        ],
+        &[],
+        Some("a long enough password\n"),
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let set = [
+        "secret",
+        "set",
+        "github",
+        "--host",
+        "api.github.com",
+        "--header",
+        "Authorization",
+        "--format",
+        "Bearer {value}",
+    ];
+    let output = server.cli(&set, &[], Some("ghp_commandLineValue123\n"));
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stdout(&output).contains("version 1"), "{}", stdout(&output));
+    // Again: a new version.
+    let output = server.cli(&set, &[], Some("ghp_commandLineValue456\n"));
+    assert!(stdout(&output).contains("version 2"), "{}", stdout(&output));
+    let output = server.cli(&["secret", "ls"], &[], None);
+    let text = stdout(&output);
+    assert!(
+        text.contains("github") && text.contains("Bearer {value}") && !text.contains("ghp_"),
+        "{text}"
+    );
+    let output = server.cli(
+        &[
+            "secret",
+            "set",
+            "bad",
+            "--host",
+            "127.0.0.1",
+            "--query",
+            "key",
+        ],
+        &[],
+        Some("v\n"),
+    );
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("IP addresses"),
+        "{}",
+        stderr(&output)
+    );
+
+    // A second key-encryption key, then the rotation re-wraps the team's data key.
+    let output = server_less_cli(&["vault", "new-key", "--version", "2"]);
+    let second = String::from_utf8(output.stdout).unwrap();
+    std::fs::write(&keys, format!("{first}{second}")).unwrap();
+    let operator = [
+        ("DATABASE_URL", server.database_url.as_str()),
+        ("REDIS_URL", "redis://127.0.0.1:6379"),
+        ("SANDBASE_VAULT__KEY_FILE", keys.to_str().unwrap()),
+    ];
+    let output = server.cli(&["vault", "rotate-kek"], &operator, None);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        stdout(&output).contains("re-wrapped 1 data keys under key version 2"),
+        "{}",
+        stdout(&output)
+    );
+    let output = server.cli(&["secret", "rm", "github"], &[], None);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let _ = std::fs::remove_file(&keys);
+}
+
+fn server_less_cli(args: &[&str]) -> std::process::Output {
+    let output = std::process::Command::new(crate::BINARY)
+        .args(args)
+        .output()
+        .expect("run sandbase");
+    assert!(output.status.success(), "{}", stderr(&output));
+    output
+}

@@ -97,6 +97,8 @@ pub struct KeyRecord {
     pub expires_at: Option<DateTime<Utc>>,
     pub revoked: bool,
     pub rate_limit: Option<(u32, u32)>,
+    /// The key's spend cap, in micro-credits.
+    pub max_credits: Option<i64>,
     /// What `GET /v1/me` shows, cached so that answering it needs no Postgres round trip.
     pub name: String,
     pub created_at: DateTime<Utc>,
@@ -129,6 +131,8 @@ impl KeyRecord {
             created_at: self.created_at,
             last_used_at: last_used,
             expires_at: self.expires_at,
+            max_credits_micro: self.max_credits,
+            spent_micro: None,
         }
     }
 
@@ -136,7 +140,7 @@ impl KeyRecord {
     pub async fn load(db: &PgPool, public_id: &str) -> Result<Option<KeyRecord>, sqlx::Error> {
         let row: Option<KeyRow> = sqlx::query_as(
             "SELECT k.id, k.team_id, k.public_id, k.secret_hash, k.role, k.created_by, \
-                    k.expires_at, k.revoked_at IS NOT NULL AS revoked, \
+                    k.expires_at, k.revoked_at IS NOT NULL AS revoked, k.max_credits, \
                     t.rate_limit_per_sec, t.rate_limit_burst, k.name, k.created_at, \
                     t.name AS team_name, t.created_at AS team_created_at, \
                     u.email AS creator_email, u.created_at AS creator_created_at \
@@ -161,6 +165,7 @@ struct KeyRow {
     created_by: Option<Uuid>,
     expires_at: Option<DateTime<Utc>>,
     revoked: bool,
+    max_credits: Option<i64>,
     rate_limit_per_sec: Option<i32>,
     rate_limit_burst: Option<i32>,
     name: String,
@@ -186,6 +191,7 @@ impl KeyRow {
             expires_at: self.expires_at,
             revoked: self.revoked,
             rate_limit,
+            max_credits: self.max_credits,
             name: self.name,
             created_at: self.created_at,
             team: sandbase_api::Team {

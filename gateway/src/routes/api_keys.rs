@@ -116,8 +116,9 @@ async fn create_key(
             ));
         }
     }
+    let max_credits = crate::sandboxes::parse_cap("max_credits", request.max_credits.as_deref())?;
     let mut transaction = state.db.begin().await?;
-    let created = accounts::create_api_key(
+    let mut created = accounts::create_api_key(
         &mut transaction,
         principal.team_id,
         &name,
@@ -126,12 +127,20 @@ async fn create_key(
         expires_at,
     )
     .await?;
+    if let Some(cap) = max_credits {
+        sqlx::query("UPDATE api_keys SET max_credits = $2 WHERE id = $1")
+            .bind(created.key.id)
+            .bind(cap)
+            .execute(&mut *transaction)
+            .await?;
+        created.key.max_credits_micro = Some(cap);
+    }
     context
         .record(
             &mut transaction,
             &principal,
             Some(format!("api_key:{}", created.key.id)),
-            serde_json::json!({ "public_id": created.key.public_id, "name": name, "role": role }),
+            serde_json::json!({ "public_id": created.key.public_id, "name": name, "role": role, "max_credits_micro": max_credits }),
         )
         .await?;
     transaction.commit().await?;

@@ -1,6 +1,7 @@
 //! The HTTP surface: every route is registered through `OpenApiRouter`, so the served
 //! OpenAPI document and the router are built from the same list and cannot drift.
 
+mod admin;
 mod api_keys;
 mod audit;
 mod auth;
@@ -10,6 +11,7 @@ mod me;
 mod members;
 mod runs;
 mod sandboxes;
+mod secrets;
 mod templates;
 mod usage;
 
@@ -42,6 +44,8 @@ use crate::state::AppState;
         (name = "sandboxes", description = "Sandboxes: lifecycle, commands, background processes"),
         (name = "files", description = "Files and archives inside a sandbox"),
         (name = "billing", description = "Credits: balance, grants, ledger"),
+        (name = "admin", description = "Operator routes (the node token)"),
+        (name = "secrets", description = "Credentials in the vault (values never come out)"),
         (name = "runs", description = "One-shot runs: inputs in, command, artifacts out"),
         (name = "operations", description = "Health, readiness, metrics, this document"),
     )
@@ -74,6 +78,8 @@ pub fn api_router(
         .merge(templates::router())
         .merge(billing::router())
         .merge(usage::router())
+        .merge(admin::router())
+        .merge(secrets::router())
         .merge(runs::router(settings.runs.input_limit_bytes));
     let operations = OpenApiRouter::new()
         .merge(health::router())

@@ -66,6 +66,7 @@ async fn create_run(
             resources: request.resources,
             metadata: Default::default(),
             mounts: Vec::new(),
+            max_credits: None,
         },
         settings,
     )?;

@@ -15,5 +15,7 @@ mod operations;
 mod rate_limit;
 mod runs;
 mod sandboxes;
+mod secrets;
 mod stripe;
 mod templates;
+mod usage;

@@ -366,7 +366,11 @@ async fn a_redis_flush_loses_nothing() {
         StatusCode::NO_CONTENT
     );
     wait_until("the last charges", Duration::from_secs(15), || async {
-        app.count("SELECT count(*) FROM sandboxes WHERE stop_reason <> 'failed' AND charged_until < stopped_at").await == 0
+        app.count(
+            "SELECT count(*) FROM sandboxes WHERE stop_reason <> 'failed' AND NOT metered_final",
+        )
+        .await
+            == 0
     })
     .await;
     let duplicates = app

@@ -15,9 +15,9 @@ use uuid::Uuid;
 
 use crate::helpers::{Answer, TestApp, spawn_app_with};
 
-const NODE_TOKEN: &str = "test-node-token-0123456789";
+pub const NODE_TOKEN: &str = "test-node-token-0123456789";
 
-const LIMITS: Limits = Limits {
+pub const LIMITS: Limits = Limits {
     cpu_millis: 1000,
     memory_mb: 128,
     disk_mb: 64,
@@ -76,6 +76,7 @@ pub fn worker_config(app: &TestApp, id: &str, capacity: usize, warm: usize) -> S
         node_token: NODE_TOKEN.to_owned(),
         worker_id: format!("{id}-{unique}"),
         heartbeat_interval: Duration::from_millis(300),
+        usage_interval: Duration::from_millis(500),
         templates: vec![("busybox".to_owned(), TemplateSource::Busybox)],
     }
 }
@@ -1078,16 +1079,12 @@ async fn concurrent_creates_are_admitted_only_as_far_as_credits_go() {
             StatusCode::NO_CONTENT
         );
     }
-    // Every admitted sandbox's runtime is charged to when it stopped; the balance is below
-    // zero by less than one reservation (here it stays above).
+    // Every admitted sandbox's runtime is charged up to its last sample (taken when it was
+    // destroyed); the balance is below zero by less than one reservation (here it stays above).
     wait_until(
         "the last runtime charges",
         Duration::from_secs(15),
-        || async {
-            app.count("SELECT count(*) FROM sandboxes WHERE charged_until < stopped_at")
-                .await
-                == 0
-        },
+        || async { all_metered(&app).await },
     )
     .await;
     let available = app.get("/v1/billing/balance", &token).await.body["available_micro"]
@@ -1117,6 +1114,7 @@ async fn runtime_is_charged_and_zero_credits_stop_sandboxes_after_the_grace_peri
         settings.sandboxes.default_resources.disk_mb = LIMITS.disk_mb;
         settings.sandboxes.default_resources.pids = LIMITS.pids;
         settings.billing.grace_secs = 2;
+        settings.billing.charge_every_secs = 1;
     })
     .await;
     let worker = TestWorker::start(worker_config(&app, "w", 4, 0)).await;
@@ -1133,7 +1131,11 @@ async fn runtime_is_charged_and_zero_credits_stop_sandboxes_after_the_grace_peri
     .unwrap();
     assert!(!charges.is_empty(), "a running sandbox is charged");
     assert_eq!(charges[0].0["price_per_second_micro"], 15);
-    assert!(charges[0].0["milliseconds"].as_i64().unwrap() >= 5000);
+    let charged_ms: i64 = charges
+        .iter()
+        .map(|(details,)| details["milliseconds"].as_i64().unwrap())
+        .sum();
+    assert!((5000..8000).contains(&charged_ms), "{charged_ms}");
 
     // Zero credits: the sandbox keeps running for the grace period, then stops.
     let team = alice.team.id;
@@ -1174,9 +1176,7 @@ async fn runtime_is_charged_and_zero_credits_stop_sandboxes_after_the_grace_peri
         .await
         .assert_error(402, "insufficient_credits");
     wait_until("the final charge", Duration::from_secs(10), || async {
-        app.count("SELECT count(*) FROM sandboxes WHERE charged_until < stopped_at")
-            .await
-            == 0
+        all_metered(&app).await
     })
     .await;
     let mut connection = app.db.acquire().await.unwrap();
@@ -1188,4 +1188,11 @@ async fn runtime_is_charged_and_zero_credits_stop_sandboxes_after_the_grace_peri
     );
     drop(connection);
     worker.clean_up().await;
+}
+
+/// Every stopped sandbox's last sample is charged.
+pub async fn all_metered(app: &TestApp) -> bool {
+    app.count("SELECT count(*) FROM sandboxes WHERE state = 'stopped' AND NOT metered_final")
+        .await
+        == 0
 }
