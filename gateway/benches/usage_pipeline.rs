@@ -144,24 +144,17 @@ async fn ingest_direct(db: &sqlx::PgPool, samples: Vec<Vec<UsageSample>>) -> Dur
             let last: Vec<bool> = batch.iter().map(|s| s.last).collect();
             let at: Vec<chrono::DateTime<Utc>> = batch.iter().map(|s| s.sampled_at).collect();
             let mut transaction = db.begin().await.expect("begin");
-            sqlx::query(
-                "INSERT INTO usage_samples (sandbox_id, team_id, seq, uptime_ms, cpu_usec, final, sampled_at) \
-                 SELECT r.sandbox, s.team_id, r.seq, r.uptime, r.cpu, r.last, r.at \
-                 FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::int8[], $5::bool[], $6::timestamptz[]) \
-                      AS r (sandbox, seq, uptime, cpu, last, at) \
-                 JOIN sandboxes s ON s.id = r.sandbox AND s.worker_id = $7 \
-                 ON CONFLICT (sandbox_id, seq) DO NOTHING",
-            )
-            .bind(&sandbox)
-            .bind(&seq)
-            .bind(&uptime)
-            .bind(&cpu)
-            .bind(&last)
-            .bind(&at)
-            .bind(WORKER)
-            .execute(&mut *transaction)
-            .await
-            .expect("insert");
+            sqlx::query(sandbase_gateway::usage::INSERT_SAMPLES)
+                .bind(&sandbox)
+                .bind(&seq)
+                .bind(&uptime)
+                .bind(&cpu)
+                .bind(&last)
+                .bind(&at)
+                .bind(WORKER)
+                .execute(&mut *transaction)
+                .await
+                .expect("insert");
             transaction.commit().await.expect("commit");
         }
     })

@@ -90,6 +90,15 @@ fn validate(report: &UsageReport, billing: &BillingSettings) -> ApiResult<()> {
     Ok(())
 }
 
+/// Writes a batch of samples ($1..$6: sandbox, seq, uptime, CPU time, last, time; $7: the
+/// reporting worker, which must host the sandbox). A resend conflicts and changes nothing.
+pub const INSERT_SAMPLES: &str = "INSERT INTO usage_samples (sandbox_id, team_id, seq, uptime_ms, cpu_usec, final, sampled_at) \
+     SELECT r.sandbox, s.team_id, r.seq, r.uptime, r.cpu, r.last, r.at \
+     FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::int8[], $5::bool[], $6::timestamptz[]) \
+          AS r (sandbox, seq, uptime, cpu, last, at) \
+     JOIN sandboxes s ON s.id = r.sandbox AND s.worker_id = $7 \
+     ON CONFLICT (sandbox_id, seq) DO NOTHING";
+
 /// Writes a report in one transaction (answering only once it is durable). Samples and
 /// events of sandboxes this worker does not host are dropped; resends change nothing.
 pub async fn ingest(
@@ -108,24 +117,17 @@ pub async fn ingest(
         let cpu: Vec<i64> = samples.iter().map(|s| s.cpu_usec as i64).collect();
         let last: Vec<bool> = samples.iter().map(|s| s.last).collect();
         let at: Vec<DateTime<Utc>> = samples.iter().map(|s| s.sampled_at).collect();
-        receipt.samples = sqlx::query(
-            "INSERT INTO usage_samples (sandbox_id, team_id, seq, uptime_ms, cpu_usec, final, sampled_at) \
-             SELECT r.sandbox, s.team_id, r.seq, r.uptime, r.cpu, r.last, r.at \
-             FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::int8[], $5::bool[], $6::timestamptz[]) \
-                  AS r (sandbox, seq, uptime, cpu, last, at) \
-             JOIN sandboxes s ON s.id = r.sandbox AND s.worker_id = $7 \
-             ON CONFLICT (sandbox_id, seq) DO NOTHING",
-        )
-        .bind(&sandbox)
-        .bind(&seq)
-        .bind(&uptime)
-        .bind(&cpu)
-        .bind(&last)
-        .bind(&at)
-        .bind(&report.worker)
-        .execute(&mut *transaction)
-        .await?
-        .rows_affected();
+        receipt.samples = sqlx::query(INSERT_SAMPLES)
+            .bind(&sandbox)
+            .bind(&seq)
+            .bind(&uptime)
+            .bind(&cpu)
+            .bind(&last)
+            .bind(&at)
+            .bind(&report.worker)
+            .execute(&mut *transaction)
+            .await?
+            .rows_affected();
     }
     if !report.events.is_empty() {
         let events = &report.events;

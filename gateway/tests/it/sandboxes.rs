@@ -24,14 +24,19 @@ pub const LIMITS: Limits = Limits {
     pids: 64,
 };
 
+/// The node token, the busybox template and the test size.
+pub fn configure_sandboxes(settings: &mut sandbase_gateway::Settings) {
+    settings.workers.node_token = Some(NODE_TOKEN.to_owned().into());
+    settings.sandboxes.default_template = "busybox".to_owned();
+    settings.sandboxes.default_resources.cpu_millis = LIMITS.cpu_millis;
+    settings.sandboxes.default_resources.memory_mb = LIMITS.memory_mb;
+    settings.sandboxes.default_resources.disk_mb = LIMITS.disk_mb;
+    settings.sandboxes.default_resources.pids = LIMITS.pids;
+}
+
 pub async fn sandbox_app() -> TestApp {
     spawn_app_with(|settings| {
-        settings.workers.node_token = Some(NODE_TOKEN.to_owned().into());
-        settings.sandboxes.default_template = "busybox".to_owned();
-        settings.sandboxes.default_resources.cpu_millis = LIMITS.cpu_millis;
-        settings.sandboxes.default_resources.memory_mb = LIMITS.memory_mb;
-        settings.sandboxes.default_resources.disk_mb = LIMITS.disk_mb;
-        settings.sandboxes.default_resources.pids = LIMITS.pids;
+        configure_sandboxes(settings);
         settings.workers.heartbeat_ttl_secs = 5;
         settings.workers.lost_after_secs = 5;
         settings.runs.artifacts_dir =

@@ -14,17 +14,12 @@ use uuid::Uuid;
 
 use crate::helpers::{TestApp, spawn_app_with};
 use crate::sandboxes::{
-    LIMITS, NODE_TOKEN, TestWorker, all_metered, create_ok, sh, wait_until, worker_config,
+    NODE_TOKEN, TestWorker, all_metered, create_ok, sh, wait_until, worker_config,
 };
 
 async fn usage_app() -> TestApp {
     spawn_app_with(|settings| {
-        settings.workers.node_token = Some(NODE_TOKEN.to_owned().into());
-        settings.sandboxes.default_template = "busybox".to_owned();
-        settings.sandboxes.default_resources.cpu_millis = LIMITS.cpu_millis;
-        settings.sandboxes.default_resources.memory_mb = LIMITS.memory_mb;
-        settings.sandboxes.default_resources.disk_mb = LIMITS.disk_mb;
-        settings.sandboxes.default_resources.pids = LIMITS.pids;
+        crate::sandboxes::configure_sandboxes(settings);
         settings.workers.heartbeat_ttl_secs = 3;
         settings.workers.lost_after_secs = 3;
         settings.billing.cpu_second_micro = 5;
