@@ -11,7 +11,6 @@ pub mod config;
 pub mod credits;
 pub mod error;
 pub mod extract;
-pub mod hosts;
 pub mod observe;
 pub mod ratelimit;
 pub mod request_id;

@@ -165,7 +165,7 @@ fn validate_injection(inject: &Injection, value: Option<&str>) -> ApiResult<()> 
 }
 
 fn validate_hosts(hosts: &[String]) -> ApiResult<Vec<String>> {
-    crate::hosts::parse_patterns("hosts", hosts, MAX_HOSTS).map_err(ApiError::InvalidRequest)
+    sandbase_egress::parse_patterns("hosts", hosts, MAX_HOSTS).map_err(ApiError::InvalidRequest)
 }
 
 #[derive(sqlx::FromRow)]

@@ -1,4 +1,4 @@
-//! Host patterns, as secrets and egress policies name hosts: `api.github.com` (that name),
+//! Egress policies and the host patterns they (and secrets) are made of: `api.github.com` (that name),
 //! `*.example.org` (its subdomains, not the apex), each with `:PORT` or, by default, ports
 //! 80 and 443. Names are lowercase DNS names; IP addresses are not patterns (a policy that
 //! allowed one would let a sandbox skip DNS and the proxy's checks).
@@ -93,6 +93,34 @@ impl HostPattern {
     }
 }
 
+/// What a sandbox may reach: deny by default; a host matching `deny` is refused even when
+/// `allow` matches it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Policy {
+    pub allow: Vec<HostPattern>,
+    pub deny: Vec<HostPattern>,
+}
+
+impl Policy {
+    pub fn parse(allow: &[String], deny: &[String]) -> Result<Policy, String> {
+        let parse = |patterns: &[String]| {
+            patterns
+                .iter()
+                .map(|pattern| HostPattern::parse(pattern))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        Ok(Policy {
+            allow: parse(allow)?,
+            deny: parse(deny)?,
+        })
+    }
+
+    pub fn allows(&self, host: &str, port: u16) -> bool {
+        !self.deny.iter().any(|pattern| pattern.matches(host, port))
+            && self.allow.iter().any(|pattern| pattern.matches(host, port))
+    }
+}
+
 /// Checks a list of patterns (1 to `max`) and returns them normalized.
 pub fn parse_patterns(field: &str, patterns: &[String], max: usize) -> Result<Vec<String>, String> {
     if patterns.is_empty() || patterns.len() > max {
@@ -107,6 +135,19 @@ pub fn parse_patterns(field: &str, patterns: &[String], max: usize) -> Result<Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deny_wins_and_nothing_is_allowed_by_default() {
+        let policy = Policy::parse(
+            &["*.example.org".to_owned(), "api.github.com".to_owned()],
+            &["secret.example.org".to_owned()],
+        )
+        .unwrap();
+        assert!(policy.allows("a.example.org", 443));
+        assert!(!policy.allows("secret.example.org", 443));
+        assert!(!policy.allows("example.com", 443));
+        assert!(!Policy::default().allows("api.github.com", 443));
+    }
 
     #[test]
     fn patterns_match_names_subdomains_and_ports() {

@@ -1,0 +1,12 @@
+//! Sandbox egress: what a sandbox may reach and how its traffic leaves.
+//!
+//! `policy`: host patterns and deny-by-default policies (shared with secrets, which name the
+//! hosts a credential is for). `ssrf`: the guard every resolved address passes. `proxy`: the
+//! explicit proxy listener (CONNECT and plain HTTP) with policy checks, resolution by the
+//! proxy itself, dialing exactly the checked address, explained refusals and a flow log.
+
+pub mod policy;
+pub mod proxy;
+pub mod ssrf;
+
+pub use policy::{HostPattern, Policy, parse_patterns};
