@@ -78,6 +78,9 @@ pub struct CreateSandbox {
     pub cwd: String,
     #[serde(default)]
     pub mounts: Vec<Mount>,
+    /// Egress through the node's proxy; loopback only when absent.
+    #[serde(default)]
+    pub egress: Option<crate::sandboxes::EgressPolicy>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

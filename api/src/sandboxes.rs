@@ -62,6 +62,21 @@ pub struct CreateSandboxRequest {
     /// usage cost this much it is stopped (`stop_reason: spend_cap`).
     #[serde(default)]
     pub max_credits: Option<String>,
+    /// Hosts the sandbox may reach (through the node's egress proxy); nothing when absent.
+    #[serde(default)]
+    pub egress: Option<EgressPolicy>,
+}
+
+/// Deny by default: `allow` lists host patterns (`api.github.com`, `*.example.org` — its
+/// subdomains, not the apex —, `host:8443`; ports 80 and 443 unless one is named), `deny`
+/// overrides them. IP addresses are not patterns.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EgressPolicy {
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub deny: Vec<String>,
 }
 
 /// A volume of the node mounted into the sandbox.

@@ -79,6 +79,10 @@ pub struct CreateArgs {
     /// Spend cap in credits: the sandbox stops once it has cost this much.
     #[arg(long = "max-credits")]
     max_credits: Option<String>,
+    /// A host the sandbox may reach (`api.github.com`, `*.example.org`, `host:8443`;
+    /// repeatable). Nothing when absent.
+    #[arg(long = "egress")]
+    egress: Vec<String>,
 }
 
 fn parse_mount(value: &str) -> Result<sandbase_api::sandboxes::Mount, String> {
@@ -142,6 +146,10 @@ pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> anyhow::Result
                 },
                 metadata: args.metadata.into_iter().collect(),
                 max_credits: args.max_credits,
+                egress: (!args.egress.is_empty()).then(|| sandbase_api::sandboxes::EgressPolicy {
+                    allow: args.egress,
+                    deny: Vec::new(),
+                }),
                 mounts: args.mounts,
             };
             let sandbox: Sandbox = client.post("/v1/sandboxes", &request).await?;

@@ -68,6 +68,13 @@ pub struct NodeArgs {
     /// (repeatable). Nothing else of the host is ever mounted.
     #[arg(long = "volume", value_parser = parse_volume)]
     pub volumes: Vec<(String, PathBuf, bool)>,
+    /// The /16 sandboxes with egress take their addresses from (a /30 each); `none` turns
+    /// egress off (sandboxes then have loopback only).
+    #[arg(long = "egress-pool", default_value = "10.213.0.0")]
+    pub egress_pool: String,
+    /// The egress proxy's port on the sandboxes' host-side addresses.
+    #[arg(long = "egress-proxy-port", default_value_t = 3128)]
+    pub egress_proxy_port: u16,
     /// Directory of template tarballs (`NAME.tar`) built into templates when missing.
     #[arg(long, default_value = TEMPLATES_DIR)]
     pub templates_dir: PathBuf,
@@ -154,6 +161,20 @@ impl NodeArgs {
                     .iter()
                     .map(|(name, path, writable)| (name.clone(), (path.clone(), *writable)))
                     .collect(),
+                egress: match self.egress_pool.as_str() {
+                    "none" => None,
+                    pool => Some(sandbase_worker::network::EgressConfig {
+                        pool: pool.parse().map_err(|_| {
+                            anyhow::anyhow!(
+                                "--egress-pool: `{pool}` is not an IPv4 address (or `none`)"
+                            )
+                        })?,
+                        proxy_port: self.egress_proxy_port,
+                        resolver: sandbase_egress::proxy::Resolver::System,
+                        node_addresses: Vec::new(),
+                        max_connections: 256,
+                    }),
+                },
             },
             listen: self.worker_listen,
             advertise_url: self.advertise_url.clone(),

@@ -8,5 +8,7 @@
 pub mod policy;
 pub mod proxy;
 pub mod ssrf;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use policy::{HostPattern, Policy, parse_patterns};

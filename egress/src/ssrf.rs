@@ -119,13 +119,14 @@ fn check_v6(address: Ipv6Addr) -> Result<(), Blocked> {
 
 /// Refuses internal, special and embedded-IPv4 addresses, and `node`'s own addresses.
 pub fn check(address: IpAddr, node: &[IpAddr]) -> Result<(), Blocked> {
+    match address {
+        IpAddr::V4(v4) => check_v4(v4)?,
+        IpAddr::V6(v6) => check_v6(v6)?,
+    }
     if node.contains(&address) {
         return Err(Blocked::Node);
     }
-    match address {
-        IpAddr::V4(v4) => check_v4(v4),
-        IpAddr::V6(v6) => check_v6(v6),
-    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -159,6 +159,7 @@ fn main() -> anyhow::Result<()> {
                 default_limits: LIMITS,
                 process_output_limit: 1024 * 1024,
                 volumes: Default::default(),
+                egress: None,
             },
             listen: "127.0.0.1:0".parse()?,
             advertise_url: None,

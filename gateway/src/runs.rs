@@ -614,6 +614,7 @@ async fn carry_out(
         },
         metadata: [("run".to_owned(), run.to_string())].into(),
         max_credits: None,
+        egress: None,
         mounts: Vec::new(),
     };
     let created = sandboxes::create(state, owner, None, placement).await;

@@ -121,6 +121,8 @@ pub struct Placement {
     pub mounts: Vec<Mount>,
     /// Spend cap, in micro-credits.
     pub max_credits: Option<i64>,
+    /// Normalized egress policy; `None`: loopback only.
+    pub egress: Option<sandbase_api::sandboxes::EgressPolicy>,
 }
 
 /// A spend cap given in credits: positive, at most six decimals.
@@ -179,6 +181,22 @@ pub fn validate_create(
         validate_absolute("mounts[].path", &mount.path)?;
     }
     let max_credits = parse_cap("max_credits", request.max_credits.as_deref())?;
+    let egress = match request.egress {
+        Some(policy) if !policy.allow.is_empty() => {
+            let normalize = |field: &str, patterns: &[String]| {
+                if patterns.is_empty() {
+                    return Ok(Vec::new());
+                }
+                sandbase_egress::parse_patterns(field, patterns, 256)
+                    .map_err(ApiError::InvalidRequest)
+            };
+            Some(sandbase_api::sandboxes::EgressPolicy {
+                allow: normalize("egress.allow", &policy.allow)?,
+                deny: normalize("egress.deny", &policy.deny)?,
+            })
+        }
+        _ => None,
+    };
     Ok(Placement {
         template,
         env: request.env,
@@ -188,6 +206,7 @@ pub fn validate_create(
         metadata: request.metadata,
         mounts: request.mounts,
         max_credits,
+        egress,
     })
 }
 
@@ -421,6 +440,7 @@ async fn place(
         env: placement.env,
         cwd: placement.cwd,
         mounts: placement.mounts,
+        egress: placement.egress,
     };
     let mut last_problem = None;
     for worker in candidates {

@@ -9,6 +9,7 @@ pub mod agent_client;
 pub mod api;
 pub mod containerd;
 pub mod images;
+pub mod network;
 pub mod node;
 pub mod pool;
 pub mod registration;

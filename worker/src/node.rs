@@ -29,6 +29,8 @@ pub struct NodeConfig {
     pub process_output_limit: usize,
     /// Host directories sandboxes may ask to mount, by name: (host path, writable).
     pub volumes: BTreeMap<String, (std::path::PathBuf, bool)>,
+    /// Egress through the node's proxy; without it sandboxes have loopback only.
+    pub egress: Option<crate::network::EgressConfig>,
 }
 
 pub struct Node {
@@ -40,6 +42,7 @@ pub struct Node {
     creating: AtomicUsize,
     /// Usage samples waiting for the gateway.
     usage: crate::usage::Outbox,
+    network: Option<Arc<crate::network::Network>>,
 }
 
 /// A sandbox hosted for the gateway.
@@ -52,6 +55,8 @@ pub struct Hosted {
     cwd: String,
     processes: Mutex<HashMap<u32, Arc<Background>>>,
     meter: crate::usage::Meter,
+    /// Its link to the egress proxy, when it has egress.
+    pub link: Option<crate::network::Attached>,
 }
 
 /// A command started in the background: its output so far, its exit, its open stdin.
@@ -106,7 +111,11 @@ const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 impl Node {
     /// Starts the warm pools; the worker has already removed what a predecessor left.
-    pub fn start(worker: Arc<Worker>, config: NodeConfig) -> Arc<Node> {
+    pub fn start(
+        worker: Arc<Worker>,
+        config: NodeConfig,
+        network: Option<Arc<crate::network::Network>>,
+    ) -> Arc<Node> {
         let pools = config
             .pools
             .iter()
@@ -125,6 +134,7 @@ impl Node {
             hosted: RwLock::new(HashMap::new()),
             creating: AtomicUsize::new(0),
             usage: crate::usage::Outbox::default(),
+            network,
         })
     }
 
@@ -202,13 +212,48 @@ impl Node {
                 tracing::warn!(error = format!("{error:#}"), "no pid: CPU time unmetered")
             })
             .ok();
+        let mut env = request.env;
+        let link = match (&request.egress, &self.network) {
+            (None, _) => None,
+            (Some(_), None) => {
+                let _ = self.worker.destroy(&sandbox.id).await;
+                return Err(NodeError::Invalid(
+                    "this worker has no egress network (sandbase worker --egress-pool)".to_owned(),
+                ));
+            }
+            (Some(policy), Some(network)) => {
+                let attached = async {
+                    let policy = sandbase_egress::Policy::parse(&policy.allow, &policy.deny)
+                        .map_err(|why| NodeError::Invalid(format!("`egress`: {why}")))?;
+                    let pid = pid.ok_or_else(|| {
+                        NodeError::Internal(anyhow::anyhow!("the sandbox has no pid"))
+                    })?;
+                    network
+                        .attach(request.id, pid, policy)
+                        .await
+                        .map_err(NodeError::Internal)
+                }
+                .await;
+                match attached {
+                    Ok(attached) => {
+                        env.extend(attached.env(network.proxy_port()));
+                        Some(attached)
+                    }
+                    Err(error) => {
+                        let _ = self.worker.destroy(&sandbox.id).await;
+                        return Err(error);
+                    }
+                }
+            }
+        };
         let hosted = Arc::new(Hosted {
             meter: crate::usage::Meter::start(pid),
+            link,
             id: request.id,
             agent: AgentClient::new(sandbox.socket.clone()),
             sandbox,
             template: request.template,
-            env: request.env,
+            env,
             cwd: request.cwd,
             processes: Mutex::new(HashMap::new()),
         });
@@ -312,8 +357,16 @@ impl Node {
         // The last sample, before the cgroup goes.
         self.usage.push(hosted.meter.sample(id, true));
         hosted.lock_processes().clear();
+        if let (Some(network), Some(link)) = (&self.network, &hosted.link) {
+            network.detach(link).await;
+        }
         self.worker.destroy(&hosted.sandbox.id).await?;
         Ok(true)
+    }
+
+    /// The node's egress network, when it has one.
+    pub fn network(&self) -> Option<&Arc<crate::network::Network>> {
+        self.network.as_ref()
     }
 
     /// Usage samples waiting for the gateway.

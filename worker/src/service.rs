@@ -61,7 +61,11 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<RunningService> {
         ensure_template(&worker, name, source).await?;
     }
     let worker = Arc::new(worker);
-    let node = Node::start(Arc::clone(&worker), config.node.clone());
+    let network = match &config.node.egress {
+        Some(egress) => Some(crate::network::Network::start(egress.clone()).await?),
+        None => None,
+    };
+    let node = Node::start(Arc::clone(&worker), config.node.clone(), network);
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding the worker's internal API to {}", config.listen))?;

@@ -33,6 +33,7 @@ impl WorkerProcess {
         let child = Command::new(BINARY)
             .args(["worker", "--gateway", gateway])
             .args(["--worker-listen", &format!("127.0.0.1:{}", free_port())])
+            .args(["--egress-proxy-port", &free_port().to_string()])
             .args(["--worker-id", &format!("cli-{unique}")])
             .args(["--namespace", &namespace, "--containerd-socket", &socket])
             .arg("--run-dir")

@@ -67,6 +67,7 @@ async fn create_run(
             metadata: Default::default(),
             mounts: Vec::new(),
             max_credits: None,
+            egress: None,
         },
         settings,
     )?;

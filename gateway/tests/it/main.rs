@@ -7,6 +7,7 @@ mod api_keys;
 mod audit;
 mod bad_input;
 mod billing;
+mod egress;
 mod helpers;
 mod isolation;
 mod members;

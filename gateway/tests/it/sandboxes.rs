@@ -74,6 +74,7 @@ pub fn worker_config(app: &TestApp, id: &str, capacity: usize, warm: usize) -> S
             default_limits: LIMITS,
             process_output_limit: 1024 * 1024,
             volumes: Default::default(),
+            egress: None,
         },
         listen: "127.0.0.1:0".parse().unwrap(),
         advertise_url: None,

@@ -1,0 +1,186 @@
+//! Egress from inside real sandboxes: a veth into the sandbox's namespace, SandBase's
+//! nftables table, the node's egress proxy, and an upstream HTTP server in a network namespace
+//! of the test's own (a documentation address, reached by name through the worker's explicit
+//! resolver table — the SSRF guard is the production one).
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use sandbase_egress::proxy::Resolver;
+use sandbase_egress::testing::Upstream;
+use sandbase_worker::network::EgressConfig;
+use serde_json::json;
+
+use crate::sandboxes::{TestWorker, create_ok, sandbox_app, sh, worker_config};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
+    let upstream = Upstream::start();
+    upstream.wait_ready().await;
+    let public = IpAddr::V4(upstream.address);
+    let app = sandbox_app().await;
+    let mut config = worker_config(&app, "w", 4, 0);
+    config.node.egress = Some(EgressConfig {
+        pool: "10.213.0.0".parse().unwrap(),
+        proxy_port: free_port(),
+        resolver: Resolver::Fixed(HashMap::from([
+            ("allowed.test.example".to_owned(), vec![public]),
+            ("denied.test.example".to_owned(), vec![public]),
+            (
+                "loopback.test.example".to_owned(),
+                vec!["127.0.0.1".parse().unwrap()],
+            ),
+        ])),
+        node_addresses: Vec::new(),
+        max_connections: 16,
+    });
+    let worker = TestWorker::start(config).await;
+    let alice = app.signup("alice@example.com", "Alice").await;
+    let token = alice.api_key.token.as_str();
+    let id = create_ok(
+        &app,
+        token,
+        json!({ "egress": { "allow": ["allowed.test.example", "loopback.test.example"] } }),
+    )
+    .await;
+    let other = create_ok(
+        &app,
+        token,
+        json!({ "egress": { "allow": ["allowed.test.example"] } }),
+    )
+    .await;
+    let closed = create_ok(&app, token, json!({})).await;
+
+    // Allowed: through the proxy named by the sandbox's `http_proxy` (raw HTTP with nc:
+    // the static busybox has no resolver library, and needs none with a proxy).
+    let through_proxy = |host: &str, path: &str| {
+        format!(
+            "p=${{http_proxy#http://}}; printf 'GET http://{host}{path} HTTP/1.1\\r\\nHost: {host}\\r\\n\\r\\n' | nc -w 5 ${{p%:*}} ${{p#*:}}"
+        )
+    };
+    let answer = sh(
+        &app,
+        token,
+        &id,
+        &through_proxy("allowed.test.example", "/hello"),
+    )
+    .await;
+    let stdout = answer["stdout"].as_str().unwrap();
+    assert!(
+        stdout.contains(" 200 ") && stdout.contains("GET /hello HTTP/1.1"),
+        "{answer}"
+    );
+    // Not on the policy, or an allowed name that resolves to an internal address: 403.
+    for (host, why) in [
+        (
+            "denied.test.example",
+            "not allowed by this sandbox's egress policy",
+        ),
+        ("loopback.test.example", "loopback address"),
+    ] {
+        let answer = sh(&app, token, &id, &through_proxy(host, "/")).await;
+        let stdout = answer["stdout"].as_str().unwrap();
+        assert!(
+            stdout.starts_with("HTTP/1.1 403") && stdout.contains(why),
+            "{host}: {answer}"
+        );
+    }
+    // Around the proxy: the upstream's address directly, the proxy's host on another port,
+    // another sandbox — all dropped.
+    let other_ip = sh(
+        &app,
+        token,
+        &other,
+        "ip -4 -o addr show eth0 2>/dev/null || ifconfig eth0",
+    )
+    .await["stdout"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let other_ip = other_ip
+        .split_whitespace()
+        .find_map(|word| {
+            let word = word.trim_start_matches("addr:");
+            word.split('/')
+                .next()
+                .filter(|ip| ip.starts_with("10.213."))
+        })
+        .unwrap_or_else(|| panic!("no address in {other_ip}"))
+        .to_owned();
+    let gateway_ip = sh(
+        &app,
+        token,
+        &id,
+        "ip route | awk '/default/ {print $3}' || route -n",
+    )
+    .await["stdout"]
+        .as_str()
+        .unwrap()
+        .trim()
+        .to_owned();
+    for (what, command) in [
+        (
+            "the upstream directly",
+            format!(
+                "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {} 80",
+                upstream.address
+            ),
+        ),
+        (
+            "the host on another port",
+            format!("nc -w 3 {gateway_ip} 22 </dev/null"),
+        ),
+        (
+            "another sandbox",
+            format!("nc -w 3 {other_ip} 80 </dev/null"),
+        ),
+    ] {
+        let answer = sh(&app, token, &id, &command).await;
+        assert!(
+            !answer["stdout"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("GET /"),
+            "{what}: {answer}"
+        );
+        assert_ne!(answer["exit_code"], 0, "{what}: {answer}");
+    }
+    // A sandbox that asked for no egress has loopback only.
+    let answer = sh(
+        &app,
+        token,
+        &closed,
+        "env | grep -ci proxy; cat /proc/net/dev | grep -c eth0",
+    )
+    .await;
+    assert_eq!(answer["stdout"], "0\n0\n", "{answer}");
+    // Policies are validated: IP addresses are not patterns.
+    app.post(
+        "/v1/sandboxes",
+        token,
+        json!({ "egress": { "allow": ["203.0.113.2"] } }),
+    )
+    .await
+    .assert_error(422, "invalid_request");
+    // Destroyed sandboxes leave no link behind.
+    for sandbox in [&id, &other, &closed] {
+        app.delete(&format!("/v1/sandboxes/{sandbox}"), token).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let links = std::process::Command::new("ip")
+        .args(["-o", "link"])
+        .output()
+        .unwrap();
+    let links = String::from_utf8_lossy(&links.stdout);
+    assert!(!links.contains(": sbh"), "{links}");
+    worker.clean_up().await;
+}

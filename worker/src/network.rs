@@ -1,0 +1,331 @@
+//! Sandbox egress on this node. A sandbox that asks for egress gets a veth pair: one end in
+//! its network namespace (a /30 from the node's pool, default route to the other end), the
+//! other on the host. nftables (one table owned by SandBase) lets packets from those links
+//! reach only the egress proxy's port on the host and drops everything else — other
+//! sandboxes, host services, the gateway, the internet directly. The proxy (`sandbase-egress`)
+//! identifies a sandbox by its address and applies its policy; commands get `HTTP_PROXY`,
+//! `HTTPS_PROXY` and `ALL_PROXY` pointing at it. Sandboxes without egress keep a namespace
+//! with loopback only.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use sandbase_egress::Policy;
+use sandbase_egress::proxy::{Flow, Proxy, ProxyConfig, Registry, Resolver};
+use tokio::process::Command;
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+/// The nftables table SandBase owns.
+pub const TABLE: &str = "sandbase";
+/// Host-side links are named `sbh<slot>`; the sandbox side `sbs<slot>` before it moves.
+const HOST_PREFIX: &str = "sbh";
+/// Flow records kept per sandbox.
+const FLOWS_KEPT: usize = 1000;
+
+#[derive(Debug, Clone)]
+pub struct EgressConfig {
+    /// A /16 whose /30s go to sandboxes (e.g. 10.213.0.0).
+    pub pool: Ipv4Addr,
+    /// The proxy's port on each sandbox's host-side address.
+    pub proxy_port: u16,
+    /// Names resolved by the proxy: the system's resolver, or an explicit table (tests).
+    pub resolver: Resolver,
+    /// Addresses of this node that no sandbox may reach through the proxy.
+    pub node_addresses: Vec<IpAddr>,
+    /// Most connections one sandbox holds open through the proxy.
+    pub max_connections: usize,
+}
+
+/// A sandbox's link.
+#[derive(Debug, Clone)]
+pub struct Attached {
+    slot: u32,
+    pub host: Ipv4Addr,
+    pub address: Ipv4Addr,
+    link: String,
+}
+
+impl Attached {
+    /// Proxy variables for the sandbox's commands.
+    pub fn env(&self, proxy_port: u16) -> Vec<(String, String)> {
+        let url = format!("http://{}:{proxy_port}", self.host);
+        let mut env = Vec::new();
+        for name in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
+            env.push((name.to_owned(), url.clone()));
+            env.push((name.to_ascii_lowercase(), url.clone()));
+        }
+        env.push(("NO_PROXY".to_owned(), "localhost,127.0.0.1".to_owned()));
+        env.push(("no_proxy".to_owned(), "localhost,127.0.0.1".to_owned()));
+        env
+    }
+}
+
+pub struct Network {
+    config: EgressConfig,
+    registry: Arc<Registry>,
+    slots: Mutex<BTreeSet<u32>>,
+    flows: Arc<Mutex<HashMap<String, VecDeque<Flow>>>>,
+}
+
+async fn run(program: &str, args: &[&str]) -> anyhow::Result<()> {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .await
+        .with_context(|| format!("running {program}"))?;
+    anyhow::ensure!(
+        output.status.success(),
+        "{program} {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    Ok(())
+}
+
+/// Every address of this node's interfaces (`ip -o addr`).
+async fn node_addresses_now() -> Vec<IpAddr> {
+    let Ok(output) = Command::new("ip")
+        .args(["-o", "addr", "show"])
+        .output()
+        .await
+    else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace().skip(2);
+            let _family = fields.next()?;
+            let address = fields.next()?.split('/').next()?;
+            address.parse().ok()
+        })
+        .collect()
+}
+
+impl Network {
+    /// Installs the firewall table and starts the proxy on the pool's addresses.
+    pub async fn start(config: EgressConfig) -> anyhow::Result<Arc<Network>> {
+        let pool = format!("{}/16", config.pool);
+        let ruleset = format!(
+            "table inet {TABLE}\n\
+             delete table inet {TABLE}\n\
+             table inet {TABLE} {{\n\
+               chain input {{\n\
+                 type filter hook input priority -10; policy accept;\n\
+                 iifname \"{HOST_PREFIX}*\" ip daddr {pool} tcp dport {port} ct state new,established accept\n\
+                 iifname \"{HOST_PREFIX}*\" ct state established,related accept\n\
+                 iifname \"{HOST_PREFIX}*\" counter drop\n\
+               }}\n\
+               chain forward {{\n\
+                 type filter hook forward priority -10; policy accept;\n\
+                 iifname \"{HOST_PREFIX}*\" counter drop\n\
+                 oifname \"{HOST_PREFIX}*\" counter drop\n\
+               }}\n\
+             }}\n",
+            port = config.proxy_port
+        );
+        let mut child = tokio::process::Command::new("nft")
+            .args(["-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .context("running nft (is nftables installed?)")?;
+        if let Some(mut stdin) = child.stdin.take() {
+            tokio::io::AsyncWriteExt::write_all(&mut stdin, ruleset.as_bytes()).await?;
+        }
+        let output = child.wait_with_output().await?;
+        anyhow::ensure!(
+            output.status.success(),
+            "installing the egress firewall: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+        let registry = Arc::new(Registry::default());
+        let (sender, mut receiver) = mpsc::channel::<Flow>(4096);
+        let mut node_addresses = config.node_addresses.clone();
+        node_addresses.extend(node_addresses_now().await);
+        let proxy = Proxy::new(
+            Arc::clone(&registry),
+            config.resolver.clone(),
+            ProxyConfig {
+                node_addresses,
+                connect_timeout: Duration::from_secs(10),
+                head_timeout: Duration::from_secs(30),
+            },
+            sender,
+        );
+        let listener = tokio::net::TcpListener::bind(SocketAddr::from((
+            Ipv4Addr::UNSPECIFIED,
+            config.proxy_port,
+        )))
+        .await
+        .with_context(|| format!("binding the egress proxy to port {}", config.proxy_port))?;
+        tokio::spawn(proxy.serve(listener));
+        let flows: Arc<Mutex<HashMap<String, VecDeque<Flow>>>> = Arc::default();
+        let kept = Arc::clone(&flows);
+        tokio::spawn(async move {
+            while let Some(flow) = receiver.recv().await {
+                let mut flows = kept.lock().unwrap_or_else(|p| p.into_inner());
+                let list = flows.entry(flow.sandbox.clone()).or_default();
+                if list.len() >= FLOWS_KEPT {
+                    list.pop_front();
+                }
+                list.push_back(flow);
+            }
+        });
+        Ok(Arc::new(Network {
+            config,
+            registry,
+            slots: Mutex::new(BTreeSet::new()),
+            flows,
+        }))
+    }
+
+    pub fn proxy_port(&self) -> u16 {
+        self.config.proxy_port
+    }
+
+    fn slot_addresses(&self, slot: u32) -> (Ipv4Addr, Ipv4Addr) {
+        let base = u32::from(self.config.pool) + slot * 4;
+        (Ipv4Addr::from(base + 1), Ipv4Addr::from(base + 2))
+    }
+
+    /// Gives the sandbox whose first process is `pid` a link and registers its policy.
+    pub async fn attach(
+        &self,
+        sandbox: Uuid,
+        pid: u32,
+        policy: Policy,
+    ) -> anyhow::Result<Attached> {
+        let slot = {
+            let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            let slot = (0..16_383u32)
+                .find(|slot| !slots.contains(slot))
+                .context("the egress address pool is exhausted")?;
+            slots.insert(slot);
+            slot
+        };
+        let (host, address) = self.slot_addresses(slot);
+        let attached = Attached {
+            slot,
+            host,
+            address,
+            link: format!("{HOST_PREFIX}{slot}"),
+        };
+        if let Err(error) = self.configure(&attached, pid).await {
+            self.detach(&attached).await;
+            return Err(error);
+        }
+        self.registry.add(
+            IpAddr::V4(address),
+            &sandbox.to_string(),
+            policy,
+            self.config.max_connections,
+        );
+        Ok(attached)
+    }
+
+    async fn configure(&self, attached: &Attached, pid: u32) -> anyhow::Result<()> {
+        let peer = format!("sbs{}", attached.slot);
+        let namespace = format!("sandbase-{}", attached.slot);
+        let pid = pid.to_string();
+        run("ip", &["link", "del", &attached.link]).await.ok();
+        run(
+            "ip",
+            &[
+                "link",
+                "add",
+                &attached.link,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &peer,
+            ],
+        )
+        .await?;
+        run("ip", &["link", "set", &peer, "netns", &pid]).await?;
+        run(
+            "ip",
+            &[
+                "addr",
+                "add",
+                &format!("{}/30", attached.host),
+                "dev",
+                &attached.link,
+            ],
+        )
+        .await?;
+        run("ip", &["link", "set", &attached.link, "up"]).await?;
+        // A name for the sandbox's namespace just long enough to configure it.
+        run("ip", &["netns", "attach", &namespace, &pid]).await?;
+        let inside = async {
+            run(
+                "ip",
+                &[
+                    "-n",
+                    &namespace,
+                    "addr",
+                    "add",
+                    &format!("{}/30", attached.address),
+                    "dev",
+                    &peer,
+                ],
+            )
+            .await?;
+            run(
+                "ip",
+                &["-n", &namespace, "link", "set", &peer, "name", "eth0"],
+            )
+            .await?;
+            run("ip", &["-n", &namespace, "link", "set", "eth0", "up"]).await?;
+            run(
+                "ip",
+                &[
+                    "-n",
+                    &namespace,
+                    "route",
+                    "add",
+                    "default",
+                    "via",
+                    &attached.host.to_string(),
+                ],
+            )
+            .await
+        }
+        .await;
+        run("ip", &["netns", "delete", &namespace]).await.ok();
+        inside
+    }
+
+    /// Removes the link (both ends) and the sandbox's registration.
+    pub async fn detach(&self, attached: &Attached) {
+        self.registry.remove(IpAddr::V4(attached.address));
+        if let Err(error) = run("ip", &["link", "del", &attached.link]).await {
+            tracing::debug!(error = format!("{error:#}"), "removing a sandbox link");
+        }
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&attached.slot);
+    }
+
+    /// Changes a sandbox's policy (new connections).
+    pub fn set_policy(&self, attached: &Attached, policy: Policy) -> bool {
+        self.registry
+            .set_policy(IpAddr::V4(attached.address), policy)
+    }
+
+    /// The sandbox's recent connections, oldest first.
+    pub fn flows(&self, sandbox: Uuid) -> Vec<Flow> {
+        self.flows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&sandbox.to_string())
+            .map(|list| list.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
