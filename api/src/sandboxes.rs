@@ -154,6 +154,36 @@ pub struct Sandbox {
     /// Its spend cap, in micro-credits.
     #[serde(default)]
     pub max_credits_micro: Option<i64>,
+    /// What it may reach; absent: nothing (loopback only).
+    #[serde(default)]
+    pub egress: Option<EgressPolicy>,
+}
+
+/// One connection a sandbox made (or tried) through the egress proxy.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EgressFlow {
+    pub at: DateTime<Utc>,
+    pub host: String,
+    pub port: u16,
+    /// `connect` (a tunnel) or `http` (a plain request).
+    pub mode: String,
+    /// `allowed`, `denied` (by policy or the address guard) or `failed` (upstream unreachable).
+    pub decision: String,
+    /// Why it was denied or failed.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// The address dialed.
+    #[serde(default)]
+    pub address: Option<String>,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    pub duration_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EgressFlowList {
+    /// Oldest first; the worker keeps the last thousand.
+    pub flows: Vec<EgressFlow>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -49,6 +49,8 @@ pub enum SandboxCommand {
     Destroy { id: Uuid },
     /// Give a running sandbox SECONDS more to live (from now).
     Extend { id: Uuid, seconds: u64 },
+    /// The sandbox's connections through the egress proxy (allowed and denied).
+    Egress { id: Uuid },
 }
 
 #[derive(Args)]
@@ -240,6 +242,33 @@ pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> anyhow::Result
                 )
                 .await?;
             println!("{id} now expires at {}", time(&sandbox.expires_at));
+        }
+        SandboxCommand::Egress { id } => {
+            let list: sandbase_api::sandboxes::EgressFlowList = client
+                .get(&format!("/v1/sandboxes/{id}/egress"), &[])
+                .await?;
+            if global.json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let rows: Vec<Vec<String>> = list
+                .flows
+                .iter()
+                .map(|flow| {
+                    vec![
+                        time(&flow.at),
+                        format!("{}:{}", flow.host, flow.port),
+                        flow.mode.clone(),
+                        flow.decision.clone(),
+                        format!("{}/{}", flow.bytes_up, flow.bytes_down),
+                        flow.reason.clone().unwrap_or_default(),
+                    ]
+                })
+                .collect();
+            crate::output::table(
+                &["AT", "HOST", "MODE", "DECISION", "BYTES UP/DOWN", "WHY"],
+                &rows,
+            );
         }
     }
     Ok(ExitCode::SUCCESS)

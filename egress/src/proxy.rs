@@ -133,6 +133,7 @@ pub struct Flow {
     pub bytes_up: u64,
     pub bytes_down: u64,
     pub duration: Duration,
+    pub started_at: std::time::SystemTime,
 }
 
 pub struct ProxyConfig {
@@ -222,6 +223,7 @@ impl Proxy {
             bytes_up: 0,
             bytes_down: 0,
             duration: Duration::ZERO,
+            started_at: std::time::SystemTime::now(),
         };
         match self.open(&entry, &target).await {
             Err(Decision::Denied(why)) => {

@@ -29,7 +29,7 @@ pub const REAPER_INTERVAL: Duration = Duration::from_secs(1);
 const CREATE_GIVE_UP_SECS: f64 = 120.0;
 
 pub const SANDBOX_COLUMNS: &str = "id, template, state, stop_reason, cwd, cpu_millis, memory_mb, \
-     disk_mb, pids, metadata, mounts, created_at, expires_at, stopped_at, spent_micro, max_credits";
+     disk_mb, pids, metadata, mounts, created_at, expires_at, stopped_at, spent_micro, max_credits, egress";
 
 #[derive(sqlx::FromRow)]
 pub struct SandboxRow {
@@ -49,6 +49,7 @@ pub struct SandboxRow {
     pub stopped_at: Option<DateTime<Utc>>,
     pub spent_micro: i64,
     pub max_credits: Option<i64>,
+    pub egress: Option<sqlx::types::Json<sandbase_api::sandboxes::EgressPolicy>>,
 }
 
 impl SandboxRow {
@@ -72,6 +73,7 @@ impl SandboxRow {
             stopped_at: self.stopped_at,
             spent_micro: self.spent_micro,
             max_credits_micro: self.max_credits,
+            egress: self.egress.as_ref().map(|policy| policy.0.clone()),
         }
     }
 }
@@ -123,6 +125,22 @@ pub struct Placement {
     pub max_credits: Option<i64>,
     /// Normalized egress policy; `None`: loopback only.
     pub egress: Option<sandbase_api::sandboxes::EgressPolicy>,
+}
+
+/// Checks an egress policy and returns it normalized (lowercase, `*.` and ports explicit).
+pub fn normalize_egress(
+    policy: &sandbase_api::sandboxes::EgressPolicy,
+) -> ApiResult<sandbase_api::sandboxes::EgressPolicy> {
+    let normalize = |field: &str, patterns: &[String]| {
+        if patterns.is_empty() {
+            return Ok(Vec::new());
+        }
+        sandbase_egress::parse_patterns(field, patterns, 256).map_err(ApiError::InvalidRequest)
+    };
+    Ok(sandbase_api::sandboxes::EgressPolicy {
+        allow: normalize("egress.allow", &policy.allow)?,
+        deny: normalize("egress.deny", &policy.deny)?,
+    })
 }
 
 /// A spend cap given in credits: positive, at most six decimals.
@@ -182,19 +200,7 @@ pub fn validate_create(
     }
     let max_credits = parse_cap("max_credits", request.max_credits.as_deref())?;
     let egress = match request.egress {
-        Some(policy) if !policy.allow.is_empty() => {
-            let normalize = |field: &str, patterns: &[String]| {
-                if patterns.is_empty() {
-                    return Ok(Vec::new());
-                }
-                sandbase_egress::parse_patterns(field, patterns, 256)
-                    .map_err(ApiError::InvalidRequest)
-            };
-            Some(sandbase_api::sandboxes::EgressPolicy {
-                allow: normalize("egress.allow", &policy.allow)?,
-                deny: normalize("egress.deny", &policy.deny)?,
-            })
-        }
+        Some(policy) if !policy.allow.is_empty() => Some(normalize_egress(&policy)?),
         _ => None,
     };
     Ok(Placement {
@@ -412,9 +418,9 @@ async fn place(
     let resources = placement.resources;
     sqlx::query(
         "INSERT INTO sandboxes (id, team_id, api_key_id, user_id, template, state, worker_id, cwd, \
-           cpu_millis, memory_mb, disk_mb, pids, metadata, expires_at, mounts, max_credits) \
+           cpu_millis, memory_mb, disk_mb, pids, metadata, expires_at, mounts, max_credits, egress) \
          VALUES ($1, $2, $3, $4, $5, 'creating', NULL, $6, $7, $8, $9, $10, $11, \
-           now() + make_interval(secs => $12), $13, $14)",
+           now() + make_interval(secs => $12), $13, $14, $15)",
     )
     .bind(id)
     .bind(owner.team_id)
@@ -430,6 +436,7 @@ async fn place(
     .bind(placement.timeout_secs as f64)
     .bind(sqlx::types::Json(&placement.mounts))
     .bind(placement.max_credits)
+    .bind(placement.egress.as_ref().map(sqlx::types::Json))
     .execute(&state.db)
     .await?;
 

@@ -51,6 +51,11 @@ pub fn router(node: Arc<Node>, token: &str) -> Router {
         )
         .route("/internal/v1/sandboxes/{id}/exec", post(exec))
         .route("/internal/v1/sandboxes/{id}/processes", get(processes))
+        .route(
+            "/internal/v1/sandboxes/{id}/egress-policy",
+            axum::routing::put(set_egress_policy),
+        )
+        .route("/internal/v1/sandboxes/{id}/egress", get(egress_flows))
         .route("/internal/v1/sandboxes/{id}/processes/{pid}", get(process))
         .route(
             "/internal/v1/sandboxes/{id}/processes/{pid}/stdin",
@@ -411,6 +416,59 @@ impl Utf8Carry {
         let rest = std::mem::take(&mut self.pending);
         String::from_utf8_lossy(&rest).into_owned()
     }
+}
+
+async fn set_egress_policy(
+    State(state): State<ApiState>,
+    Path(id): Path<Uuid>,
+    Json(policy): Json<sandbase_api::sandboxes::EgressPolicy>,
+) -> Result<StatusCode, NodeError> {
+    let hosted = state.node.get(id)?;
+    let (Some(network), Some(link)) = (state.node.network(), &hosted.link) else {
+        return Err(NodeError::Invalid(
+            "this sandbox was created without egress".to_owned(),
+        ));
+    };
+    let policy = sandbase_egress::Policy::parse(&policy.allow, &policy.deny)
+        .map_err(|why| NodeError::Invalid(format!("`egress`: {why}")))?;
+    network.set_policy(link, policy);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn egress_flows(
+    State(state): State<ApiState>,
+    Path(id): Path<Uuid>,
+) -> Result<Json<sandbase_api::sandboxes::EgressFlowList>, NodeError> {
+    state.node.get(id)?;
+    let flows = state
+        .node
+        .network()
+        .map(|network| network.flows(id))
+        .unwrap_or_default();
+    Ok(Json(sandbase_api::sandboxes::EgressFlowList {
+        flows: flows
+            .into_iter()
+            .map(|flow| {
+                let (decision, reason) = match flow.decision {
+                    sandbase_egress::proxy::Decision::Allowed => ("allowed", None),
+                    sandbase_egress::proxy::Decision::Denied(why) => ("denied", Some(why)),
+                    sandbase_egress::proxy::Decision::Failed(why) => ("failed", Some(why)),
+                };
+                sandbase_api::sandboxes::EgressFlow {
+                    at: chrono::DateTime::<chrono::Utc>::from(flow.started_at),
+                    host: flow.host,
+                    port: flow.port,
+                    mode: flow.mode.to_owned(),
+                    decision: decision.to_owned(),
+                    reason,
+                    address: flow.address.map(|address| address.to_string()),
+                    bytes_up: flow.bytes_up,
+                    bytes_down: flow.bytes_down,
+                    duration_ms: flow.duration.as_millis() as u64,
+                }
+            })
+            .collect(),
+    }))
 }
 
 async fn processes(

@@ -6,6 +6,7 @@ mod api_keys;
 mod audit;
 mod auth;
 mod billing;
+mod egress;
 mod health;
 mod me;
 mod members;
@@ -80,6 +81,7 @@ pub fn api_router(
         .merge(usage::router())
         .merge(admin::router())
         .merge(secrets::router())
+        .merge(egress::router())
         .merge(runs::router(settings.runs.input_limit_bytes));
     let operations = OpenApiRouter::new()
         .merge(health::router())

@@ -154,6 +154,94 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
         );
         assert_ne!(answer["exit_code"], 0, "{what}: {answer}");
     }
+    // The flow log: what was allowed (with bytes) and what was denied, and why.
+    let flows = app
+        .get(&format!("/v1/sandboxes/{id}/egress"), token)
+        .await
+        .body;
+    let flows = flows["flows"].as_array().unwrap();
+    let allowed: Vec<&serde_json::Value> = flows
+        .iter()
+        .filter(|f| f["decision"] == "allowed")
+        .collect();
+    assert_eq!(allowed.len(), 1, "{flows:?}");
+    assert_eq!(allowed[0]["host"], "allowed.test.example");
+    assert!(
+        allowed[0]["bytes_down"].as_u64().unwrap() > 100,
+        "{flows:?}"
+    );
+    let denied: Vec<&str> = flows
+        .iter()
+        .filter(|f| f["decision"] == "denied")
+        .map(|f| f["host"].as_str().unwrap())
+        .collect();
+    assert_eq!(denied, ["denied.test.example", "loopback.test.example"]);
+
+    // A policy change applies to the next connection.
+    let policy = app
+        .get(&format!("/v1/sandboxes/{id}/egress-policy"), token)
+        .await
+        .body;
+    assert_eq!(
+        policy["allow"],
+        json!(["allowed.test.example", "loopback.test.example"])
+    );
+    let changed = app
+        .request(
+            reqwest::Method::PUT,
+            &format!("/v1/sandboxes/{id}/egress-policy"),
+            Some(token),
+            Some(json!({ "allow": ["Denied.Test.Example"] })),
+        )
+        .await;
+    assert_eq!(changed.status.as_u16(), 200, "{}", changed.body);
+    assert_eq!(changed.body["allow"], json!(["denied.test.example"]));
+    let answer = sh(
+        &app,
+        token,
+        &id,
+        &through_proxy("denied.test.example", "/now"),
+    )
+    .await;
+    assert!(
+        answer["stdout"].as_str().unwrap().contains("GET /now"),
+        "{answer}"
+    );
+    let answer = sh(
+        &app,
+        token,
+        &id,
+        &through_proxy("allowed.test.example", "/"),
+    )
+    .await;
+    assert!(
+        answer["stdout"]
+            .as_str()
+            .unwrap()
+            .starts_with("HTTP/1.1 403"),
+        "{answer}"
+    );
+    app.request(
+        reqwest::Method::PUT,
+        &format!("/v1/sandboxes/{closed}/egress-policy"),
+        Some(token),
+        Some(json!({ "allow": ["allowed.test.example"] })),
+    )
+    .await
+    .assert_error(409, "egress_not_enabled");
+    let bob = app.signup("bob@example.com", "Bob").await;
+    app.get(&format!("/v1/sandboxes/{id}/egress"), &bob.api_key.token)
+        .await
+        .assert_error(404, "not_found");
+    app.request(
+        reqwest::Method::PUT,
+        &format!("/v1/sandboxes/{id}/egress-policy"),
+        Some(&bob.api_key.token),
+        Some(json!({ "allow": ["evil.example.com"] })),
+    )
+    .await
+    .assert_error(404, "not_found");
+
     // A sandbox that asked for no egress has loopback only.
     let answer = sh(
         &app,

@@ -1,0 +1,156 @@
+//! A sandbox's egress: its policy (read, and changed at run time — effective for new
+//! connections) and its flow log (kept by its worker's proxy).
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use sandbase_api::sandboxes::{EgressFlowList, EgressPolicy};
+use sandbase_api::{ErrorBody, Role};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use crate::audit::RequestContext;
+use crate::auth::Principal;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{ApiJson, ApiPath};
+use crate::sandboxes;
+use crate::state::AppState;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(get_policy, set_policy))
+        .routes(routes!(flows))
+}
+
+type PolicyRow = (Option<sqlx::types::Json<EgressPolicy>>, String);
+
+async fn policy_row(state: &AppState, team_id: Uuid, id: Uuid) -> ApiResult<PolicyRow> {
+    sqlx::query_as("SELECT egress, state FROM sandboxes WHERE id = $1 AND team_id = $2")
+        .bind(id)
+        .bind(team_id)
+        .fetch_optional(&state.db)
+        .await?
+        .ok_or(ApiError::NotFound("sandbox"))
+}
+
+fn not_enabled() -> ApiError {
+    ApiError::Conflict {
+        code: "egress_not_enabled",
+        message:
+            "this sandbox was created without egress (loopback only); create one with `egress`"
+                .to_owned(),
+    }
+}
+
+/// The sandbox's egress policy.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/egress-policy", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, description = "OK", body = EgressPolicy),
+        (status = 404, description = "Not in the caller's team", body = ErrorBody),
+        (status = 409, description = "Created without egress (`egress_not_enabled`)", body = ErrorBody),
+    ))]
+async fn get_policy(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<Json<EgressPolicy>> {
+    let (policy, _) = policy_row(&state, principal.team_id, id).await?;
+    policy.map(|policy| Json(policy.0)).ok_or_else(not_enabled)
+}
+
+/// Replace the sandbox's egress policy; new connections follow it at once.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/egress-policy", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Sandbox id")),
+    request_body = EgressPolicy,
+    responses(
+        (status = 200, description = "Changed", body = EgressPolicy),
+        (status = 404, description = "Not in the caller's team", body = ErrorBody),
+        (status = 409, description = "Created without egress, or not running", body = ErrorBody),
+        (status = 422, description = "Invalid pattern", body = ErrorBody),
+    ))]
+async fn set_policy(
+    State(state): State<AppState>,
+    principal: Principal,
+    context: RequestContext,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiJson(policy): ApiJson<EgressPolicy>,
+) -> ApiResult<Json<EgressPolicy>> {
+    principal.require(Role::Member)?;
+    let (current, sandbox_state) = policy_row(&state, principal.team_id, id).await?;
+    if current.is_none() {
+        return Err(not_enabled());
+    }
+    if sandbox_state != "running" {
+        return Err(ApiError::Conflict {
+            code: "sandbox_not_running",
+            message: "the sandbox is not running".to_owned(),
+        });
+    }
+    let policy = sandboxes::normalize_egress(&policy)?;
+    // The worker first: the database says what is in force.
+    let answer = sandboxes::forward(
+        &state,
+        &principal,
+        id,
+        reqwest::Method::PUT,
+        "egress-policy",
+        Some(
+            serde_json::to_vec(&policy)
+                .map_err(anyhow::Error::from)?
+                .into(),
+        ),
+        &[("content-type", "application/json")],
+    )
+    .await?;
+    if answer.status() != StatusCode::NO_CONTENT {
+        return Err(ApiError::Internal(anyhow::anyhow!(
+            "the worker answered {} to a policy change",
+            answer.status()
+        )));
+    }
+    let mut transaction = state.db.begin().await?;
+    sqlx::query("UPDATE sandboxes SET egress = $3 WHERE id = $1 AND team_id = $2")
+        .bind(id)
+        .bind(principal.team_id)
+        .bind(sqlx::types::Json(&policy))
+        .execute(&mut *transaction)
+        .await?;
+    context
+        .record(
+            &mut transaction,
+            &principal,
+            Some(format!("sandbox:{id}")),
+            serde_json::json!({ "allow": policy.allow, "deny": policy.deny }),
+        )
+        .await?;
+    transaction.commit().await?;
+    Ok(Json(policy))
+}
+
+/// The sandbox's recent connections through the egress proxy (allowed, denied, failed), with
+/// bytes each way. Credential values never appear here.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/egress", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, description = "OK", body = EgressFlowList),
+        (status = 404, description = "Not in the caller's team", body = ErrorBody),
+    ))]
+async fn flows(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<Response> {
+    sandboxes::forward(
+        &state,
+        &principal,
+        id,
+        reqwest::Method::GET,
+        "egress",
+        None,
+        &[],
+    )
+    .await
+}
