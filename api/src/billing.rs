@@ -11,6 +11,12 @@ pub struct BalanceAnswer {
     /// Credits the team can spend now, e.g. "9.25".
     pub available: String,
     pub available_micro: i64,
+    /// Held by live reservations (the first minute of sandboxes being created or just
+    /// created); charges replace them as usage comes in.
+    #[serde(default)]
+    pub reserved: String,
+    #[serde(default)]
+    pub reserved_micro: i64,
     pub grants: Vec<GrantAnswer>,
 }
 

@@ -37,6 +37,12 @@ pub async fn credits(global: &GlobalArgs, command: Option<CreditsCommand>) -> an
         return Ok(());
     }
     println!("available: {} credits", balance.available);
+    if balance.reserved_micro > 0 {
+        println!(
+            "reserved:  {} credits (first minutes of new sandboxes)",
+            balance.reserved
+        );
+    }
     println!();
     let rows: Vec<Vec<String>> = balance
         .grants

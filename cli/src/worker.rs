@@ -172,7 +172,7 @@ impl NodeArgs {
                         proxy_port: self.egress_proxy_port,
                         resolver: sandbase_egress::proxy::Resolver::System,
                         node_addresses: Vec::new(),
-                        max_connections: 256,
+                        max_connections: 64,
                     }),
                 },
             },

@@ -19,6 +19,8 @@ use crate::ssrf;
 
 /// Largest request head read from a sandbox.
 const MAX_HEAD: usize = 16 * 1024;
+/// Buffer of each direction of a relayed connection.
+const COPY_BUFFER: usize = 256 * 1024;
 
 /// A sandbox as the proxy knows it: who it is and what it may reach (changed at run time
 /// with [`Registry::set_policy`]; effective for new connections).
@@ -193,6 +195,9 @@ impl Proxy {
             return;
         };
         let started = Instant::now();
+        // Small writes (a CONNECT answer, a request head) go out at once, not after Nagle's
+        // delay meets the peer's delayed ACK.
+        let _ = stream.set_nodelay(true);
         let Ok(_permit) = entry.connections.try_acquire() else {
             let _ = deny(&mut stream, 429, "too many connections from this sandbox").await;
             return;
@@ -256,8 +261,13 @@ impl Proxy {
                 };
                 if sent {
                     let head_bytes = target.forward.as_ref().map_or(0, Vec::len) + rest.len();
-                    if let Ok((up, down)) =
-                        tokio::io::copy_bidirectional(&mut stream, &mut upstream).await
+                    if let Ok((up, down)) = tokio::io::copy_bidirectional_with_sizes(
+                        &mut stream,
+                        &mut upstream,
+                        COPY_BUFFER,
+                        COPY_BUFFER,
+                    )
+                    .await
                     {
                         flow.bytes_up = up + head_bytes as u64;
                         flow.bytes_down = down;
@@ -316,6 +326,7 @@ impl Proxy {
             .await
             .map_err(|_| Decision::Failed(format!("{address} did not answer in time")))?
             .map_err(|error| Decision::Failed(format!("{address}: {error}")))?;
+        let _ = stream.set_nodelay(true);
         Ok((stream, address))
     }
 }

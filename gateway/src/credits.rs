@@ -242,6 +242,24 @@ impl Admission {
         Ok(())
     }
 
+    /// What the team's live reservations hold.
+    pub async fn reserved(&self, team_id: Uuid) -> anyhow::Result<i64> {
+        let (_, reservations) = self.keys(Budget::Team(team_id));
+        let now_ms = Utc::now().timestamp_millis();
+        let live: Vec<String> = redis::AsyncCommands::zrangebyscore(
+            &mut self.redis.clone(),
+            &reservations,
+            now_ms,
+            "+inf",
+        )
+        .await?;
+        Ok(live
+            .iter()
+            .filter_map(|member| member.rsplit_once(':'))
+            .filter_map(|(_, amount)| amount.parse::<i64>().ok())
+            .sum())
+    }
+
     /// Drops the team's cached balance (after a grant): the next reservation reads the ledger.
     pub async fn forget(&self, team_id: Uuid) -> anyhow::Result<()> {
         let (balance, _) = self.keys(Budget::Team(team_id));

@@ -69,6 +69,8 @@ pub struct Network {
     registry: Arc<Registry>,
     slots: Mutex<BTreeSet<u32>>,
     flows: Arc<Mutex<HashMap<String, VecDeque<Flow>>>>,
+    /// Bytes of allowed connections, waiting to be reported as `egress_bytes` usage.
+    usage: Arc<Mutex<Vec<sandbase_api::internal::UsageEvent>>>,
 }
 
 async fn run(program: &str, args: &[&str]) -> anyhow::Result<()> {
@@ -165,9 +167,31 @@ impl Network {
         .with_context(|| format!("binding the egress proxy to port {}", config.proxy_port))?;
         tokio::spawn(proxy.serve(listener));
         let flows: Arc<Mutex<HashMap<String, VecDeque<Flow>>>> = Arc::default();
+        let usage: Arc<Mutex<Vec<sandbase_api::internal::UsageEvent>>> = Arc::default();
         let kept = Arc::clone(&flows);
+        let metered = Arc::clone(&usage);
+        // Event keys: unique per worker run (its start time) and connection.
+        let run = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|elapsed| elapsed.as_nanos())
+            .unwrap_or_default();
         tokio::spawn(async move {
+            let mut counter = 0u64;
             while let Some(flow) = receiver.recv().await {
+                let bytes = flow.bytes_up + flow.bytes_down;
+                if let (Ok(sandbox), true) = (flow.sandbox.parse::<Uuid>(), bytes > 0) {
+                    counter += 1;
+                    metered.lock().unwrap_or_else(|p| p.into_inner()).push(
+                        sandbase_api::internal::UsageEvent {
+                            key: format!("egress:{run}:{counter}"),
+                            sandbox,
+                            kind: "egress_bytes".to_owned(),
+                            subject: String::new(),
+                            quantity: bytes,
+                            occurred_at: flow.started_at.into(),
+                        },
+                    );
+                }
                 let mut flows = kept.lock().unwrap_or_else(|p| p.into_inner());
                 let list = flows.entry(flow.sandbox.clone()).or_default();
                 if list.len() >= FLOWS_KEPT {
@@ -181,6 +205,7 @@ impl Network {
             registry,
             slots: Mutex::new(BTreeSet::new()),
             flows,
+            usage,
         }))
     }
 
@@ -317,6 +342,11 @@ impl Network {
     pub fn set_policy(&self, attached: &Attached, policy: Policy) -> bool {
         self.registry
             .set_policy(IpAddr::V4(attached.address), policy)
+    }
+
+    /// Egress usage not handed to the usage outbox yet.
+    pub fn take_usage(&self) -> Vec<sandbase_api::internal::UsageEvent> {
+        std::mem::take(&mut *self.usage.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The sandbox's recent connections, oldest first.

@@ -380,6 +380,11 @@ impl Node {
         for sandbox in hosted {
             self.usage.push(sandbox.meter.sample(sandbox.id, false));
         }
+        if let Some(network) = &self.network {
+            for event in network.take_usage() {
+                self.usage.push_event(event);
+            }
+        }
     }
 
     /// Destroys every hosted sandbox and the warm pools (worker shutdown).

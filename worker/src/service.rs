@@ -158,7 +158,8 @@ impl RunningService {
         let _ = self.reporter.await;
         let _ = self.server.await;
         self.node.shut_down().await;
-        // The last samples of what shut-down destroyed.
+        // The last samples of what shut-down destroyed, and the last egress usage.
+        self.node.sample_all();
         if let Ok(client) = reqwest::Client::builder()
             .timeout(Duration::from_secs(5))
             .build()

@@ -5,7 +5,7 @@
 //! (plus every last sample taken at destroy), so it stays as small as the node while the
 //! gateway is away, and a resend is harmless.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,13 +13,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use chrono::Utc;
-use sandbase_api::internal::{NODE_TOKEN_HEADER, UsageReport, UsageSample};
+use sandbase_api::internal::{NODE_TOKEN_HEADER, UsageEvent, UsageReport, UsageSample};
 use uuid::Uuid;
 
 /// Most samples in one report.
 const REPORT_CHUNK: usize = 2000;
 /// Most last samples kept while the gateway is unreachable (the oldest go first).
 const MAX_LAST_SAMPLES: usize = 100_000;
+/// Most events kept while the gateway is unreachable (the oldest go first).
+const MAX_EVENTS: usize = 100_000;
 
 /// The counters of one hosted sandbox.
 pub struct Meter {
@@ -120,6 +122,7 @@ pub struct Outbox {
 struct Pending {
     newest: HashMap<Uuid, UsageSample>,
     last: Vec<UsageSample>,
+    events: VecDeque<UsageEvent>,
 }
 
 impl Outbox {
@@ -156,11 +159,25 @@ impl Outbox {
         }
     }
 
+    /// An event (egress bytes of a connection, …); the oldest go first when the gateway
+    /// has been away for long.
+    pub fn push_event(&self, event: UsageEvent) {
+        let mut pending = self.lock();
+        if pending.events.len() >= MAX_EVENTS {
+            pending.events.pop_front();
+        }
+        pending.events.push_back(event);
+    }
+
     fn take(&self) -> Vec<UsageSample> {
         let mut pending = self.lock();
         let mut samples: Vec<UsageSample> = pending.newest.drain().map(|(_, s)| s).collect();
         samples.append(&mut pending.last);
         samples
+    }
+
+    fn take_events(&self) -> Vec<UsageEvent> {
+        self.lock().events.drain(..).collect()
     }
 
     fn put_back(&self, samples: Vec<UsageSample>) {
@@ -169,9 +186,19 @@ impl Outbox {
         }
     }
 
+    fn put_back_events(&self, events: Vec<UsageEvent>) {
+        let mut pending = self.lock();
+        for event in events.into_iter().rev() {
+            pending.events.push_front(event);
+        }
+        while pending.events.len() > MAX_EVENTS {
+            pending.events.pop_front();
+        }
+    }
+
     pub fn len(&self) -> usize {
         let pending = self.lock();
-        pending.newest.len() + pending.last.len()
+        pending.newest.len() + pending.last.len() + pending.events.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -195,23 +222,38 @@ impl Reporter {
         while !samples.is_empty() {
             let rest = samples.split_off(samples.len().min(REPORT_CHUNK));
             let chunk = std::mem::replace(&mut samples, rest);
-            if let Err(error) = self.send(client, &chunk).await {
+            if let Err(error) = self.send(client, &chunk, &[]).await {
                 outbox.put_back(chunk);
                 outbox.put_back(samples);
+                return Err(error);
+            }
+        }
+        let mut events = outbox.take_events();
+        while !events.is_empty() {
+            let rest = events.split_off(events.len().min(REPORT_CHUNK));
+            let chunk = std::mem::replace(&mut events, rest);
+            if let Err(error) = self.send(client, &[], &chunk).await {
+                events.splice(0..0, chunk);
+                outbox.put_back_events(events);
                 return Err(error);
             }
         }
         Ok(())
     }
 
-    async fn send(&self, client: &reqwest::Client, samples: &[UsageSample]) -> anyhow::Result<()> {
+    async fn send(
+        &self,
+        client: &reqwest::Client,
+        samples: &[UsageSample],
+        events: &[UsageEvent],
+    ) -> anyhow::Result<()> {
         let answer = client
             .post(format!("{}/internal/v1/usage", self.gateway_url))
             .header(NODE_TOKEN_HEADER, &self.node_token)
             .json(&UsageReport {
                 worker: self.worker_id.clone(),
                 samples: samples.to_vec(),
-                events: Vec::new(),
+                events: events.to_vec(),
             })
             .send()
             .await

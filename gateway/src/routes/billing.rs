@@ -203,9 +203,16 @@ async fn balance(
 ) -> ApiResult<Json<BalanceAnswer>> {
     let mut connection = state.db.acquire().await?;
     let balance = sandbase_billing::balance(&mut connection, principal.team_id).await?;
+    let reserved = state
+        .admission
+        .reserved(principal.team_id)
+        .await
+        .map_err(|error| ApiError::Unavailable(format!("credit admission: {error:#}")))?;
     Ok(Json(BalanceAnswer {
         available: balance.available.to_string(),
         available_micro: balance.available.0,
+        reserved: Credits(reserved).to_string(),
+        reserved_micro: reserved,
         grants: balance
             .grants
             .into_iter()

@@ -177,6 +177,27 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
         .collect();
     assert_eq!(denied, ["denied.test.example", "loopback.test.example"]);
 
+    // Allowed bytes become `egress_bytes` usage, charged to the team for this sandbox.
+    crate::sandboxes::wait_until("the egress charge", Duration::from_secs(15), || async {
+        app.count(&format!(
+            "SELECT count(*) FROM ledger_transactions WHERE kind = 'debit' \
+             AND details->>'kind' = 'egress_bytes' AND details->>'sandbox' = '{id}'"
+        ))
+        .await
+            == 1
+    })
+    .await;
+    let (quantity,): (i64,) = sqlx::query_as(
+        "SELECT sum(quantity)::bigint FROM usage_events WHERE sandbox_id = $1::uuid AND kind = 'egress_bytes'",
+    )
+    .bind(&id)
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    let flowed =
+        allowed[0]["bytes_up"].as_i64().unwrap() + allowed[0]["bytes_down"].as_i64().unwrap();
+    assert_eq!(quantity, flowed);
+
     // A policy change applies to the next connection.
     let policy = app
         .get(&format!("/v1/sandboxes/{id}/egress-policy"), token)

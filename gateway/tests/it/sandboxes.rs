@@ -1077,6 +1077,9 @@ async fn concurrent_creates_are_admitted_only_as_far_as_credits_go() {
         }
     }
     assert_eq!((admitted.len(), refused), (10, 90));
+    // The admitted first minutes are held, and shown, until charges replace them.
+    let balance = app.get("/v1/billing/balance", &token).await.body;
+    assert_eq!(balance["reserved_micro"], 9000, "{balance}");
     for id in &admitted {
         assert_eq!(
             app.delete(&format!("/v1/sandboxes/{id}"), &token)

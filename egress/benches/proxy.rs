@@ -1,0 +1,230 @@
+//! The egress proxy against a direct connection, in one run.
+//!
+//! An upstream HTTP server (in this process) listens on a documentation address on a veth
+//! interface the benchmark creates (and removes), so the proxy's SSRF guard runs unweakened; the proxy
+//! resolves its name through an explicit table. Two measures, each against the same request
+//! made directly:
+//! - added latency: BENCH_REQUESTS (1 000) small requests, each a new connection — through a
+//!   CONNECT tunnel (connect, CONNECT, 200, GET, answer) vs straight to the upstream;
+//! - throughput: BENCH_BYTES (1 GiB) downloaded through a tunnel vs directly.
+//!
+//! Needs root and iproute2: `cargo bench -p sandbase-egress --bench proxy`.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sandbase_egress::Policy;
+use sandbase_egress::proxy::{Proxy, ProxyConfig, Registry, Resolver};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const LINK: &str = "sbbench0";
+const PEER: &str = "sbbench1";
+const ADDRESS: &str = "203.0.113.201";
+const NAME: &str = "bench.test.example";
+
+fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+fn ip(args: &[&str]) -> bool {
+    Command::new("ip")
+        .args(args)
+        .status()
+        .map(|status| status.success())
+        .unwrap_or(false)
+}
+
+/// Answers `GET /small` with two bytes and `GET /big?N` with N bytes, keep-alive.
+async fn upstream(listener: TcpListener) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
+        tokio::spawn(async move {
+            let mut buffer = Vec::new();
+            let mut chunk = [0u8; 4096];
+            loop {
+                let end = loop {
+                    if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break end + 4;
+                    }
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(read) => buffer.extend_from_slice(&chunk[..read]),
+                    }
+                };
+                let head = String::from_utf8_lossy(&buffer[..end]).into_owned();
+                buffer.drain(..end);
+                let size: u64 = head
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|path| path.strip_prefix("/big?"))
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(2);
+                let answer = format!("HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n");
+                if stream.write_all(answer.as_bytes()).await.is_err() {
+                    return;
+                }
+                let block = vec![b'x'; 256 * 1024];
+                let mut left = size;
+                while left > 0 {
+                    let n = left.min(block.len() as u64) as usize;
+                    if stream.write_all(&block[..n]).await.is_err() {
+                        return;
+                    }
+                    left -= n as u64;
+                }
+            }
+        });
+    }
+}
+
+/// Sends a GET on `stream` and reads the answer's body to its end.
+async fn get(stream: &mut TcpStream, path: &str) -> u64 {
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: {NAME}\r\n\r\n").as_bytes())
+        .await
+        .expect("send");
+    let mut buffer = Vec::new();
+    let mut chunk = vec![0u8; 256 * 1024];
+    let (end, length) = loop {
+        let read = stream.read(&mut chunk).await.expect("read");
+        assert!(read > 0, "closed early");
+        buffer.extend_from_slice(&chunk[..read]);
+        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buffer[..end]).to_ascii_lowercase();
+            let length: u64 = head
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length: "))
+                .and_then(|n| n.trim().parse().ok())
+                .expect("a length");
+            break (end + 4, length);
+        }
+    };
+    let mut received = (buffer.len() - end) as u64;
+    while received < length {
+        let read = stream.read(&mut chunk).await.expect("read");
+        assert!(read > 0, "closed early");
+        received += read as u64;
+    }
+    received
+}
+
+async fn tunnel(proxy: SocketAddr) -> TcpStream {
+    let mut stream = TcpStream::connect(proxy).await.expect("proxy");
+    stream
+        .write_all(format!("CONNECT {NAME}:80 HTTP/1.1\r\nHost: {NAME}:80\r\n\r\n").as_bytes())
+        .await
+        .expect("connect");
+    let mut answer = [0u8; 39];
+    stream.read_exact(&mut answer).await.expect("established");
+    assert!(answer.starts_with(b"HTTP/1.1 200"));
+    stream
+}
+
+fn percentile(samples: &mut [Duration], fraction: f64) -> f64 {
+    samples.sort_unstable();
+    let index = ((samples.len() as f64 - 1.0) * fraction).round() as usize;
+    samples[index].as_secs_f64() * 1000.0
+}
+
+fn main() {
+    let requests = env_number("BENCH_REQUESTS", 1000);
+    let bytes = env_number("BENCH_BYTES", 1 << 30);
+    let _ = ip(&["link", "del", LINK]);
+    assert!(
+        ip(&["link", "add", LINK, "type", "veth", "peer", "name", PEER])
+            && ip(&["addr", "add", &format!("{ADDRESS}/32"), "dev", LINK])
+            && ip(&["link", "set", LINK, "up"])
+            && ip(&["link", "set", PEER, "up"]),
+        "creating the benchmark's interface (root and iproute2 needed)"
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async move {
+        let address: IpAddr = ADDRESS.parse().expect("address");
+        let upstream_listener = TcpListener::bind((address, 80))
+            .await
+            .expect("bind upstream");
+        tokio::spawn(upstream(upstream_listener));
+        let registry = Arc::new(Registry::default());
+        registry.add(
+            "127.0.0.1".parse().expect("loopback"),
+            "bench",
+            Policy::parse(&[NAME.to_owned()], &[]).expect("policy"),
+            1024,
+        );
+        let (flows, mut drain) = tokio::sync::mpsc::channel(1024);
+        tokio::spawn(async move { while drain.recv().await.is_some() {} });
+        let proxy = Proxy::new(
+            registry,
+            Resolver::Fixed(HashMap::from([(NAME.to_owned(), vec![address])])),
+            ProxyConfig {
+                node_addresses: Vec::new(),
+                connect_timeout: Duration::from_secs(5),
+                head_timeout: Duration::from_secs(5),
+            },
+            flows,
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let proxy_address = listener.local_addr().expect("address");
+        tokio::spawn(proxy.serve(listener));
+        let direct_address = SocketAddr::new(address, 80);
+
+        // Latency: direct and tunnelled requests alternate, each on a new connection.
+        let mut direct = Vec::new();
+        let mut tunnelled = Vec::new();
+        for _ in 0..requests {
+            let started = Instant::now();
+            let mut stream = TcpStream::connect(direct_address).await.expect("direct");
+            get(&mut stream, "/small").await;
+            direct.push(started.elapsed());
+            let started = Instant::now();
+            let mut stream = tunnel(proxy_address).await;
+            get(&mut stream, "/small").await;
+            tunnelled.push(started.elapsed());
+        }
+        let (d50, d99) = (percentile(&mut direct, 0.5), percentile(&mut direct, 0.99));
+        let (t50, t99) = (
+            percentile(&mut tunnelled, 0.5),
+            percentile(&mut tunnelled, 0.99),
+        );
+        println!("## {requests} small requests, a new connection each");
+        println!("direct:          p50 {d50:.3} ms  p99 {d99:.3} ms");
+        println!(
+            "through CONNECT: p50 {t50:.3} ms  p99 {t99:.3} ms → added p50 {:.3} ms, p99 {:.3} ms",
+            t50 - d50,
+            t99 - d99
+        );
+
+        // Throughput.
+        let path = format!("/big?{bytes}");
+        let started = Instant::now();
+        let mut stream = TcpStream::connect(direct_address).await.expect("direct");
+        let received = get(&mut stream, &path).await;
+        let direct_took = started.elapsed();
+        let started = Instant::now();
+        let mut stream = tunnel(proxy_address).await;
+        let through = get(&mut stream, &path).await;
+        let tunnel_took = started.elapsed();
+        assert_eq!((received, through), (bytes, bytes));
+        let rate = |took: Duration| bytes as f64 / took.as_secs_f64() / (1 << 20) as f64;
+        println!("## {} MiB in one download", bytes >> 20);
+        println!("direct:          {:.0} MiB/s", rate(direct_took));
+        println!(
+            "through CONNECT: {:.0} MiB/s → {:.2} of direct",
+            rate(tunnel_took),
+            direct_took.as_secs_f64() / tunnel_took.as_secs_f64()
+        );
+    });
+    let _ = ip(&["link", "del", LINK]);
+}
