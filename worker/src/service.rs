@@ -61,8 +61,19 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<RunningService> {
         ensure_template(&worker, name, source).await?;
     }
     let worker = Arc::new(worker);
+    // Without its egress network (no nftables, no permission) the worker still runs
+    // sandboxes with loopback only, and refuses those that ask for egress.
     let network = match &config.node.egress {
-        Some(egress) => Some(crate::network::Network::start(egress.clone()).await?),
+        Some(egress) => match crate::network::Network::start(egress.clone()).await {
+            Ok(network) => Some(network),
+            Err(error) => {
+                tracing::error!(
+                    error = format!("{error:#}"),
+                    "no egress network: sandboxes asking for egress will be refused"
+                );
+                None
+            }
+        },
         None => None,
     };
     let node = Node::start(Arc::clone(&worker), config.node.clone(), network);

@@ -109,11 +109,19 @@ impl Server {
 
     /// Sends SIGTERM and waits (at most `limit`) for the exit status.
     pub fn terminate(&mut self, limit: Duration) -> std::process::ExitStatus {
+        self.signal_terminate();
+        self.wait_exit(limit)
+    }
+
+    pub fn signal_terminate(&self) {
         let status = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()
             .expect("run kill");
         assert!(status.success());
+    }
+
+    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
         let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {

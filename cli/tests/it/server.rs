@@ -58,36 +58,53 @@ fn the_server_refuses_to_start_with_a_missing_or_bad_setting_and_names_it() {
 #[tokio::test]
 async fn sigterm_lets_in_flight_requests_finish_then_exits_cleanly() {
     let mut server = Server::start(&[]).await;
-    let url = server.url.clone();
-    // A sign-up spends tens of milliseconds hashing the password: signal while it runs.
-    let request = tokio::spawn(async move {
-        reqwest::Client::new()
-            .post(format!("{url}/v1/auth/signup"))
-            .json(&serde_json::json!({
-                "email": format!("drain-{}@example.com", uuid::Uuid::new_v4().simple()),
-                "password": "a long enough password",
-                "team_name": "Drain",
-            }))
-            .send()
-            .await
-            .map(|response| response.status().as_u16())
-    });
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    let address = server.url.trim_start_matches("http://").to_owned();
+    let body = serde_json::json!({
+        "email": format!("drain-{}@example.com", uuid::Uuid::new_v4().simple()),
+        "password": "a long enough password",
+        "team_name": "Drain",
+    })
+    .to_string();
+    // The request is in flight once the server asks for its body (`100 Continue`):
+    // the signal arrives then, and the body only after it.
+    let mut stream = std::net::TcpStream::connect(&address).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    write!(
+        stream,
+        "POST /v1/auth/signup HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        body.len()
+    )
+    .expect("send headers");
+    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+    let mut line = String::new();
+    reader.read_line(&mut line).expect("read 100 Continue");
+    assert!(
+        line.starts_with("HTTP/1.1 100"),
+        "expected 100 Continue, got {line:?}"
+    );
+    reader.read_line(&mut line).expect("blank line");
+    server.signal_terminate();
+    std::thread::sleep(Duration::from_millis(200));
+    stream.write_all(body.as_bytes()).expect("send body");
+    let mut answer = String::new();
+    reader.read_line(&mut answer).expect("read the answer");
+    assert!(
+        answer.starts_with("HTTP/1.1 201"),
+        "the in-flight request was answered with {answer:?}"
+    );
+    drop(reader);
+    drop(stream);
     let status = tokio::task::spawn_blocking(move || {
-        let status = server.terminate(Duration::from_secs(15));
+        let status = server.wait_exit(Duration::from_secs(15));
         drop(server);
         status
     })
     .await
     .expect("join");
     assert!(status.success(), "exit status {status:?}");
-    assert_eq!(
-        request
-            .await
-            .expect("join")
-            .expect("the in-flight request was answered"),
-        201
-    );
 }
 
 #[tokio::test]
