@@ -81,6 +81,27 @@ pub struct CreateSandbox {
     /// Egress through the node's proxy; loopback only when absent.
     #[serde(default)]
     pub egress: Option<crate::sandboxes::EgressPolicy>,
+    /// Decrypted credentials for the node's egress proxy (memory only on the worker).
+    #[serde(default)]
+    pub credentials: Vec<SandboxCredential>,
+}
+
+/// A credential handed to the sandbox's worker. Its `Debug` leaves the value out.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct SandboxCredential {
+    pub name: String,
+    pub hosts: Vec<String>,
+    pub inject: crate::secrets::Injection,
+    pub value: String,
+}
+
+impl std::fmt::Debug for SandboxCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SandboxCredential")
+            .field("name", &self.name)
+            .field("hosts", &self.hosts)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -65,6 +65,10 @@ pub struct CreateSandboxRequest {
     /// Hosts the sandbox may reach (through the node's egress proxy); nothing when absent.
     #[serde(default)]
     pub egress: Option<EgressPolicy>,
+    /// Vault credentials (names) the egress proxy adds to the sandbox's requests for their
+    /// hosts; the sandbox never sees the values. Needs `egress` allowing those hosts.
+    #[serde(default)]
+    pub credentials: Vec<String>,
 }
 
 /// Deny by default: `allow` lists host patterns (`api.github.com`, `*.example.org` — its
@@ -157,6 +161,9 @@ pub struct Sandbox {
     /// What it may reach; absent: nothing (loopback only).
     #[serde(default)]
     pub egress: Option<EgressPolicy>,
+    /// Credentials (names) injected into its requests.
+    #[serde(default)]
+    pub credentials: Vec<String>,
 }
 
 /// One connection a sandbox made (or tried) through the egress proxy.
@@ -165,10 +172,16 @@ pub struct EgressFlow {
     pub at: DateTime<Utc>,
     pub host: String,
     pub port: u16,
-    /// `connect` (a tunnel) or `http` (a plain request).
+    /// `connect` (a tunnel), `http` (a plain request through the proxy), `transparent-http`
+    /// or `transparent-tls` (redirected ports 80 and 443), `https` (a request inside an
+    /// intercepted connection).
     pub mode: String,
-    /// `allowed`, `denied` (by policy or the address guard) or `failed` (upstream unreachable).
+    /// `allowed`, `injected` (credentials added), `denied` (by policy, the address guard or
+    /// a placeholder bound elsewhere) or `failed` (upstream unreachable or untrusted).
     pub decision: String,
+    /// Credentials injected (names, never values).
+    #[serde(default)]
+    pub credentials: Vec<String>,
     /// Why it was denied or failed.
     #[serde(default)]
     pub reason: Option<String>,

@@ -85,6 +85,10 @@ pub struct CreateArgs {
     /// repeatable). Nothing when absent.
     #[arg(long = "egress")]
     egress: Vec<String>,
+    /// A vault credential the egress proxy adds to the sandbox's requests for its hosts
+    /// (repeatable); the sandbox never sees its value.
+    #[arg(long = "credential")]
+    credentials: Vec<String>,
 }
 
 fn parse_mount(value: &str) -> Result<sandbase_api::sandboxes::Mount, String> {
@@ -153,6 +157,7 @@ pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> anyhow::Result
                     deny: Vec::new(),
                 }),
                 mounts: args.mounts,
+                credentials: args.credentials,
             };
             let sandbox: Sandbox = client.post("/v1/sandboxes", &request).await?;
             if global.json {

@@ -72,9 +72,14 @@ pub struct NodeArgs {
     /// egress off (sandboxes then have loopback only).
     #[arg(long = "egress-pool", default_value = "10.213.0.0")]
     pub egress_pool: String,
-    /// The egress proxy's port on the sandboxes' host-side addresses.
+    /// The egress proxy's port on the sandboxes' host-side addresses; the next two take
+    /// redirected ports 80 and 443.
     #[arg(long = "egress-proxy-port", default_value_t = 3128)]
     pub egress_proxy_port: u16,
+    /// Certificates (PEM) trusted for upstreams of intercepted connections besides the
+    /// system's roots (an internal CA).
+    #[arg(long = "egress-extra-ca")]
+    pub egress_extra_ca: Option<std::path::PathBuf>,
     /// Directory of template tarballs (`NAME.tar`) built into templates when missing.
     #[arg(long, default_value = TEMPLATES_DIR)]
     pub templates_dir: PathBuf,
@@ -173,6 +178,12 @@ impl NodeArgs {
                         resolver: sandbase_egress::proxy::Resolver::System,
                         node_addresses: Vec::new(),
                         max_connections: 64,
+                        extra_ca: match &self.egress_extra_ca {
+                            Some(path) => Some(std::fs::read(path).map_err(|error| {
+                                anyhow::anyhow!("--egress-extra-ca {}: {error}", path.display())
+                            })?),
+                            None => None,
+                        },
                     }),
                 },
             },

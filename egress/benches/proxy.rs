@@ -162,6 +162,7 @@ fn main() {
             "bench",
             Policy::parse(&[NAME.to_owned()], &[]).expect("policy"),
             1024,
+            None,
         );
         let (flows, mut drain) = tokio::sync::mpsc::channel(1024);
         tokio::spawn(async move { while drain.recv().await.is_some() {} });
@@ -172,12 +173,14 @@ fn main() {
                 node_addresses: Vec::new(),
                 connect_timeout: Duration::from_secs(5),
                 head_timeout: Duration::from_secs(5),
+                idle_timeout: Duration::from_secs(30),
+                upstream_tls: sandbase_egress::tls::upstream_config(None).expect("trust"),
             },
             flows,
         );
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let proxy_address = listener.local_addr().expect("address");
-        tokio::spawn(proxy.serve(listener));
+        tokio::spawn(proxy.serve(listener, sandbase_egress::proxy::Listener::Explicit));
         let direct_address = SocketAddr::new(address, 80);
 
         // Latency: direct and tunnelled requests alternate, each on a new connection.

@@ -3,12 +3,19 @@
 //! `policy`: host patterns and deny-by-default policies (shared with secrets, which name the
 //! hosts a credential is for). `ssrf`: the guard every resolved address passes. `proxy`: the
 //! explicit proxy listener (CONNECT and plain HTTP) with policy checks, resolution by the
-//! proxy itself, dialing exactly the checked address, explained refusals and a flow log.
+//! proxy itself, dialing exactly the checked address, explained refusals and a flow log;
+//! its transparent listeners (`sni`: the server name of a ClientHello). `credentials`,
+//! `tls`: interception — injection and placeholders, the per-sandbox CA and upstream trust.
+//! `stream`: replayed and counted sandbox connections.
 
+pub mod credentials;
 pub mod policy;
 pub mod proxy;
+pub mod sni;
 pub mod ssrf;
+pub mod stream;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod tls;
 
 pub use policy::{HostPattern, Policy, parse_patterns};

@@ -1,21 +1,40 @@
-//! The egress proxy's explicit listener: HTTP `CONNECT host:port` (tunnels) and plain HTTP
-//! requests in absolute form. A connection is accepted only from a registered sandbox
-//! address; its host must be a name (not an IP literal) its policy allows, the `Host` header
-//! must agree with the target, and the name is resolved here, every address checked by the
-//! SSRF guard, and exactly a checked address dialed. Refusals are explained (403 naming the
-//! host and why) and every connection ends as a [`Flow`].
+//! The egress proxy. Its explicit listener takes HTTP `CONNECT host:port` (tunnels) and
+//! plain HTTP requests in absolute form; its transparent listeners take what nftables
+//! redirects there from sandboxes' TCP ports 80 (the host from the `Host` header) and 443 (the
+//! host from the TLS ClientHello's server name). A connection is accepted only from a
+//! registered sandbox address; its host must be a name (not an IP literal) its policy allows,
+//! the names a connection gives (CONNECT target, SNI, `Host`) must agree, and the name is
+//! resolved here, every address checked by the SSRF guard, and exactly a checked address
+//! dialed. Refusals are explained (403 naming the host and why; a refused TLS connection is
+//! closed after its ClientHello) and every connection ends as a [`Flow`].
+//!
+//! TLS to a host one of the sandbox's credentials is bound to (and, when it holds
+//! placeholders, to every host on port 443) is intercepted: the sandbox's own CA signs a
+//! certificate for the host, the upstream is verified against the system's roots, and each
+//! request gets its credentials injected — or is stopped when it carries a placeholder to a
+//! host that is not the placeholder's.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 
+use crate::credentials::{Credential, Outcome};
 use crate::policy::Policy;
+use crate::sni::{self, Hello};
 use crate::ssrf;
+use crate::stream::Tap;
+use crate::tls::Authority;
 
 /// Largest request head read from a sandbox.
 const MAX_HEAD: usize = 16 * 1024;
@@ -28,6 +47,44 @@ pub struct Entry {
     pub sandbox: String,
     policy: RwLock<Arc<Policy>>,
     connections: Semaphore,
+    interception: Option<Arc<Interception>>,
+}
+
+/// A sandbox's credentials and the CA its intercepted connections are signed by; both live
+/// only here, in memory (values zeroed when the sandbox is removed).
+pub struct Interception {
+    pub credentials: Vec<Credential>,
+    pub authority: Authority,
+}
+
+impl Interception {
+    /// Whether TLS to `host:port` is opened: a credential is bound to it, or the sandbox holds
+    /// placeholders that must not leave for other HTTPS hosts.
+    fn wants(&self, host: &str, port: u16) -> bool {
+        self.credentials
+            .iter()
+            .any(|credential| credential.binds(host, port))
+            || (port == 443
+                && self
+                    .credentials
+                    .iter()
+                    .any(|credential| credential.placeholder().is_some()))
+    }
+
+    /// The credential whose placeholder is in `bytes` and not bound to `host:port`.
+    fn leaked_in(&self, bytes: &[u8], host: &str, port: u16) -> Option<&str> {
+        self.credentials
+            .iter()
+            .filter(|credential| !credential.binds(host, port))
+            .find(|credential| {
+                credential.placeholder().is_some_and(|placeholder| {
+                    bytes
+                        .windows(placeholder.len())
+                        .any(|window| window == placeholder.as_bytes())
+                })
+            })
+            .map(|credential| credential.name.as_str())
+    }
 }
 
 /// Sandboxes by source address.
@@ -37,11 +94,19 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn add(&self, address: IpAddr, sandbox: &str, policy: Policy, max_connections: usize) {
+    pub fn add(
+        &self,
+        address: IpAddr,
+        sandbox: &str,
+        policy: Policy,
+        max_connections: usize,
+        interception: Option<Arc<Interception>>,
+    ) {
         let entry = Arc::new(Entry {
             sandbox: sandbox.to_owned(),
             policy: RwLock::new(Arc::new(policy)),
             connections: Semaphore::new(max_connections),
+            interception,
         });
         self.write().insert(address, entry);
     }
@@ -127,9 +192,15 @@ pub struct Flow {
     pub sandbox: String,
     pub host: String,
     pub port: u16,
-    /// `connect` or `http`.
+    /// `connect`, `http` (explicit), `transparent-http` or `transparent-tls`.
     pub mode: &'static str,
     pub decision: Decision,
+    /// Whether its TLS was opened (a credential, or placeholders to watch).
+    pub intercepted: bool,
+    /// Credentials injected into its requests (names).
+    pub credentials: Vec<String>,
+    /// The credential whose placeholder it tried to take to another host.
+    pub leak: Option<String>,
     /// The address dialed, when one was.
     pub address: Option<SocketAddr>,
     pub bytes_up: u64,
@@ -142,8 +213,23 @@ pub struct ProxyConfig {
     /// Addresses of this node (refused as upstreams, like internal ones).
     pub node_addresses: Vec<IpAddr>,
     pub connect_timeout: Duration,
-    /// How long a sandbox may take to send a request head.
+    /// How long a sandbox may take to send a request head (or TLS handshake).
     pub head_timeout: Duration,
+    /// How long a relayed connection may stay silent both ways.
+    pub idle_timeout: Duration,
+    /// Trust for upstream servers of intercepted connections.
+    pub upstream_tls: Arc<rustls::ClientConfig>,
+}
+
+/// Which listener a connection came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    /// `HTTP_PROXY`: CONNECT and absolute-form requests.
+    Explicit,
+    /// Redirected port 80: origin-form requests, the host from `Host`.
+    TransparentHttp,
+    /// Redirected port 443: TLS, the host from the ClientHello.
+    TransparentTls,
 }
 
 pub struct Proxy {
@@ -178,18 +264,62 @@ impl Proxy {
         })
     }
 
-    /// Serves the explicit listener until the task is dropped.
-    pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+    /// Serves a listener until the task is dropped.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener, kind: Listener) {
         loop {
             let Ok((stream, peer)) = listener.accept().await else {
                 continue;
             };
             let proxy = Arc::clone(&self);
-            tokio::spawn(async move { proxy.handle(stream, peer).await });
+            tokio::spawn(async move { proxy.handle(stream, peer, kind).await });
         }
     }
 
-    async fn handle(&self, mut stream: TcpStream, peer: SocketAddr) {
+    /// Reads what names the target: a request head, or a TLS ClientHello.
+    async fn read_target(
+        &self,
+        stream: &mut TcpStream,
+        kind: Listener,
+        buffer: &mut Vec<u8>,
+    ) -> Result<(Target, usize), Option<String>> {
+        if kind == Listener::TransparentTls {
+            let hello = tokio::time::timeout(self.config.head_timeout, read_hello(stream, buffer))
+                .await
+                .map_err(|_| None)?
+                .map_err(|_| None)?;
+            return match hello {
+                Hello::Name(host) => {
+                    // No IP literals: an SNI is a name, and only names are allowed.
+                    if host.parse::<IpAddr>().is_ok() {
+                        return Err(None);
+                    }
+                    Ok((
+                        Target {
+                            mode: "transparent-tls",
+                            host,
+                            port: 443,
+                            forward: None,
+                        },
+                        0,
+                    ))
+                }
+                _ => Err(None),
+            };
+        }
+        let head = tokio::time::timeout(self.config.head_timeout, read_head(stream, buffer))
+            .await
+            .map_err(|_| None)?
+            .map_err(|_| None)?;
+        let target = if kind == Listener::Explicit {
+            parse_target(&buffer[..head])
+        } else {
+            parse_origin_request(&buffer[..head], 80)
+        }
+        .map_err(Some)?;
+        Ok((target, head))
+    }
+
+    async fn handle(&self, mut stream: TcpStream, peer: SocketAddr, kind: Listener) {
         // Only sandboxes: anything else is closed without a word.
         let Some(entry) = self.registry.get(peer.ip()) else {
             return;
@@ -199,24 +329,19 @@ impl Proxy {
         // delay meets the peer's delayed ACK.
         let _ = stream.set_nodelay(true);
         let Ok(_permit) = entry.connections.try_acquire() else {
-            let _ = deny(&mut stream, 429, "too many connections from this sandbox").await;
+            if kind != Listener::TransparentTls {
+                let _ = deny(&mut stream, 429, "too many connections from this sandbox").await;
+            }
             return;
         };
         let mut buffer = Vec::with_capacity(2048);
-        let head = tokio::time::timeout(
-            self.config.head_timeout,
-            read_head(&mut stream, &mut buffer),
-        )
-        .await;
-        let Ok(Ok(head_len)) = head else {
-            return;
-        };
-        let target = match parse_target(&buffer[..head_len]) {
-            Ok(target) => target,
-            Err(why) => {
+        let (target, head_len) = match self.read_target(&mut stream, kind, &mut buffer).await {
+            Ok(found) => found,
+            Err(Some(why)) => {
                 let _ = deny(&mut stream, 400, &why).await;
                 return;
             }
+            Err(None) => return,
         };
         let mut flow = Flow {
             sandbox: entry.sandbox.clone(),
@@ -224,15 +349,38 @@ impl Proxy {
             port: target.port,
             mode: target.mode,
             decision: Decision::Allowed,
+            intercepted: false,
+            credentials: Vec::new(),
+            leak: None,
             address: None,
             bytes_up: 0,
             bytes_down: 0,
             duration: Duration::ZERO,
             started_at: std::time::SystemTime::now(),
         };
-        match self.open(&entry, &target).await {
+        let interception = entry.interception.clone();
+        // Plain HTTP is read, not opened: a placeholder in it goes nowhere, whatever the
+        // host (credentials are only ever sent over TLS).
+        let leaked = match (&interception, &target.forward) {
+            (Some(interception), Some(_)) => {
+                interception.leaked_in(&buffer, "", 0).map(str::to_owned)
+            }
+            _ => None,
+        };
+        let opened = match leaked {
+            Some(name) => {
+                flow.leak = Some(name.clone());
+                Err(Decision::Denied(format!(
+                    "the request carries the placeholder of credential `{name}`, which is only sent over HTTPS to its own hosts; blocked"
+                )))
+            }
+            None => self.open(&entry, &target).await,
+        };
+        match opened {
             Err(Decision::Denied(why)) => {
-                let _ = deny(&mut stream, 403, &why).await;
+                if kind != Listener::TransparentTls {
+                    let _ = deny(&mut stream, 403, &why).await;
+                }
                 flow.decision = Decision::Denied(why);
             }
             Err(other) => {
@@ -240,37 +388,70 @@ impl Proxy {
                     Decision::Failed(why) | Decision::Denied(why) => why.clone(),
                     Decision::Allowed => String::new(),
                 };
-                let _ = deny(&mut stream, 502, &why).await;
+                if kind != Listener::TransparentTls {
+                    let _ = deny(&mut stream, 502, &why).await;
+                }
                 flow.decision = other;
             }
             Ok((mut upstream, address)) => {
                 flow.address = Some(address);
-                let rest = &buffer[head_len..];
-                let sent = match &target.forward {
-                    Some(head) => {
-                        upstream.write_all(head).await.is_ok()
-                            && upstream.write_all(rest).await.is_ok()
-                    }
-                    None => {
-                        stream
+                let intercept = target.forward.is_none()
+                    && interception
+                        .as_ref()
+                        .is_some_and(|i| i.wants(&target.host, target.port));
+                if let (true, Some(interception)) = (intercept, interception) {
+                    let replay = if kind == Listener::Explicit {
+                        let answered = stream
                             .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
                             .await
-                            .is_ok()
-                            && upstream.write_all(rest).await.is_ok()
-                    }
-                };
-                if sent {
-                    let head_bytes = target.forward.as_ref().map_or(0, Vec::len) + rest.len();
-                    if let Ok((up, down)) = tokio::io::copy_bidirectional_with_sizes(
-                        &mut stream,
-                        &mut upstream,
-                        COPY_BUFFER,
-                        COPY_BUFFER,
+                            .is_ok();
+                        if !answered {
+                            return;
+                        }
+                        buffer[head_len..].to_vec()
+                    } else {
+                        std::mem::take(&mut buffer)
+                    };
+                    self.intercept(
+                        Tap::new(stream, replay),
+                        interception,
+                        &target,
+                        upstream,
+                        &mut flow,
                     )
-                    .await
-                    {
-                        flow.bytes_up = up + head_bytes as u64;
-                        flow.bytes_down = down;
+                    .await;
+                } else {
+                    let rest = &buffer[head_len..];
+                    let sent = match (&target.forward, kind) {
+                        (Some(head), _) => {
+                            upstream.write_all(head).await.is_ok()
+                                && upstream.write_all(rest).await.is_ok()
+                        }
+                        (None, Listener::Explicit) => {
+                            stream
+                                .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+                                .await
+                                .is_ok()
+                                && upstream.write_all(rest).await.is_ok()
+                        }
+                        (None, _) => upstream.write_all(&buffer).await.is_ok(),
+                    };
+                    if sent {
+                        let head_bytes = match (&target.forward, kind) {
+                            (Some(head), _) => head.len() + rest.len(),
+                            (None, Listener::Explicit) => rest.len(),
+                            (None, _) => buffer.len(),
+                        };
+                        let relay = tokio::io::copy_bidirectional_with_sizes(
+                            &mut stream,
+                            &mut upstream,
+                            COPY_BUFFER,
+                            COPY_BUFFER,
+                        );
+                        if let Ok((up, down)) = relay.await {
+                            flow.bytes_up = up + head_bytes as u64;
+                            flow.bytes_down = down;
+                        }
                     }
                 }
             }
@@ -278,10 +459,115 @@ impl Proxy {
         flow.duration = started.elapsed();
         tracing::info!(
             sandbox = %flow.sandbox, host = %flow.host, port = flow.port, mode = flow.mode,
-            decision = ?flow.decision, up = flow.bytes_up, down = flow.bytes_down,
+            decision = ?flow.decision, intercepted = flow.intercepted,
+            credentials = ?flow.credentials, up = flow.bytes_up, down = flow.bytes_down,
             "egress"
         );
         let _ = self.flows.try_send(flow);
+    }
+
+    /// Opens the sandbox's TLS with a certificate from its CA, the upstream's with the real
+    /// one verified, and relays request by request: credentials injected, placeholders
+    /// bound for other hosts stopped.
+    async fn intercept(
+        &self,
+        stream: Tap<TcpStream>,
+        interception: Arc<Interception>,
+        target: &Target,
+        upstream: TcpStream,
+        flow: &mut Flow,
+    ) {
+        flow.intercepted = true;
+        let counters = Arc::clone(&stream.counters);
+        let server = match interception.authority.server_config(&target.host) {
+            Ok(config) => config,
+            Err(why) => {
+                flow.decision = Decision::Failed(format!("no certificate for the host: {why}"));
+                return;
+            }
+        };
+        let accepted = tokio::time::timeout(
+            self.config.head_timeout,
+            tokio_rustls::TlsAcceptor::from(server).accept(stream),
+        )
+        .await;
+        let Ok(Ok(downstream)) = accepted else {
+            flow.decision = Decision::Failed(
+                "the sandbox's TLS handshake failed (does its client trust the sandbox CA?)"
+                    .to_owned(),
+            );
+            return;
+        };
+        let session = Arc::new(Session {
+            sender: tokio::sync::Mutex::new(None),
+            problem: Mutex::new(None),
+            interception,
+            host: target.host.clone(),
+            port: target.port,
+            injected: Mutex::new(BTreeSet::new()),
+            flows: self.flows.clone(),
+            sandbox: flow.sandbox.clone(),
+            address: flow.address,
+        });
+        match self.upstream_tls(&target.host, upstream).await {
+            Ok(sender) => *session.sender.lock().await = Some(sender),
+            Err(why) => *session.problem.lock().unwrap_or_else(|p| p.into_inner()) = Some(why),
+        }
+        let service = {
+            let session = Arc::clone(&session);
+            hyper::service::service_fn(move |request| {
+                let session = Arc::clone(&session);
+                async move { Ok::<_, Infallible>(session.forward(request).await) }
+            })
+        };
+        // A kept-alive connection that sends no new request within the idle timeout closes.
+        let _ = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(self.config.idle_timeout)
+            .serve_connection(TokioIo::new(downstream), service)
+            .await;
+        flow.bytes_up = counters.up.load(Ordering::Relaxed);
+        flow.bytes_down = counters.down.load(Ordering::Relaxed);
+        flow.credentials = session
+            .injected
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        if let Some(why) = session
+            .problem
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            flow.decision = Decision::Failed(why);
+        }
+    }
+
+    /// TLS to the upstream, verified, and an HTTP/1.1 connection over it.
+    async fn upstream_tls(
+        &self,
+        host: &str,
+        upstream: TcpStream,
+    ) -> Result<hyper::client::conn::http1::SendRequest<Incoming>, String> {
+        let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+            .map_err(|_| format!("{host} is not a valid TLS server name"))?;
+        let connector = tokio_rustls::TlsConnector::from(Arc::clone(&self.config.upstream_tls));
+        let tls = tokio::time::timeout(
+            self.config.connect_timeout,
+            connector.connect(name, upstream),
+        )
+        .await
+        .map_err(|_| format!("{host} did not complete a TLS handshake in time"))?
+        .map_err(|error| format!("TLS with {host} failed: {error}"))?;
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .map_err(|error| format!("HTTP with {host} failed: {error}"))?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(sender)
     }
 
     /// Policy, resolution, the SSRF guard, then a connection to a checked address.
@@ -328,6 +614,155 @@ impl Proxy {
             .map_err(|error| Decision::Failed(format!("{address}: {error}")))?;
         let _ = stream.set_nodelay(true);
         Ok((stream, address))
+    }
+}
+
+type Answer = hyper::Response<Either<Incoming, Full<Bytes>>>;
+
+/// One intercepted connection: its upstream and what its requests used.
+struct Session {
+    sender: tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<Incoming>>>,
+    /// Why the upstream cannot be used (every request is answered 502 with it).
+    problem: Mutex<Option<String>>,
+    interception: Arc<Interception>,
+    host: String,
+    port: u16,
+    injected: Mutex<BTreeSet<String>>,
+    flows: mpsc::Sender<Flow>,
+    sandbox: String,
+    address: Option<SocketAddr>,
+}
+
+fn answer(status: u16, why: &str) -> Answer {
+    let mut response = hyper::Response::new(Either::Right(Full::new(Bytes::from(format!(
+        "SandBase egress: {why}\n"
+    )))));
+    *response.status_mut() =
+        hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::BAD_GATEWAY);
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+impl Session {
+    async fn forward(&self, request: hyper::Request<Incoming>) -> Answer {
+        let (mut parts, body) = request.into_parts();
+        // The names must agree: the request's host is the connection's.
+        let named = parts
+            .uri
+            .host()
+            .map(str::to_owned)
+            .or_else(|| {
+                parts
+                    .headers
+                    .get(http::header::HOST)
+                    .and_then(|value| value.to_str().ok())
+                    .and_then(|value| split_authority(value, self.port).ok())
+                    .map(|(host, _)| host)
+            })
+            .map(|host| host.trim_end_matches('.').to_ascii_lowercase());
+        if let Some(named) = named
+            && named != self.host
+        {
+            return answer(
+                421,
+                &format!(
+                    "this connection is for {}; a request for {named} needs its own",
+                    self.host
+                ),
+            );
+        }
+        if parts.uri.authority().is_some() {
+            let origin = parts
+                .uri
+                .path_and_query()
+                .map_or("/", |origin| origin.as_str())
+                .to_owned();
+            match origin.parse() {
+                Ok(uri) => parts.uri = uri,
+                Err(_) => return answer(400, "bad request target"),
+            }
+        }
+        match crate::credentials::apply(
+            &self.interception.credentials,
+            &self.host,
+            self.port,
+            &mut parts,
+        ) {
+            Outcome::Leak(name) => {
+                let why = format!(
+                    "the request carries the placeholder of credential `{name}`, which is not for {}; blocked",
+                    self.host
+                );
+                let _ = self.flows.try_send(Flow {
+                    sandbox: self.sandbox.clone(),
+                    host: self.host.clone(),
+                    port: self.port,
+                    mode: "https",
+                    decision: Decision::Denied(why.clone()),
+                    intercepted: true,
+                    credentials: Vec::new(),
+                    leak: Some(name),
+                    address: self.address,
+                    bytes_up: 0,
+                    bytes_down: 0,
+                    duration: Duration::ZERO,
+                    started_at: std::time::SystemTime::now(),
+                });
+                return answer(403, &why);
+            }
+            Outcome::Forward(names) => {
+                if !names.is_empty() {
+                    self.injected
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .extend(names);
+                }
+            }
+        }
+        if let Some(why) = self
+            .problem
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            return answer(502, &why);
+        }
+        let mut sender = self.sender.lock().await;
+        let Some(sender) = sender.as_mut() else {
+            return answer(502, "no upstream connection");
+        };
+        if sender.ready().await.is_err() {
+            return answer(502, &format!("{} closed the connection", self.host));
+        }
+        match sender
+            .send_request(hyper::Request::from_parts(parts, body))
+            .await
+        {
+            Ok(response) => response.map(Either::Left),
+            Err(error) => answer(502, &format!("{}: {error}", self.host)),
+        }
+    }
+}
+
+/// Reads until a whole ClientHello record is in `buffer`.
+async fn read_hello(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> std::io::Result<Hello> {
+    let mut chunk = [0u8; 4096];
+    loop {
+        match sni::parse(buffer) {
+            Hello::Incomplete => {}
+            other => return Ok(other),
+        }
+        if buffer.len() >= sni::MAX_RECORD {
+            return Ok(Hello::NotTls);
+        }
+        let read = stream.read(&mut chunk).await?;
+        if read == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        buffer.extend_from_slice(&chunk[..read]);
     }
 }
 
@@ -464,9 +899,26 @@ fn parse_target(head: &[u8]) -> Result<Target, String> {
             ));
         }
     }
+    let forward = rewrite_head(method, origin, request.headers, authority);
+    Ok(Target {
+        mode: "http",
+        host,
+        port,
+        forward: Some(forward),
+    })
+}
+
+/// The head sent upstream: origin form, no proxy or hop-by-hop headers, `Host` kept (or
+/// added), one request per connection.
+fn rewrite_head(
+    method: &str,
+    origin: &str,
+    headers: &[httparse::Header<'_>],
+    authority: &str,
+) -> Vec<u8> {
     let mut forward = format!("{method} {origin} HTTP/1.1\r\n").into_bytes();
     let mut has_host = false;
-    for header in request.headers.iter() {
+    for header in headers {
         let name = header.name.to_ascii_lowercase();
         if name.starts_with("proxy-") || name == "connection" || name == "keep-alive" {
             continue;
@@ -481,11 +933,41 @@ fn parse_target(head: &[u8]) -> Result<Target, String> {
         forward.extend_from_slice(format!("Host: {authority}\r\n").as_bytes());
     }
     forward.extend_from_slice(b"Connection: close\r\n\r\n");
+    forward
+}
+
+/// A request redirected from port `port`: origin form, its host from `Host` (which must not
+/// name another port).
+fn parse_origin_request(head: &[u8], port: u16) -> Result<Target, String> {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut request = httparse::Request::new(&mut headers);
+    match request.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        _ => return Err("malformed request".to_owned()),
+    }
+    let method = request.method.unwrap_or_default();
+    let origin = request.path.unwrap_or_default();
+    if method == "CONNECT" || !origin.starts_with('/') {
+        return Err("expected an origin-form request (GET /path)".to_owned());
+    }
+    let authority = request
+        .headers
+        .iter()
+        .find(|header| header.name.eq_ignore_ascii_case("host"))
+        .and_then(|header| std::str::from_utf8(header.value).ok())
+        .ok_or_else(|| "a Host header is required".to_owned())?
+        .to_owned();
+    let (host, named_port) = split_authority(&authority, port)?;
+    if named_port != port {
+        return Err(format!(
+            "the Host header names port {named_port}, the connection is to port {port}"
+        ));
+    }
     Ok(Target {
-        mode: "http",
+        mode: "transparent-http",
         host,
         port,
-        forward: Some(forward),
+        forward: Some(rewrite_head(method, origin, request.headers, &authority)),
     })
 }
 

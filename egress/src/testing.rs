@@ -1,6 +1,9 @@
-//! Test support (feature `testing`): an HTTP upstream in a network namespace of its own,
-//! joined to the host by a veth pair on a documentation address (203.0.113.0/24), so tests
-//! reach a real server without weakening the SSRF guard. Needs root and iproute2.
+//! Test support (feature `testing`): an HTTP (port 80) and HTTPS (port 443, a certificate for
+//! `*.test.example` from a CA of its own) upstream in a network namespace of its own, joined
+//! to the host by a veth pair on a documentation address (203.0.113.0/24), so tests reach a
+//! real server without weakening the SSRF guard. It answers with the request line and
+//! headers (an `Authorization` value shown only as `<redacted>`) and logs every request in
+//! full to a file the test reads. Needs root, iproute2 and python3.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test support: a failed step is a failed test
 
@@ -9,17 +12,31 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 const UPSTREAM: &str = r#"
-import http.server, sys
+import http.server, ssl, sys, threading
+log = open(sys.argv[2], "a")
+lock = threading.Lock()
 class Echo(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        body = (self.requestline + "\n" + str(self.headers)).encode()
+        with lock:
+            log.write(self.requestline + "\n" + str(self.headers))
+            log.flush()
+        shown = "".join(
+            "%s: %s\n" % (k, "<redacted>" if k.lower() == "authorization" else v)
+            for k, v in self.headers.items())
+        body = (self.requestline + "\n" + shown + "\n").encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
     def log_message(self, *args):
         pass
-http.server.HTTPServer((sys.argv[1], 80), Echo).serve_forever()
+plain = http.server.ThreadingHTTPServer((sys.argv[1], 80), Echo)
+tls = http.server.ThreadingHTTPServer((sys.argv[1], 443), Echo)
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain(sys.argv[3], sys.argv[4])
+tls.socket = context.wrap_socket(tls.socket, server_side=True)
+threading.Thread(target=tls.serve_forever, daemon=True).start()
+plain.serve_forever()
 "#;
 
 /// A namespace with an HTTP echo server on port 80 at `address`.
@@ -28,6 +45,30 @@ pub struct Upstream {
     host_link: String,
     pub address: Ipv4Addr,
     server: Child,
+    directory: std::path::PathBuf,
+    /// The CA its HTTPS certificate is from (PEM).
+    pub ca_pem: String,
+}
+
+/// A CA and a certificate for `*.test.example` it signed: (CA PEM, chain PEM, key PEM).
+fn certificates() -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut params = CertificateParams::default();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "Test upstream CA");
+    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["*.test.example".to_owned()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    (
+        ca.pem(),
+        format!("{}{}", leaf.pem(), ca.pem()),
+        key.serialize_pem(),
+    )
 }
 
 fn ip(args: &[&str]) {
@@ -68,6 +109,12 @@ impl Upstream {
         ]);
         ip(&["-n", &namespace, "link", "set", &peer_link, "up"]);
         ip(&["-n", &namespace, "link", "set", "lo", "up"]);
+        let directory = std::env::temp_dir().join(&namespace);
+        std::fs::create_dir_all(&directory).unwrap();
+        let (ca_pem, chain, key) = certificates();
+        std::fs::write(directory.join("chain.pem"), chain).unwrap();
+        std::fs::write(directory.join("key.pem"), key).unwrap();
+        std::fs::write(directory.join("requests.log"), "").unwrap();
         let server = Command::new("ip")
             .args([
                 "netns",
@@ -78,6 +125,9 @@ impl Upstream {
                 UPSTREAM,
             ])
             .arg(peer.to_string())
+            .arg(directory.join("requests.log"))
+            .arg(directory.join("chain.pem"))
+            .arg(directory.join("key.pem"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -87,7 +137,14 @@ impl Upstream {
             host_link,
             address: peer,
             server,
+            directory,
+            ca_pem,
         }
+    }
+
+    /// Every request it received, in full (request line and headers).
+    pub fn requests(&self) -> String {
+        std::fs::read_to_string(self.directory.join("requests.log")).unwrap()
     }
 
     pub async fn wait_ready(&self) {
@@ -95,6 +152,9 @@ impl Upstream {
             if tokio::net::TcpStream::connect((self.address, 80))
                 .await
                 .is_ok()
+                && tokio::net::TcpStream::connect((self.address, 443))
+                    .await
+                    .is_ok()
             {
                 return;
             }
@@ -114,6 +174,7 @@ impl Drop for Upstream {
         let _ = Command::new("ip")
             .args(["netns", "del", &self.namespace])
             .output();
+        let _ = std::fs::remove_dir_all(&self.directory);
     }
 }
 

@@ -615,6 +615,7 @@ async fn carry_out(
         metadata: [("run".to_owned(), run.to_string())].into(),
         max_credits: None,
         egress: None,
+        credentials: Vec::new(),
         mounts: Vec::new(),
     };
     let created = sandboxes::create(state, owner, None, placement).await;

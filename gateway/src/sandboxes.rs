@@ -29,7 +29,7 @@ pub const REAPER_INTERVAL: Duration = Duration::from_secs(1);
 const CREATE_GIVE_UP_SECS: f64 = 120.0;
 
 pub const SANDBOX_COLUMNS: &str = "id, template, state, stop_reason, cwd, cpu_millis, memory_mb, \
-     disk_mb, pids, metadata, mounts, created_at, expires_at, stopped_at, spent_micro, max_credits, egress";
+     disk_mb, pids, metadata, mounts, created_at, expires_at, stopped_at, spent_micro, max_credits, egress, credentials";
 
 #[derive(sqlx::FromRow)]
 pub struct SandboxRow {
@@ -50,6 +50,7 @@ pub struct SandboxRow {
     pub spent_micro: i64,
     pub max_credits: Option<i64>,
     pub egress: Option<sqlx::types::Json<sandbase_api::sandboxes::EgressPolicy>>,
+    pub credentials: Vec<String>,
 }
 
 impl SandboxRow {
@@ -74,6 +75,7 @@ impl SandboxRow {
             spent_micro: self.spent_micro,
             max_credits_micro: self.max_credits,
             egress: self.egress.as_ref().map(|policy| policy.0.clone()),
+            credentials: self.credentials.clone(),
         }
     }
 }
@@ -125,6 +127,8 @@ pub struct Placement {
     pub max_credits: Option<i64>,
     /// Normalized egress policy; `None`: loopback only.
     pub egress: Option<sandbase_api::sandboxes::EgressPolicy>,
+    /// Vault credentials (names) for the egress proxy.
+    pub credentials: Vec<String>,
 }
 
 /// Checks an egress policy and returns it normalized (lowercase, `*.` and ports explicit).
@@ -203,6 +207,24 @@ pub fn validate_create(
         Some(policy) if !policy.allow.is_empty() => Some(normalize_egress(&policy)?),
         _ => None,
     };
+    let mut credentials = request.credentials;
+    credentials.sort();
+    credentials.dedup();
+    if credentials.len() > 32 {
+        return Err(ApiError::InvalidRequest(
+            "`credentials`: at most 32".to_owned(),
+        ));
+    }
+    for name in &credentials {
+        crate::routes::secrets::validate_name(name)?;
+    }
+    if !credentials.is_empty() && egress.is_none() {
+        return Err(ApiError::problem(
+            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+            "credentials_need_egress",
+            "credentials are added to requests leaving through the egress proxy: give `egress.allow` with their hosts",
+        ));
+    }
     Ok(Placement {
         template,
         env: request.env,
@@ -213,6 +235,7 @@ pub fn validate_create(
         mounts: request.mounts,
         max_credits,
         egress,
+        credentials,
     })
 }
 
@@ -416,11 +439,17 @@ async fn place(
         .await?;
     let (api_key_id, user_id) = (owner.api_key_id, owner.user_id);
     let resources = placement.resources;
+    // Decrypted only for the worker's request (unknown names refused before anything is
+    // written), and wiped once it has been sent.
+    let credentials =
+        crate::routes::secrets::unseal_for_sandbox(state, owner.team_id, &placement.credentials)
+            .await?;
     sqlx::query(
         "INSERT INTO sandboxes (id, team_id, api_key_id, user_id, template, state, worker_id, cwd, \
-           cpu_millis, memory_mb, disk_mb, pids, metadata, expires_at, mounts, max_credits, egress) \
+           cpu_millis, memory_mb, disk_mb, pids, metadata, expires_at, mounts, max_credits, egress, \
+           credentials) \
          VALUES ($1, $2, $3, $4, $5, 'creating', NULL, $6, $7, $8, $9, $10, $11, \
-           now() + make_interval(secs => $12), $13, $14, $15)",
+           now() + make_interval(secs => $12), $13, $14, $15, $16)",
     )
     .bind(id)
     .bind(owner.team_id)
@@ -437,10 +466,11 @@ async fn place(
     .bind(sqlx::types::Json(&placement.mounts))
     .bind(placement.max_credits)
     .bind(placement.egress.as_ref().map(sqlx::types::Json))
+    .bind(&placement.credentials)
     .execute(&state.db)
     .await?;
 
-    let request = CreateSandbox {
+    let mut request = CreateSandbox {
         id,
         template: placement.template.clone(),
         resources,
@@ -448,7 +478,24 @@ async fn place(
         cwd: placement.cwd,
         mounts: placement.mounts,
         egress: placement.egress,
+        credentials,
     };
+    let placed = send_create(state, &mut request, candidates, owner, audit, resources).await;
+    for credential in &mut request.credentials {
+        zeroize::Zeroize::zeroize(&mut credential.value);
+    }
+    placed
+}
+
+async fn send_create(
+    state: &AppState,
+    request: &mut CreateSandbox,
+    candidates: Vec<sandbase_api::internal::WorkerStatus>,
+    owner: Owner,
+    audit: Option<(&crate::audit::RequestContext, &Principal)>,
+    resources: Resources,
+) -> ApiResult<Created> {
+    let id = request.id;
     let mut last_problem = None;
     for worker in candidates {
         sqlx::query("UPDATE sandboxes SET worker_id = $2 WHERE id = $1")
@@ -464,7 +511,7 @@ async fn place(
                 format!("{}/internal/v1/sandboxes", worker.url),
             )
             .timeout(Duration::from_secs(60))
-            .json(&request)
+            .json(&*request)
             .send()
             .await;
         match answer {

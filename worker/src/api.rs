@@ -450,6 +450,9 @@ async fn egress_flows(
             .into_iter()
             .map(|flow| {
                 let (decision, reason) = match flow.decision {
+                    sandbase_egress::proxy::Decision::Allowed if !flow.credentials.is_empty() => {
+                        ("injected", None)
+                    }
                     sandbase_egress::proxy::Decision::Allowed => ("allowed", None),
                     sandbase_egress::proxy::Decision::Denied(why) => ("denied", Some(why)),
                     sandbase_egress::proxy::Decision::Failed(why) => ("failed", Some(why)),
@@ -460,6 +463,7 @@ async fn egress_flows(
                     port: flow.port,
                     mode: flow.mode.to_owned(),
                     decision: decision.to_owned(),
+                    credentials: flow.credentials,
                     reason,
                     address: flow.address.map(|address| address.to_string()),
                     bytes_up: flow.bytes_up,

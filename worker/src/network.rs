@@ -4,8 +4,12 @@
 //! reach only the egress proxy's port on the host and drops everything else — other
 //! sandboxes, host services, the gateway, the internet directly. The proxy (`sandbase-egress`)
 //! identifies a sandbox by its address and applies its policy; commands get `HTTP_PROXY`,
-//! `HTTPS_PROXY` and `ALL_PROXY` pointing at it. Sandboxes without egress keep a namespace
-//! with loopback only.
+//! `HTTPS_PROXY` and `ALL_PROXY` pointing at it, and tools that ignore them are governed
+//! anyway: TCP 80 and 443 from sandbox links are redirected to the proxy's transparent
+//! listeners (ports `proxy_port + 1` and `+ 2`). A sandbox given credentials gets its own CA
+//! (trusted through `SSL_CERT_FILE` and friends) and placeholders for placeholder
+//! credentials; the values stay in this process's memory. Sandboxes without egress keep a
+//! namespace with loopback only.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -14,7 +18,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use sandbase_egress::Policy;
-use sandbase_egress::proxy::{Flow, Proxy, ProxyConfig, Registry, Resolver};
+use sandbase_egress::credentials::{Credential, Injection, placeholder_for};
+use sandbase_egress::proxy::{
+    Flow, Interception, Listener, Proxy, ProxyConfig, Registry, Resolver,
+};
+use sandbase_egress::tls::Authority;
 use tokio::process::Command;
 use tokio::sync::mpsc;
 use uuid::Uuid;
@@ -38,7 +46,17 @@ pub struct EgressConfig {
     pub node_addresses: Vec<IpAddr>,
     /// Most connections one sandbox holds open through the proxy.
     pub max_connections: usize,
+    /// Certificates (PEM) trusted for upstreams besides the system's roots (tests).
+    pub extra_ca: Option<Vec<u8>>,
 }
+
+/// Where a sandbox with credentials finds its CA: the certificate alone, and the template's
+/// bundle with it (in the sandbox's `/tmp`, owned by its root, read-only to commands).
+const CA_DIR: &str = "/tmp/.sandbase-ca";
+const CA_FILE: &str = "/tmp/.sandbase-ca/ca.pem";
+const CA_BUNDLE: &str = "/tmp/.sandbase-ca/bundle.pem";
+/// The template's trust store, read to make the bundle.
+const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 /// A sandbox's link.
 #[derive(Debug, Clone)]
@@ -47,10 +65,14 @@ pub struct Attached {
     pub host: Ipv4Addr,
     pub address: Ipv4Addr,
     link: String,
+    /// The sandbox's CA certificate (PEM) when it has credentials.
+    pub ca_pem: Option<String>,
+    /// Placeholder variables of its placeholder credentials.
+    pub placeholders: Vec<(String, String)>,
 }
 
 impl Attached {
-    /// Proxy variables for the sandbox's commands.
+    /// Variables for the sandbox's commands: the proxy, the CA, placeholders.
     pub fn env(&self, proxy_port: u16) -> Vec<(String, String)> {
         let url = format!("http://{}:{proxy_port}", self.host);
         let mut env = Vec::new();
@@ -60,8 +82,105 @@ impl Attached {
         }
         env.push(("NO_PROXY".to_owned(), "localhost,127.0.0.1".to_owned()));
         env.push(("no_proxy".to_owned(), "localhost,127.0.0.1".to_owned()));
+        if self.ca_pem.is_some() {
+            for name in [
+                "SSL_CERT_FILE",
+                "REQUESTS_CA_BUNDLE",
+                "CURL_CA_BUNDLE",
+                "GIT_SSL_CAINFO",
+            ] {
+                env.push((name.to_owned(), CA_BUNDLE.to_owned()));
+            }
+            env.push(("NODE_EXTRA_CA_CERTS".to_owned(), CA_FILE.to_owned()));
+        }
+        env.extend(self.placeholders.iter().cloned());
         env
     }
+
+    /// Installs the CA in the sandbox: alone and appended to the template's bundle.
+    pub async fn install_ca(&self, agent: &crate::agent_client::AgentClient) -> anyhow::Result<()> {
+        let Some(ca) = &self.ca_pem else {
+            return Ok(());
+        };
+        let read = sandbase_agent::protocol::Request::ReadFile {
+            path: SYSTEM_BUNDLE.to_owned(),
+        };
+        let mut bundle = match agent.download(&read).await {
+            Ok((_, mut chunks)) => {
+                let mut bytes = Vec::new();
+                while let Some(chunk) = chunks.recv().await {
+                    bytes.extend_from_slice(&chunk?);
+                }
+                bytes
+            }
+            Err(_) => Vec::new(),
+        };
+        if !bundle.is_empty() && !bundle.ends_with(b"\n") {
+            bundle.push(b'\n');
+        }
+        bundle.extend_from_slice(ca.as_bytes());
+        agent
+            .simple(&sandbase_agent::protocol::Request::Mkdir {
+                path: CA_DIR.to_owned(),
+                owner: None,
+            })
+            .await?;
+        agent
+            .write_file(CA_FILE, ca.as_bytes(), Some(0o644), None)
+            .await?;
+        agent
+            .write_file(CA_BUNDLE, &bundle, Some(0o644), None)
+            .await?;
+        Ok(())
+    }
+}
+
+/// A credential as the gateway hands it over, made ready for the proxy: its placeholder
+/// drawn, its hosts parsed. The value moves into memory that is zeroed on drop.
+fn credential(
+    given: sandbase_api::internal::SandboxCredential,
+) -> anyhow::Result<(Credential, Option<(String, String)>)> {
+    let value = zeroize::Zeroizing::new(given.value);
+    let hosts = given
+        .hosts
+        .iter()
+        .map(|host| sandbase_egress::HostPattern::parse(host))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|why| anyhow::anyhow!("credential `{}`: {why}", given.name))?;
+    let inject = &given.inject;
+    let mut variable = None;
+    let injection = if let Some(header) = &inject.header {
+        Injection::Header {
+            name: header
+                .parse()
+                .with_context(|| format!("credential `{}`: bad header name", given.name))?,
+            format: inject
+                .format
+                .clone()
+                .unwrap_or_else(|| "{value}".to_owned()),
+        }
+    } else if let Some(basic) = &inject.basic {
+        Injection::Basic {
+            username: basic.username.clone(),
+        }
+    } else if let Some(parameter) = &inject.query {
+        Injection::Query {
+            parameter: parameter.clone(),
+        }
+    } else if let Some(env) = &inject.placeholder {
+        let placeholder = placeholder_for(&value);
+        variable = Some((env.clone(), placeholder.clone()));
+        Injection::Placeholder {
+            env: env.clone(),
+            placeholder,
+        }
+    } else {
+        anyhow::bail!("credential `{}` says nothing about injection", given.name);
+    };
+    Ok((
+        Credential::new(given.name, hosts, injection, value),
+        variable,
+    ))
 }
 
 pub struct Network {
@@ -112,13 +231,21 @@ impl Network {
     /// Installs the firewall table and starts the proxy on the pool's addresses.
     pub async fn start(config: EgressConfig) -> anyhow::Result<Arc<Network>> {
         let pool = format!("{}/16", config.pool);
+        let (http_port, tls_port) = (config.proxy_port + 1, config.proxy_port + 2);
+        // Redirected connections arrive at the host-side address of the sandbox's link, on
+        // the transparent ports: the input chain sees those.
         let ruleset = format!(
             "table inet {TABLE}\n\
              delete table inet {TABLE}\n\
              table inet {TABLE} {{\n\
+               chain prerouting {{\n\
+                 type nat hook prerouting priority dstnat; policy accept;\n\
+                 iifname \"{HOST_PREFIX}*\" tcp dport 80 redirect to :{http_port}\n\
+                 iifname \"{HOST_PREFIX}*\" tcp dport 443 redirect to :{tls_port}\n\
+               }}\n\
                chain input {{\n\
                  type filter hook input priority -10; policy accept;\n\
-                 iifname \"{HOST_PREFIX}*\" ip daddr {pool} tcp dport {port} ct state new,established accept\n\
+                 iifname \"{HOST_PREFIX}*\" ip daddr {pool} tcp dport {{ {port}, {http_port}, {tls_port} }} ct state new,established accept\n\
                  iifname \"{HOST_PREFIX}*\" ct state established,related accept\n\
                  iifname \"{HOST_PREFIX}*\" counter drop\n\
                }}\n\
@@ -149,6 +276,8 @@ impl Network {
         let (sender, mut receiver) = mpsc::channel::<Flow>(4096);
         let mut node_addresses = config.node_addresses.clone();
         node_addresses.extend(node_addresses_now().await);
+        let upstream_tls = sandbase_egress::tls::upstream_config(config.extra_ca.as_deref())
+            .map_err(|why| anyhow::anyhow!("egress upstream trust: {why}"))?;
         let proxy = Proxy::new(
             Arc::clone(&registry),
             config.resolver.clone(),
@@ -156,16 +285,22 @@ impl Network {
                 node_addresses,
                 connect_timeout: Duration::from_secs(10),
                 head_timeout: Duration::from_secs(30),
+                idle_timeout: Duration::from_secs(120),
+                upstream_tls,
             },
             sender,
         );
-        let listener = tokio::net::TcpListener::bind(SocketAddr::from((
-            Ipv4Addr::UNSPECIFIED,
-            config.proxy_port,
-        )))
-        .await
-        .with_context(|| format!("binding the egress proxy to port {}", config.proxy_port))?;
-        tokio::spawn(proxy.serve(listener));
+        for (port, kind) in [
+            (config.proxy_port, Listener::Explicit),
+            (http_port, Listener::TransparentHttp),
+            (tls_port, Listener::TransparentTls),
+        ] {
+            let listener =
+                tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))
+                    .await
+                    .with_context(|| format!("binding the egress proxy to port {port}"))?;
+            tokio::spawn(Arc::clone(&proxy).serve(listener, kind));
+        }
         let flows: Arc<Mutex<HashMap<String, VecDeque<Flow>>>> = Arc::default();
         let usage: Arc<Mutex<Vec<sandbase_api::internal::UsageEvent>>> = Arc::default();
         let kept = Arc::clone(&flows);
@@ -218,13 +353,35 @@ impl Network {
         (Ipv4Addr::from(base + 1), Ipv4Addr::from(base + 2))
     }
 
-    /// Gives the sandbox whose first process is `pid` a link and registers its policy.
+    /// Gives the sandbox whose first process is `pid` a link and registers its policy and
+    /// credentials (with a CA of its own when it has any).
     pub async fn attach(
         &self,
         sandbox: Uuid,
         pid: u32,
         policy: Policy,
+        credentials: Vec<sandbase_api::internal::SandboxCredential>,
     ) -> anyhow::Result<Attached> {
+        let mut placeholders = Vec::new();
+        let interception = if credentials.is_empty() {
+            None
+        } else {
+            let mut ready = Vec::new();
+            for given in credentials {
+                let (credential, variable) = credential(given)?;
+                ready.push(credential);
+                placeholders.extend(variable);
+            }
+            let authority =
+                Authority::generate(&sandbox.to_string()).context("generating the sandbox's CA")?;
+            Some(Arc::new(Interception {
+                credentials: ready,
+                authority,
+            }))
+        };
+        let ca_pem = interception
+            .as_ref()
+            .map(|interception| interception.authority.certificate_pem());
         let slot = {
             let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
             let slot = (0..16_383u32)
@@ -239,6 +396,8 @@ impl Network {
             host,
             address,
             link: format!("{HOST_PREFIX}{slot}"),
+            ca_pem,
+            placeholders,
         };
         if let Err(error) = self.configure(&attached, pid).await {
             self.detach(&attached).await;
@@ -249,6 +408,7 @@ impl Network {
             &sandbox.to_string(),
             policy,
             self.config.max_connections,
+            interception,
         );
         Ok(attached)
     }

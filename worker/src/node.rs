@@ -175,7 +175,7 @@ impl Node {
     }
 
     /// Starts (or claims from the warm pool) a sandbox for the gateway's `request`.
-    pub async fn create(&self, request: CreateSandbox) -> Result<(), NodeError> {
+    pub async fn create(&self, mut request: CreateSandbox) -> Result<(), NodeError> {
         if self.read().contains_key(&request.id) {
             return Err(NodeError::Exists);
         }
@@ -229,7 +229,12 @@ impl Node {
                         NodeError::Internal(anyhow::anyhow!("the sandbox has no pid"))
                     })?;
                     network
-                        .attach(request.id, pid, policy)
+                        .attach(
+                            request.id,
+                            pid,
+                            policy,
+                            std::mem::take(&mut request.credentials),
+                        )
                         .await
                         .map_err(NodeError::Internal)
                 }
@@ -257,6 +262,14 @@ impl Node {
             cwd: request.cwd,
             processes: Mutex::new(HashMap::new()),
         });
+        if let Some(link) = &hosted.link
+            && let Err(error) = link.install_ca(&hosted.agent).await
+        {
+            self.undo_create(&hosted).await;
+            return Err(NodeError::Internal(
+                error.context("installing the sandbox's CA"),
+            ));
+        }
         if hosted.cwd != WORK_DIR {
             let made = hosted
                 .agent
@@ -266,7 +279,7 @@ impl Node {
                 })
                 .await;
             if let Err(error) = made {
-                let _ = self.worker.destroy(&hosted.sandbox.id).await;
+                self.undo_create(&hosted).await;
                 return Err(error.into());
             }
         }
@@ -347,6 +360,14 @@ impl Node {
             return Err(NodeError::TemplateNotFound(template.to_owned()));
         }
         Ok(self.worker.create(template, limits).await?)
+    }
+
+    /// Undoes a sandbox whose creation failed after it got its link.
+    async fn undo_create(&self, hosted: &Hosted) {
+        if let (Some(network), Some(link)) = (&self.network, &hosted.link) {
+            network.detach(link).await;
+        }
+        let _ = self.worker.destroy(&hosted.sandbox.id).await;
     }
 
     /// Destroys a hosted sandbox; unknown ids are not an error (destroy is idempotent).

@@ -68,7 +68,13 @@ async fn the_proxy_lets_through_only_what_the_policy_allows_and_refuses_internal
     .iter()
     .map(|s| (*s).to_owned())
     .collect();
-    registry.add(sandbox, "sbx-1", Policy::parse(&allow, &[]).unwrap(), 8);
+    registry.add(
+        sandbox,
+        "sbx-1",
+        Policy::parse(&allow, &[]).unwrap(),
+        8,
+        None,
+    );
     let (flows_tx, mut flows) = mpsc::channel::<Flow>(100);
     let proxy = Proxy::new(
         Arc::clone(&registry),
@@ -77,12 +83,14 @@ async fn the_proxy_lets_through_only_what_the_policy_allows_and_refuses_internal
             node_addresses: vec!["198.51.100.7".parse().unwrap()],
             connect_timeout: Duration::from_secs(3),
             head_timeout: Duration::from_secs(3),
+            idle_timeout: Duration::from_secs(30),
+            upstream_tls: sandbase_egress::tls::upstream_config(None).unwrap(),
         },
         flows_tx,
     );
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
-    let serving = tokio::spawn(proxy.serve(listener));
+    let serving = tokio::spawn(proxy.serve(listener, sandbase_egress::proxy::Listener::Explicit));
 
     // Plain HTTP to an allowed host: forwarded, proxy headers dropped.
     let answer = exchange(

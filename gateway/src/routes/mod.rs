@@ -12,7 +12,7 @@ mod me;
 mod members;
 mod runs;
 mod sandboxes;
-mod secrets;
+pub(crate) mod secrets;
 mod templates;
 mod usage;
 

@@ -68,6 +68,7 @@ async fn create_run(
             mounts: Vec::new(),
             max_credits: None,
             egress: None,
+            credentials: Vec::new(),
         },
         settings,
     )?;

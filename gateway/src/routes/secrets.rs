@@ -380,3 +380,51 @@ async fn delete_secret(
     transaction.commit().await?;
     Ok(StatusCode::NO_CONTENT)
 }
+
+/// The decrypted credentials `names` of `team_id`, for the worker that will run the sandbox
+/// naming them (sent over the internal channel at create, never stored elsewhere). Unknown
+/// names are refused by name.
+pub async fn unseal_for_sandbox(
+    state: &AppState,
+    team_id: Uuid,
+    names: &[String],
+) -> ApiResult<Vec<sandbase_api::internal::SandboxCredential>> {
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    let keyring = keyring(state)?;
+    let mut connection = state.db.acquire().await?;
+    let rows: Vec<SecretRow> = sqlx::query_as(&format!(
+        "SELECT {SECRET_COLUMNS} FROM secrets WHERE team_id = $1 AND name = ANY($2)"
+    ))
+    .bind(team_id)
+    .bind(names)
+    .fetch_all(&mut *connection)
+    .await?;
+    if let Some(missing) = names
+        .iter()
+        .find(|name| !rows.iter().any(|row| &row.name == *name))
+    {
+        return Err(ApiError::problem(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unknown_credential",
+            format!("this team has no secret named `{missing}` (POST /v1/secrets)"),
+        ));
+    }
+    let mut credentials = Vec::with_capacity(rows.len());
+    for row in rows {
+        let mut value =
+            sandbase_vault::reveal(&mut connection, keyring, team_id, row.id, row.version)
+                .await
+                .map_err(vault_error)?;
+        let value = String::from_utf8(std::mem::take(&mut *value))
+            .map_err(|_| ApiError::Internal(anyhow::anyhow!("a secret is not UTF-8")))?;
+        credentials.push(sandbase_api::internal::SandboxCredential {
+            name: row.name,
+            hosts: row.hosts.0,
+            inject: row.inject.0,
+            value,
+        });
+    }
+    Ok(credentials)
+}

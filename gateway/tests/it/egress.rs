@@ -12,6 +12,10 @@ use sandbase_egress::testing::Upstream;
 use sandbase_worker::network::EgressConfig;
 use serde_json::json;
 
+use crate::helpers::spawn_app_with;
+use sandbase_worker::service::TemplateSource;
+use serde_json::Value;
+
 use crate::sandboxes::{TestWorker, create_ok, sandbox_app, sh, worker_config};
 
 fn free_port() -> u16 {
@@ -22,8 +26,12 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// One egress test at a time: each worker owns the node's nftables table and pool.
+static NODE_NETWORK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
+    let _network = NODE_NETWORK.lock().await;
     let upstream = Upstream::start();
     upstream.wait_ready().await;
     let public = IpAddr::V4(upstream.address);
@@ -42,6 +50,7 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
         ])),
         node_addresses: Vec::new(),
         max_connections: 16,
+        extra_ca: None,
     });
     let worker = TestWorker::start(config).await;
     let alice = app.signup("alice@example.com", "Alice").await;
@@ -129,11 +138,8 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
         .to_owned();
     for (what, command) in [
         (
-            "the upstream directly",
-            format!(
-                "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {} 80",
-                upstream.address
-            ),
+            "the upstream directly on a port that is not redirected",
+            format!("nc -w 3 {} 8080 </dev/null", upstream.address),
         ),
         (
             "the host on another port",
@@ -141,7 +147,7 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
         ),
         (
             "another sandbox",
-            format!("nc -w 3 {other_ip} 80 </dev/null"),
+            format!("nc -w 3 {other_ip} 8080 </dev/null"),
         ),
     ] {
         let answer = sh(&app, token, &id, &command).await;
@@ -162,7 +168,7 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
     let flows = flows["flows"].as_array().unwrap();
     let allowed: Vec<&serde_json::Value> = flows
         .iter()
-        .filter(|f| f["decision"] == "allowed")
+        .filter(|f| f["decision"] == "allowed" && f["mode"] == "http")
         .collect();
     assert_eq!(allowed.len(), 1, "{flows:?}");
     assert_eq!(allowed[0]["host"], "allowed.test.example");
@@ -197,6 +203,46 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
     let flowed =
         allowed[0]["bytes_up"].as_i64().unwrap() + allowed[0]["bytes_down"].as_i64().unwrap();
     assert_eq!(quantity, flowed);
+
+    // Port 80 straight to the upstream's address, ignoring the proxy variables: redirected to
+    // the proxy, which goes by the Host header and the policy.
+    for (host, expected) in [
+        ("denied.test.example", "HTTP/1.1 403"),
+        ("allowed.test.example", "HTTP/1.0 200"),
+    ] {
+        let answer = sh(
+            &app,
+            token,
+            &id,
+            &format!(
+                "printf 'GET /direct HTTP/1.1\\r\\nHost: {host}\\r\\n\\r\\n' | nc -w 5 {} 80",
+                upstream.address
+            ),
+        )
+        .await;
+        assert!(
+            answer["stdout"].as_str().unwrap().starts_with(expected),
+            "{host}: {answer}"
+        );
+    }
+    let flows = app
+        .get(&format!("/v1/sandboxes/{id}/egress"), token)
+        .await
+        .body;
+    let transparent: Vec<(&str, &str)> = flows["flows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["mode"] == "transparent-http")
+        .map(|f| (f["host"].as_str().unwrap(), f["decision"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        transparent,
+        [
+            ("denied.test.example", "denied"),
+            ("allowed.test.example", "allowed")
+        ]
+    );
 
     // A policy change applies to the next connection.
     let policy = app
@@ -292,4 +338,257 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
     let links = String::from_utf8_lossy(&links.stdout);
     assert!(!links.contains(": sbh"), "{links}");
     worker.clean_up().await;
+}
+
+/// Credentials from the vault reach the upstream (header injection, a placeholder swapped)
+/// while the sandbox sees only placeholders; a placeholder sent to another allowed host is
+/// stopped and audited; tools that ignore the proxy variables are redirected and governed;
+/// the value is found nowhere afterwards.
+#[tokio::test(flavor = "multi_thread")]
+async fn credentials_are_injected_by_the_proxy_and_never_reach_the_sandbox() {
+    let _network = NODE_NETWORK.lock().await;
+    let upstream = Upstream::start();
+    upstream.wait_ready().await;
+    let public = IpAddr::V4(upstream.address);
+    let app = spawn_app_with(|settings| {
+        crate::sandboxes::configure_sandboxes(settings);
+        settings.workers.heartbeat_ttl_secs = 5;
+        settings.vault.keys = vec![sandbase_vault::Keyring::generate_entry(1).into()];
+    })
+    .await;
+    let mut config = worker_config(&app, "w", 4, 0);
+    let tarball = std::env::var("SANDBASE_BASE_TARBALL")
+        .expect("SANDBASE_BASE_TARBALL: the base root file system (scripts/setup builds it)");
+    config
+        .templates
+        .push(("base".to_owned(), TemplateSource::Tarball(tarball.into())));
+    config.node.egress = Some(EgressConfig {
+        pool: "10.214.0.0".parse().unwrap(),
+        proxy_port: free_port(),
+        resolver: Resolver::Fixed(HashMap::from([
+            ("api.test.example".to_owned(), vec![public]),
+            ("git.test.example".to_owned(), vec![public]),
+            ("other.test.example".to_owned(), vec![public]),
+            ("denied.test.example".to_owned(), vec![public]),
+        ])),
+        node_addresses: Vec::new(),
+        max_connections: 16,
+        extra_ca: Some(upstream.ca_pem.clone().into_bytes()),
+    });
+    let worker = TestWorker::start(config).await;
+    let alice = app.signup("alice@example.com", "Alice").await;
+    let token = alice.api_key.token.as_str();
+    const API_KEY: &str = "sk-live-3f9a8c7e6d5b4a392817f6e5d4c3b2a1";
+    const GIT_TOKEN: &str = "ghp_Zq8Xw7Vu6Ts5Rq4Po3Nm2Lk1Jh0Gf9Ed8Cb7";
+    for (name, value, host, inject) in [
+        (
+            "api",
+            API_KEY,
+            "api.test.example",
+            json!({ "header": "Authorization", "format": "Bearer {value}" }),
+        ),
+        (
+            "git",
+            GIT_TOKEN,
+            "git.test.example",
+            json!({ "placeholder": "GIT_TOKEN" }),
+        ),
+    ] {
+        let created = app
+            .post(
+                "/v1/secrets",
+                token,
+                json!({ "name": name, "value": value, "hosts": [host], "inject": inject }),
+            )
+            .await;
+        assert_eq!(created.status.as_u16(), 201, "{}", created.body);
+    }
+    // Credentials need egress, and must exist.
+    app.post("/v1/sandboxes", token, json!({ "credentials": ["api"] }))
+        .await
+        .assert_error(422, "credentials_need_egress");
+    let allow = json!(["api.test.example", "git.test.example", "other.test.example"]);
+    app.post(
+        "/v1/sandboxes",
+        token,
+        json!({ "egress": { "allow": allow }, "credentials": ["nope"] }),
+    )
+    .await
+    .assert_error(422, "unknown_credential");
+    let id = create_ok(
+        &app,
+        token,
+        json!({ "template": "base", "egress": { "allow": allow }, "credentials": ["api", "git"] }),
+    )
+    .await;
+    let sandbox = app.get(&format!("/v1/sandboxes/{id}"), token).await.body;
+    assert_eq!(sandbox["credentials"], json!(["api", "git"]));
+
+    // curl through HTTPS_PROXY: the sandbox's CA is trusted, the header injected (the
+    // upstream shows it redacted; its log has the value).
+    let answer = sh(
+        &app,
+        token,
+        &id,
+        "curl -sS --max-time 10 -H 'Authorization: Bearer fake' https://api.test.example/v1/models",
+    )
+    .await;
+    let stdout = answer["stdout"].as_str().unwrap();
+    assert!(
+        stdout.starts_with("GET /v1/models HTTP/1.1") && stdout.contains("<redacted>"),
+        "{answer}"
+    );
+    assert!(
+        upstream.requests().to_ascii_lowercase().contains(&format!(
+            "authorization: bearer {}",
+            API_KEY.to_ascii_lowercase()
+        )),
+        "{}",
+        upstream.requests()
+    );
+    // A placeholder in the environment, swapped on the way to its host (python, ignoring the
+    // proxy variables: the redirected port 443 and the ClientHello's name govern it).
+    let placeholder = sh(&app, token, &id, "printf %s \"$GIT_TOKEN\"").await["stdout"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        placeholder.starts_with("ghp_")
+            && placeholder.len() == GIT_TOKEN.len()
+            && placeholder != GIT_TOKEN,
+        "{placeholder}"
+    );
+    let python = |host: &str| {
+        format!(
+            "env -u HTTPS_PROXY -u https_proxy -u ALL_PROXY -u all_proxy python3 - <<'EOF'\n\
+import os, ssl, socket, http.client\n\
+ctx = ssl.create_default_context(cafile=os.environ['SSL_CERT_FILE'])\n\
+sock = socket.create_connection(('{upstream}', 443), timeout=10)\n\
+conn = http.client.HTTPSConnection('{host}', context=ctx)\n\
+conn.sock = ctx.wrap_socket(sock, server_hostname='{host}')\n\
+conn.request('GET', '/repo', headers={{'Authorization': 'token ' + os.environ['GIT_TOKEN']}})\n\
+r = conn.getresponse()\n\
+print(r.status)\n\
+print(r.read().decode())\n\
+EOF",
+            upstream = upstream.address
+        )
+    };
+    let answer = sh(&app, token, &id, &python("git.test.example")).await;
+    assert!(
+        answer["stdout"]
+            .as_str()
+            .unwrap()
+            .starts_with("200\nGET /repo HTTP/1.1"),
+        "{answer}"
+    );
+    assert!(
+        upstream.requests().to_ascii_lowercase().contains(&format!(
+            "authorization: token {}",
+            GIT_TOKEN.to_ascii_lowercase()
+        )),
+        "{}",
+        upstream.requests()
+    );
+    // The same placeholder to another allowed host: stopped before it leaves.
+    let before = upstream.requests();
+    let answer = sh(&app, token, &id, &python("other.test.example")).await;
+    let stdout = answer["stdout"].as_str().unwrap();
+    assert!(
+        stdout.starts_with("403") && stdout.contains("placeholder of credential `git`"),
+        "{answer}"
+    );
+    assert_eq!(upstream.requests(), before, "the leaking request left");
+    // A host outside the policy over the redirected port: closed after its ClientHello.
+    let answer = sh(
+        &app,
+        token,
+        &id,
+        &format!(
+            "curl -sS --noproxy '*' --max-time 10 --resolve denied.test.example:443:{} https://denied.test.example/ ; echo exit=$?",
+            upstream.address
+        ),
+    )
+    .await;
+    let stdout = answer["stdout"].as_str().unwrap();
+    assert!(
+        stdout.contains("exit=35") || stdout.contains("exit=56"),
+        "{answer}"
+    );
+
+    let flows = app
+        .get(&format!("/v1/sandboxes/{id}/egress"), token)
+        .await
+        .body;
+    let flows = flows["flows"].as_array().unwrap();
+    let injected: Vec<&Value> = flows
+        .iter()
+        .filter(|f| f["decision"] == "injected")
+        .collect();
+    assert!(
+        injected
+            .iter()
+            .any(|f| f["credentials"] == json!(["api"]) && f["mode"] == "connect")
+            && injected
+                .iter()
+                .any(|f| f["credentials"] == json!(["git"]) && f["mode"] == "transparent-tls"),
+        "{flows:?}"
+    );
+    assert!(
+        flows.iter().any(|f| f["decision"] == "denied"
+            && f["host"] == "other.test.example"
+            && f["mode"] == "https"),
+        "{flows:?}"
+    );
+    assert!(
+        flows.iter().any(|f| f["decision"] == "denied"
+            && f["host"] == "denied.test.example"
+            && f["mode"] == "transparent-tls"),
+        "{flows:?}"
+    );
+
+    // The values are nowhere the sandbox, the API or the database can show them.
+    let answer = sh(
+        &app,
+        token,
+        &id,
+        // (Each value in halves, so the command itself does not carry it.)
+        &format!(
+            "a1='{}'; a2='{}'; g1='{}'; g2='{}'; \
+             grep -rlas -e \"$a1$a2\" -e \"$g1$g2\" /proc/[0-9]*/environ /tmp /work /etc | wc -l",
+            &API_KEY[..10],
+            &API_KEY[10..],
+            &GIT_TOKEN[..10],
+            &GIT_TOKEN[10..]
+        ),
+    )
+    .await;
+    assert_eq!(answer["stdout"], "0\n", "{answer}");
+    let answers = [
+        app.get(&format!("/v1/sandboxes/{id}"), token).await.body,
+        app.get(&format!("/v1/sandboxes/{id}/egress"), token)
+            .await
+            .body,
+        app.get("/v1/secrets", token).await.body,
+        app.get("/v1/audit", token).await.body,
+    ];
+    for answer in answers {
+        let text = answer.to_string();
+        assert!(
+            !text.contains(API_KEY) && !text.contains(GIT_TOKEN),
+            "{text}"
+        );
+    }
+    for value in [API_KEY, GIT_TOKEN] {
+        let found = app
+            .count(&format!(
+                "SELECT count(*) FROM (SELECT 1 FROM sandboxes s WHERE s::text LIKE '%{value}%' \
+                 UNION ALL SELECT 1 FROM audit_events a WHERE a::text LIKE '%{value}%' \
+                 UNION ALL SELECT 1 FROM secret_versions v WHERE v::text LIKE '%{value}%') found"
+            ))
+            .await;
+        assert_eq!(found, 0);
+    }
+    app.delete(&format!("/v1/sandboxes/{id}"), token).await;
+    worker.clean_up_with(&["base"]).await;
 }

@@ -114,7 +114,12 @@ impl TestWorker {
     }
 
     /// Stops the worker (destroying its sandboxes) and removes its template and run directory.
-    pub async fn clean_up(mut self) {
+    pub async fn clean_up(self) {
+        self.clean_up_with(&[]).await;
+    }
+
+    /// [`TestWorker::clean_up`], removing these templates too.
+    pub async fn clean_up_with(mut self, templates: &[&str]) {
         if let Some(running) = self.running.take() {
             running.stop().await;
         }
@@ -127,6 +132,9 @@ impl TestWorker {
         assert!(containerd.sandbox_ids().await.unwrap().is_empty());
         assert!(containerd.sandbox_snapshots().await.unwrap().is_empty());
         containerd.remove_template("busybox").await.unwrap();
+        for template in templates {
+            containerd.remove_template(template).await.unwrap();
+        }
         let _ = std::fs::remove_dir_all(&self.config.worker.run_dir);
     }
 }

@@ -1,0 +1,340 @@
+//! A sandbox's credentials as the proxy holds them: the value (in memory only, zeroed when
+//! dropped), the hosts it is for, and how it goes into a request — a header, basic
+//! authentication, a query parameter, or a placeholder the sandbox sees instead of the value
+//! and the proxy swaps on the way out. A placeholder on its way to any other host stops the
+//! request.
+
+use base64::Engine as _;
+use http::header::{AUTHORIZATION, HeaderName, HeaderValue};
+use http::request::Parts;
+use rand::Rng as _;
+use zeroize::Zeroizing;
+
+use crate::policy::HostPattern;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Injection {
+    /// Set (or overwrite) `name` to `format` with `{value}` replaced.
+    Header { name: HeaderName, format: String },
+    /// `Authorization: Basic base64(username:value)`.
+    Basic { username: String },
+    /// Set the query parameter to the value.
+    Query { parameter: String },
+    /// The sandbox's environment variable `env` holds `placeholder`, swapped for the value in
+    /// requests to the credential's hosts.
+    Placeholder { env: String, placeholder: String },
+}
+
+pub struct Credential {
+    pub name: String,
+    pub hosts: Vec<HostPattern>,
+    pub injection: Injection,
+    value: Zeroizing<String>,
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credential")
+            .field("name", &self.name)
+            .field("hosts", &self.hosts)
+            .field("injection", &self.injection)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Credential {
+    pub fn new(
+        name: String,
+        hosts: Vec<HostPattern>,
+        injection: Injection,
+        value: Zeroizing<String>,
+    ) -> Credential {
+        Credential {
+            name,
+            hosts,
+            injection,
+            value,
+        }
+    }
+
+    pub fn binds(&self, host: &str, port: u16) -> bool {
+        self.hosts.iter().any(|pattern| pattern.matches(host, port))
+    }
+
+    pub fn placeholder(&self) -> Option<&str> {
+        match &self.injection {
+            Injection::Placeholder { placeholder, .. } => Some(placeholder),
+            _ => None,
+        }
+    }
+}
+
+/// A stand-in that looks like `value`: the same leading scheme (`ghp_`, `sk-`, `xoxb-` …, up
+/// to 8 characters ending in `_` or `-`) and length, the rest random letters and digits.
+/// Only the scheme is shared, never a character of the secret itself.
+pub fn placeholder_for(value: &str) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let scheme_end = value
+        .char_indices()
+        .take(8)
+        .filter(|(_, c)| *c == '_' || *c == '-')
+        .map(|(index, _)| index + 1)
+        .last()
+        .filter(|end| {
+            value[..*end]
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        })
+        .unwrap_or(0);
+    let scheme = &value[..scheme_end];
+    let length = value.chars().count().clamp(scheme.len() + 24, 256);
+    let mut rng = rand::rng();
+    let mut placeholder = scheme.to_owned();
+    while placeholder.len() < length {
+        placeholder.push(char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]));
+    }
+    placeholder
+}
+
+/// What became of a request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Forward it; these credentials were added.
+    Forward(Vec<String>),
+    /// Stop it: the placeholder of this credential was on its way to another host.
+    Leak(String),
+}
+
+/// Injects the credentials bound to `host:port` into a request head and checks it carries no
+/// other credential's placeholder (in its target or any header).
+pub fn apply(credentials: &[Credential], host: &str, port: u16, parts: &mut Parts) -> Outcome {
+    for credential in credentials {
+        let Some(placeholder) = credential.placeholder() else {
+            continue;
+        };
+        if credential.binds(host, port) {
+            continue;
+        }
+        let in_target = parts.uri.to_string().contains(placeholder);
+        let in_headers = parts
+            .headers
+            .values()
+            .any(|value| contains(value.as_bytes(), placeholder.as_bytes()));
+        if in_target || in_headers {
+            return Outcome::Leak(credential.name.clone());
+        }
+    }
+    let mut injected = Vec::new();
+    for credential in credentials.iter().filter(|c| c.binds(host, port)) {
+        let value = credential.value.as_str();
+        let done = match &credential.injection {
+            Injection::Header { name, format } => {
+                let text = Zeroizing::new(format.replace("{value}", value));
+                set_header(parts, name.clone(), &text)
+            }
+            Injection::Basic { username } => {
+                let pair = Zeroizing::new(format!("{username}:{value}"));
+                let text = Zeroizing::new(format!(
+                    "Basic {}",
+                    base64::engine::general_purpose::STANDARD.encode(pair.as_bytes())
+                ));
+                set_header(parts, AUTHORIZATION, &text)
+            }
+            Injection::Query { parameter } => set_query(parts, parameter, value),
+            Injection::Placeholder { placeholder, .. } => swap(parts, placeholder, value),
+        };
+        if done {
+            injected.push(credential.name.clone());
+        }
+    }
+    Outcome::Forward(injected)
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty()
+        && haystack
+            .windows(needle.len())
+            .any(|window| window == needle)
+}
+
+fn set_header(parts: &mut Parts, name: HeaderName, text: &str) -> bool {
+    match HeaderValue::from_str(text) {
+        Ok(mut value) => {
+            value.set_sensitive(true);
+            parts.headers.insert(name, value);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// Sets `parameter` (replacing every earlier occurrence) in the request's query.
+fn set_query(parts: &mut Parts, parameter: &str, value: &str) -> bool {
+    let path = parts.uri.path().to_owned();
+    let mut pairs: Vec<String> = parts
+        .uri
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .filter(|pair| !pair.is_empty() && pair.split('=').next() != Some(parameter))
+        .map(str::to_owned)
+        .collect();
+    pairs.push(format!("{}={}", encode(parameter), encode(value)));
+    let target = format!("{path}?{}", pairs.join("&"));
+    match target.parse() {
+        Ok(uri) => {
+            parts.uri = uri;
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+fn encode(text: &str) -> String {
+    let mut encoded = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~') {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
+/// Replaces the placeholder with the value in the target and every header.
+fn swap(parts: &mut Parts, placeholder: &str, value: &str) -> bool {
+    let mut swapped = false;
+    let target = parts.uri.to_string();
+    if target.contains(placeholder)
+        && let Ok(uri) = target.replace(placeholder, &encode(value)).parse()
+    {
+        parts.uri = uri;
+        swapped = true;
+    }
+    for header in parts.headers.values_mut() {
+        let Ok(text) = header.to_str() else { continue };
+        if text.contains(placeholder) {
+            let replaced = Zeroizing::new(text.replace(placeholder, value));
+            if let Ok(mut new) = HeaderValue::from_str(&replaced) {
+                new.set_sensitive(true);
+                *header = new;
+                swapped = true;
+            }
+        }
+    }
+    swapped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn credential(name: &str, host: &str, injection: Injection) -> Credential {
+        Credential::new(
+            name.to_owned(),
+            vec![HostPattern::parse(host).unwrap()],
+            injection,
+            Zeroizing::new("s3cr3t value".to_owned()),
+        )
+    }
+
+    fn parts(target: &str, headers: &[(&str, &str)]) -> Parts {
+        let mut builder = http::Request::builder().uri(target);
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn placeholders_look_like_the_value_without_sharing_it() {
+        let value = "ghp_0123456789abcdefghijklmnopqrstuvwxyz";
+        let placeholder = placeholder_for(value);
+        assert!(placeholder.starts_with("ghp_"));
+        assert_eq!(placeholder.len(), value.len());
+        assert_ne!(placeholder, value);
+        assert!(!placeholder.contains("0123456789abcdef"));
+        let short = placeholder_for("x");
+        assert_eq!(short.len(), 24);
+        assert!(placeholder_for("sk-proj-abc").starts_with("sk-proj-"));
+    }
+
+    #[test]
+    fn each_mode_injects_only_for_its_hosts() {
+        let credentials = vec![
+            credential(
+                "header",
+                "api.example.com",
+                Injection::Header {
+                    name: AUTHORIZATION,
+                    format: "Bearer {value}".to_owned(),
+                },
+            ),
+            credential(
+                "basic",
+                "basic.example.com",
+                Injection::Basic {
+                    username: "me".to_owned(),
+                },
+            ),
+            credential(
+                "query",
+                "query.example.com",
+                Injection::Query {
+                    parameter: "key".to_owned(),
+                },
+            ),
+        ];
+        let mut request = parts("/v1?a=1", &[("authorization", "Bearer fake")]);
+        assert_eq!(
+            apply(&credentials, "api.example.com", 443, &mut request),
+            Outcome::Forward(vec!["header".to_owned()])
+        );
+        assert_eq!(request.headers[AUTHORIZATION], "Bearer s3cr3t value");
+        let mut request = parts("/", &[]);
+        apply(&credentials, "basic.example.com", 443, &mut request);
+        assert_eq!(request.headers[AUTHORIZATION], "Basic bWU6czNjcjN0IHZhbHVl");
+        let mut request = parts("/x?key=old&b=2", &[]);
+        apply(&credentials, "query.example.com", 443, &mut request);
+        assert_eq!(request.uri.to_string(), "/x?b=2&key=s3cr3t%20value");
+        let mut request = parts("/", &[("authorization", "Bearer fake")]);
+        assert_eq!(
+            apply(&credentials, "other.example.com", 443, &mut request),
+            Outcome::Forward(Vec::new())
+        );
+        assert_eq!(request.headers[AUTHORIZATION], "Bearer fake");
+    }
+
+    #[test]
+    fn placeholders_are_swapped_for_their_hosts_and_stop_requests_to_others() {
+        let credentials = vec![credential(
+            "github",
+            "api.github.com",
+            Injection::Placeholder {
+                env: "GITHUB_TOKEN".to_owned(),
+                placeholder: "ghp_PLACEHOLDER000000000000".to_owned(),
+            },
+        )];
+        let mut request = parts(
+            "/user?t=ghp_PLACEHOLDER000000000000",
+            &[("authorization", "token ghp_PLACEHOLDER000000000000")],
+        );
+        assert_eq!(
+            apply(&credentials, "api.github.com", 443, &mut request),
+            Outcome::Forward(vec!["github".to_owned()])
+        );
+        assert_eq!(request.headers[AUTHORIZATION], "token s3cr3t value");
+        assert_eq!(request.uri.to_string(), "/user?t=s3cr3t%20value");
+        for (target, headers) in [
+            ("/?q=ghp_PLACEHOLDER000000000000", vec![]),
+            ("/", vec![("x-token", "ghp_PLACEHOLDER000000000000")]),
+        ] {
+            let mut request = parts(target, &headers);
+            assert_eq!(
+                apply(&credentials, "evil.example.com", 443, &mut request),
+                Outcome::Leak("github".to_owned())
+            );
+        }
+    }
+}
