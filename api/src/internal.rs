@@ -136,6 +136,21 @@ pub struct UsageReport {
     pub samples: Vec<UsageSample>,
     #[serde(default)]
     pub events: Vec<UsageEvent>,
+    /// Security events the node saw for its sandboxes (egress refused, a credential's
+    /// placeholder stopped), for the team's audit log.
+    #[serde(default)]
+    pub audit: Vec<NodeAuditEvent>,
+}
+
+/// An audit event raised on a node about one of its sandboxes; `key` makes resends no-ops.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeAuditEvent {
+    pub key: String,
+    pub sandbox: Uuid,
+    /// `sandbox.egress_denied` or `sandbox.credential_leak_blocked`.
+    pub action: String,
+    pub details: serde_json::Value,
+    pub occurred_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// A running sandbox's cumulative counters since it became the team's. `seq` grows by one

@@ -102,11 +102,13 @@ async fn ingest_over_http(
             worker: WORKER.to_owned(),
             samples,
             events: Vec::new(),
+            ..Default::default()
         })
         .chain(events.into_iter().map(|events| UsageReport {
             worker: WORKER.to_owned(),
             samples: Vec::new(),
             events,
+            ..Default::default()
         }))
         .collect();
     let (http, url) = (http.clone(), format!("{url}/internal/v1/usage"));

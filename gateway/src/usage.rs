@@ -50,8 +50,11 @@ async fn report(
 }
 
 /// Checks a report as a whole: nothing of a report with a bad entry is written.
+/// Audit actions a node may raise about its sandboxes.
+const NODE_AUDIT_ACTIONS: &[&str] = &["sandbox.egress_denied", "sandbox.credential_leak_blocked"];
+
 fn validate(report: &UsageReport, billing: &BillingSettings) -> ApiResult<()> {
-    if report.samples.len() + report.events.len() > MAX_REPORT {
+    if report.samples.len() + report.events.len() + report.audit.len() > MAX_REPORT {
         return Err(ApiError::InvalidRequest(format!(
             "a report holds at most {MAX_REPORT} samples and events"
         )));
@@ -61,6 +64,17 @@ fn validate(report: &UsageReport, billing: &BillingSettings) -> ApiResult<()> {
         if sample.seq == 0 || sample.seq > max || sample.uptime_ms > max || sample.cpu_usec > max {
             return Err(ApiError::InvalidRequest(format!(
                 "`samples[{index}]`: `seq` starts at 1 and counters fit in 63 bits"
+            )));
+        }
+    }
+    for (index, event) in report.audit.iter().enumerate() {
+        if event.key.is_empty()
+            || event.key.len() > 200
+            || !NODE_AUDIT_ACTIONS.contains(&event.action.as_str())
+        {
+            return Err(ApiError::InvalidRequest(format!(
+                "`audit[{index}]`: a key of 1 to 200 bytes and an action among {}",
+                NODE_AUDIT_ACTIONS.join(", ")
             )));
         }
     }
@@ -155,6 +169,39 @@ pub async fn ingest(
         .execute(&mut *transaction)
         .await?
         .rows_affected();
+    }
+    if !report.audit.is_empty() {
+        let audit = &report.audit;
+        let key: Vec<String> = audit
+            .iter()
+            .map(|e| format!("{}:{}", report.worker, e.key))
+            .collect();
+        let sandbox: Vec<Uuid> = audit.iter().map(|e| e.sandbox).collect();
+        let action: Vec<&str> = audit.iter().map(|e| e.action.as_str()).collect();
+        let details: Vec<sqlx::types::Json<&serde_json::Value>> = audit
+            .iter()
+            .map(|e| sqlx::types::Json(&e.details))
+            .collect();
+        let at: Vec<DateTime<Utc>> = audit.iter().map(|e| e.occurred_at).collect();
+        // Only for sandboxes this worker hosts; the key (in `details`) makes resends no-ops.
+        sqlx::query(
+            "INSERT INTO audit_events (occurred_at, team_id, actor_type, actor_id, action, target, \
+               outcome, details) \
+             SELECT r.at, s.team_id, 'system', 'worker:' || $6, r.action, 'sandbox:' || r.sandbox, \
+               'denied', r.details || jsonb_build_object('event_key', r.key) \
+             FROM unnest($1::text[], $2::uuid[], $3::text[], $4::jsonb[], $5::timestamptz[]) \
+                  AS r (key, sandbox, action, details, at) \
+             JOIN sandboxes s ON s.id = r.sandbox AND s.worker_id = $6 \
+             ON CONFLICT ((details->>'event_key')) WHERE details ? 'event_key' DO NOTHING",
+        )
+        .bind(&key)
+        .bind(&sandbox)
+        .bind(&action)
+        .bind(&details)
+        .bind(&at)
+        .bind(&report.worker)
+        .execute(&mut *transaction)
+        .await?;
     }
     transaction.commit().await?;
     Ok(receipt)

@@ -190,7 +190,12 @@ pub struct Network {
     flows: Arc<Mutex<HashMap<String, VecDeque<Flow>>>>,
     /// Bytes of allowed connections, waiting to be reported as `egress_bytes` usage.
     usage: Arc<Mutex<Vec<sandbase_api::internal::UsageEvent>>>,
+    /// Refusals waiting to go to the audit log.
+    audit: Arc<Mutex<Vec<sandbase_api::internal::NodeAuditEvent>>>,
 }
+
+/// Refusals kept for the audit log while they wait to be reported.
+const AUDIT_KEPT: usize = 10_000;
 
 async fn run(program: &str, args: &[&str]) -> anyhow::Result<()> {
     let output = Command::new(program)
@@ -303,8 +308,10 @@ impl Network {
         }
         let flows: Arc<Mutex<HashMap<String, VecDeque<Flow>>>> = Arc::default();
         let usage: Arc<Mutex<Vec<sandbase_api::internal::UsageEvent>>> = Arc::default();
+        let audit: Arc<Mutex<Vec<sandbase_api::internal::NodeAuditEvent>>> = Arc::default();
         let kept = Arc::clone(&flows);
         let metered = Arc::clone(&usage);
+        let audited = Arc::clone(&audit);
         // Event keys: unique per worker run (its start time) and connection.
         let run = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -313,6 +320,32 @@ impl Network {
         tokio::spawn(async move {
             let mut counter = 0u64;
             while let Some(flow) = receiver.recv().await {
+                if let (Ok(sandbox), sandbase_egress::proxy::Decision::Denied(why)) =
+                    (flow.sandbox.parse::<Uuid>(), &flow.decision)
+                {
+                    counter += 1;
+                    let (action, mut details) = match &flow.leak {
+                        Some(credential) => (
+                            "sandbox.credential_leak_blocked",
+                            serde_json::json!({ "credential": credential }),
+                        ),
+                        None => ("sandbox.egress_denied", serde_json::json!({})),
+                    };
+                    details["host"] = flow.host.clone().into();
+                    details["port"] = flow.port.into();
+                    details["mode"] = flow.mode.into();
+                    details["reason"] = why.clone().into();
+                    let mut audit = audited.lock().unwrap_or_else(|p| p.into_inner());
+                    if audit.len() < AUDIT_KEPT {
+                        audit.push(sandbase_api::internal::NodeAuditEvent {
+                            key: format!("egress:{run}:{counter}"),
+                            sandbox,
+                            action: action.to_owned(),
+                            details,
+                            occurred_at: flow.started_at.into(),
+                        });
+                    }
+                }
                 let bytes = flow.bytes_up + flow.bytes_down;
                 if let (Ok(sandbox), true) = (flow.sandbox.parse::<Uuid>(), bytes > 0) {
                     counter += 1;
@@ -341,6 +374,7 @@ impl Network {
             slots: Mutex::new(BTreeSet::new()),
             flows,
             usage,
+            audit,
         }))
     }
 
@@ -507,6 +541,11 @@ impl Network {
     /// Egress usage not handed to the usage outbox yet.
     pub fn take_usage(&self) -> Vec<sandbase_api::internal::UsageEvent> {
         std::mem::take(&mut *self.usage.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Refusals not handed to the usage outbox yet.
+    pub fn take_audit(&self) -> Vec<sandbase_api::internal::NodeAuditEvent> {
+        std::mem::take(&mut *self.audit.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The sandbox's recent connections, oldest first.

@@ -405,6 +405,9 @@ impl Node {
             for event in network.take_usage() {
                 self.usage.push_event(event);
             }
+            for event in network.take_audit() {
+                self.usage.push_audit(event);
+            }
         }
     }
 

@@ -123,6 +123,7 @@ struct Pending {
     newest: HashMap<Uuid, UsageSample>,
     last: Vec<UsageSample>,
     events: VecDeque<UsageEvent>,
+    audit: VecDeque<sandbase_api::internal::NodeAuditEvent>,
 }
 
 impl Outbox {
@@ -176,6 +177,29 @@ impl Outbox {
         samples
     }
 
+    /// An audit event; past [`MAX_EVENTS`] waiting, the oldest go.
+    pub fn push_audit(&self, event: sandbase_api::internal::NodeAuditEvent) {
+        let mut pending = self.lock();
+        if pending.audit.len() >= MAX_EVENTS {
+            pending.audit.pop_front();
+        }
+        pending.audit.push_back(event);
+    }
+
+    fn take_audit(&self) -> Vec<sandbase_api::internal::NodeAuditEvent> {
+        self.lock().audit.drain(..).collect()
+    }
+
+    fn put_back_audit(&self, audit: Vec<sandbase_api::internal::NodeAuditEvent>) {
+        let mut pending = self.lock();
+        for event in audit.into_iter().rev() {
+            pending.audit.push_front(event);
+        }
+        while pending.audit.len() > MAX_EVENTS {
+            pending.audit.pop_front();
+        }
+    }
+
     fn take_events(&self) -> Vec<UsageEvent> {
         self.lock().events.drain(..).collect()
     }
@@ -198,7 +222,7 @@ impl Outbox {
 
     pub fn len(&self) -> usize {
         let pending = self.lock();
-        pending.newest.len() + pending.last.len() + pending.events.len()
+        pending.newest.len() + pending.last.len() + pending.events.len() + pending.audit.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -222,7 +246,7 @@ impl Reporter {
         while !samples.is_empty() {
             let rest = samples.split_off(samples.len().min(REPORT_CHUNK));
             let chunk = std::mem::replace(&mut samples, rest);
-            if let Err(error) = self.send(client, &chunk, &[]).await {
+            if let Err(error) = self.send(client, &chunk, &[], &[]).await {
                 outbox.put_back(chunk);
                 outbox.put_back(samples);
                 return Err(error);
@@ -232,9 +256,19 @@ impl Reporter {
         while !events.is_empty() {
             let rest = events.split_off(events.len().min(REPORT_CHUNK));
             let chunk = std::mem::replace(&mut events, rest);
-            if let Err(error) = self.send(client, &[], &chunk).await {
+            if let Err(error) = self.send(client, &[], &chunk, &[]).await {
                 events.splice(0..0, chunk);
                 outbox.put_back_events(events);
+                return Err(error);
+            }
+        }
+        let mut audit = outbox.take_audit();
+        while !audit.is_empty() {
+            let rest = audit.split_off(audit.len().min(REPORT_CHUNK));
+            let chunk = std::mem::replace(&mut audit, rest);
+            if let Err(error) = self.send(client, &[], &[], &chunk).await {
+                audit.splice(0..0, chunk);
+                outbox.put_back_audit(audit);
                 return Err(error);
             }
         }
@@ -246,6 +280,7 @@ impl Reporter {
         client: &reqwest::Client,
         samples: &[UsageSample],
         events: &[UsageEvent],
+        audit: &[sandbase_api::internal::NodeAuditEvent],
     ) -> anyhow::Result<()> {
         let answer = client
             .post(format!("{}/internal/v1/usage", self.gateway_url))
@@ -254,6 +289,7 @@ impl Reporter {
                 worker: self.worker_id.clone(),
                 samples: samples.to_vec(),
                 events: events.to_vec(),
+                audit: audit.to_vec(),
             })
             .send()
             .await

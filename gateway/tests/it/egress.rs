@@ -547,6 +547,30 @@ EOF",
         "{flows:?}"
     );
 
+    // Refusals reach the team's audit log, from the worker, once each.
+    for (action, detail) in [
+        ("sandbox.credential_leak_blocked", "credential' = 'git"),
+        ("sandbox.egress_denied", "host' = 'denied.test.example"),
+    ] {
+        let query = format!(
+            "SELECT count(*) FROM audit_events WHERE action = '{action}' \
+             AND target = 'sandbox:{id}' AND outcome = 'denied' AND details->>'{detail}'"
+        );
+        crate::sandboxes::wait_until(action, Duration::from_secs(15), || async {
+            app.count(&query).await == 1
+        })
+        .await;
+    }
+    let audit = app.get("/v1/audit", token).await.body.to_string();
+    assert!(audit.contains("sandbox.credential_leak_blocked"), "{audit}");
+    let bob = app.signup("bob@example.com", "Bob").await;
+    let theirs = app
+        .get("/v1/audit", &bob.api_key.token)
+        .await
+        .body
+        .to_string();
+    assert!(!theirs.contains("sandbox.egress_denied"), "{theirs}");
+
     // The values are nowhere the sandbox, the API or the database can show them.
     let answer = sh(
         &app,

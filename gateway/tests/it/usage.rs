@@ -183,6 +183,7 @@ async fn duplicate_and_out_of_order_usage_is_charged_exactly_once() {
                         worker,
                         samples: batch,
                         events: Vec::new(),
+                        ..Default::default()
                     })
                     .send()
                     .await
@@ -262,6 +263,7 @@ async fn duplicate_and_out_of_order_usage_is_charged_exactly_once() {
                 worker: worker.clone(),
                 samples: Vec::new(),
                 events: events.clone(),
+                ..Default::default()
             },
         )
         .await;
@@ -302,6 +304,7 @@ async fn duplicate_and_out_of_order_usage_is_charged_exactly_once() {
             worker: worker.clone(),
             samples: vec![good],
             events: Vec::new(),
+            ..Default::default()
         },
     )
     .await;
@@ -313,6 +316,7 @@ async fn duplicate_and_out_of_order_usage_is_charged_exactly_once() {
             worker: worker.clone(),
             samples: vec![good, sample(sandbox, 0, false)],
             events: Vec::new(),
+            ..Default::default()
         },
     )
     .await;
@@ -325,6 +329,7 @@ async fn duplicate_and_out_of_order_usage_is_charged_exactly_once() {
             worker: worker.clone(),
             samples: vec![good],
             events: vec![event(sandbox, "x", "gpu_seconds", "", 1)],
+            ..Default::default()
         },
     )
     .await;
@@ -336,6 +341,7 @@ async fn duplicate_and_out_of_order_usage_is_charged_exactly_once() {
             worker: worker.clone(),
             samples: vec![good],
             events: vec![event(sandbox, "y", "api_calls", "unpriced", 1)],
+            ..Default::default()
         },
     )
     .await;
@@ -353,6 +359,7 @@ async fn duplicate_and_out_of_order_usage_is_charged_exactly_once() {
             worker: "someone-else".to_owned(),
             samples: vec![good],
             events: Vec::new(),
+            ..Default::default()
         },
     )
     .await;
@@ -511,6 +518,7 @@ async fn spend_caps_stop_sandboxes_and_refuse_keys_at_their_cap() {
                 "",
                 1 << 30,
             )],
+            ..Default::default()
         },
     )
     .await;
