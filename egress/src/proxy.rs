@@ -71,11 +71,10 @@ impl Interception {
                     .any(|credential| credential.placeholder().is_some()))
     }
 
-    /// The credential whose placeholder is in `bytes` and not bound to `host:port`.
-    fn leaked_in(&self, bytes: &[u8], host: &str, port: u16) -> Option<&str> {
+    /// The credential whose placeholder is in `bytes` (plain HTTP: no host may get one).
+    fn placeholder_in(&self, bytes: &[u8]) -> Option<&str> {
         self.credentials
             .iter()
-            .filter(|credential| !credential.binds(host, port))
             .find(|credential| {
                 credential.placeholder().is_some_and(|placeholder| {
                     bytes
@@ -310,12 +309,8 @@ impl Proxy {
             .await
             .map_err(|_| None)?
             .map_err(|_| None)?;
-        let target = if kind == Listener::Explicit {
-            parse_target(&buffer[..head])
-        } else {
-            parse_origin_request(&buffer[..head], 80)
-        }
-        .map_err(Some)?;
+        let redirected = (kind == Listener::TransparentHttp).then_some(80);
+        let target = parse_target(&buffer[..head], redirected).map_err(Some)?;
         Ok((target, head))
     }
 
@@ -363,7 +358,7 @@ impl Proxy {
         // host (credentials are only ever sent over TLS).
         let leaked = match (&interception, &target.forward) {
             (Some(interception), Some(_)) => {
-                interception.leaked_in(&buffer, "", 0).map(str::to_owned)
+                interception.placeholder_in(&buffer).map(str::to_owned)
             }
             _ => None,
         };
@@ -848,7 +843,10 @@ fn split_authority(authority: &str, default_port: u16) -> Result<(String, u16), 
     Ok((host, port))
 }
 
-fn parse_target(head: &[u8]) -> Result<Target, String> {
+/// What a request head asks for: on the explicit listener (`redirected` = `None`) a CONNECT
+/// or an absolute-form request; redirected from port N, an origin-form request whose host is
+/// its `Host` (which must not name another port).
+fn parse_target(head: &[u8], redirected: Option<u16>) -> Result<Target, String> {
     let mut headers = [httparse::EMPTY_HEADER; 64];
     let mut request = httparse::Request::new(&mut headers);
     match request.parse(head) {
@@ -863,6 +861,24 @@ fn parse_target(head: &[u8]) -> Result<Target, String> {
         .find(|header| header.name.eq_ignore_ascii_case("host"))
         .and_then(|header| std::str::from_utf8(header.value).ok())
         .map(str::to_owned);
+    if let Some(port) = redirected {
+        if method == "CONNECT" || !path.starts_with('/') {
+            return Err("expected an origin-form request (GET /path)".to_owned());
+        }
+        let authority = host_header.ok_or_else(|| "a Host header is required".to_owned())?;
+        let (host, named_port) = split_authority(&authority, port)?;
+        if named_port != port {
+            return Err(format!(
+                "the Host header names port {named_port}, the connection is to port {port}"
+            ));
+        }
+        return Ok(Target {
+            mode: "transparent-http",
+            host,
+            port,
+            forward: Some(rewrite_head(method, path, request.headers, &authority)),
+        });
+    }
     if method == "CONNECT" {
         let (host, port) = split_authority(path, 443)?;
         if let Some(header) = host_header {
@@ -936,49 +952,46 @@ fn rewrite_head(
     forward
 }
 
-/// A request redirected from port `port`: origin form, its host from `Host` (which must not
-/// name another port).
-fn parse_origin_request(head: &[u8], port: u16) -> Result<Target, String> {
-    let mut headers = [httparse::EMPTY_HEADER; 64];
-    let mut request = httparse::Request::new(&mut headers);
-    match request.parse(head) {
-        Ok(httparse::Status::Complete(_)) => {}
-        _ => return Err("malformed request".to_owned()),
-    }
-    let method = request.method.unwrap_or_default();
-    let origin = request.path.unwrap_or_default();
-    if method == "CONNECT" || !origin.starts_with('/') {
-        return Err("expected an origin-form request (GET /path)".to_owned());
-    }
-    let authority = request
-        .headers
-        .iter()
-        .find(|header| header.name.eq_ignore_ascii_case("host"))
-        .and_then(|header| std::str::from_utf8(header.value).ok())
-        .ok_or_else(|| "a Host header is required".to_owned())?
-        .to_owned();
-    let (host, named_port) = split_authority(&authority, port)?;
-    if named_port != port {
-        return Err(format!(
-            "the Host header names port {named_port}, the connection is to port {port}"
-        ));
-    }
-    Ok(Target {
-        mode: "transparent-http",
-        host,
-        port,
-        forward: Some(rewrite_head(method, origin, request.headers, &authority)),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
+    fn redirected_requests_are_named_by_their_host_header() {
+        let get = parse_target(
+            b"GET /x HTTP/1.1\r\nHost: Api.Example.com\r\nConnection: keep-alive\r\n\r\n",
+            Some(80),
+        )
+        .unwrap();
+        assert_eq!(
+            (get.mode, get.host.as_str(), get.port),
+            ("transparent-http", "api.example.com", 80)
+        );
+        let forward = String::from_utf8(get.forward.unwrap()).unwrap();
+        assert!(
+            forward.starts_with("GET /x HTTP/1.1\r\n")
+                && forward.ends_with("Connection: close\r\n\r\n")
+        );
+        for bad in [
+            &b"GET /x HTTP/1.1\r\n\r\n"[..],
+            b"GET /x HTTP/1.1\r\nHost: api.example.com:8080\r\n\r\n",
+            b"GET /x HTTP/1.1\r\nHost: 10.0.0.1\r\n\r\n",
+            b"GET http://api.example.com/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+            b"CONNECT api.example.com:443 HTTP/1.1\r\n\r\n",
+        ] {
+            assert!(
+                parse_target(bad, Some(80)).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
     fn targets_are_read_from_connect_and_absolute_requests() {
         let connect = parse_target(
             b"CONNECT api.example.com:443 HTTP/1.1\r\nHost: api.example.com:443\r\n\r\n",
+            None,
         )
         .unwrap();
         assert_eq!(
@@ -987,6 +1000,7 @@ mod tests {
         );
         let get = parse_target(
             b"GET http://Example.org/a?b=1 HTTP/1.1\r\nHost: example.org\r\nProxy-Authorization: x\r\nConnection: keep-alive\r\n\r\n",
+            None,
         )
         .unwrap();
         assert_eq!((get.host.as_str(), get.port), ("example.org", 80));
@@ -1007,7 +1021,7 @@ mod tests {
             b"CONNECT a.example.com:0 HTTP/1.1\r\n\r\n",
         ] {
             assert!(
-                parse_target(bad).is_err(),
+                parse_target(bad, None).is_err(),
                 "{}",
                 String::from_utf8_lossy(bad)
             );

@@ -133,28 +133,14 @@ async fn ingest_over_http(
     .await
 }
 
-/// The same INSERT the gateway runs, straight to PostgreSQL.
+/// The same INSERT the gateway runs (`insert_samples`), straight to PostgreSQL.
 async fn ingest_direct(db: &sqlx::PgPool, samples: Vec<Vec<UsageSample>>) -> Duration {
     let db = db.clone();
     drive(samples, move |batch| {
         let db = db.clone();
         async move {
-            let sandbox: Vec<Uuid> = batch.iter().map(|s| s.sandbox).collect();
-            let seq: Vec<i64> = batch.iter().map(|s| s.seq as i64).collect();
-            let uptime: Vec<i64> = batch.iter().map(|s| s.uptime_ms as i64).collect();
-            let cpu: Vec<i64> = batch.iter().map(|s| s.cpu_usec as i64).collect();
-            let last: Vec<bool> = batch.iter().map(|s| s.last).collect();
-            let at: Vec<chrono::DateTime<Utc>> = batch.iter().map(|s| s.sampled_at).collect();
             let mut transaction = db.begin().await.expect("begin");
-            sqlx::query(sandbase_gateway::usage::INSERT_SAMPLES)
-                .bind(&sandbox)
-                .bind(&seq)
-                .bind(&uptime)
-                .bind(&cpu)
-                .bind(&last)
-                .bind(&at)
-                .bind(WORKER)
-                .execute(&mut *transaction)
+            sandbase_gateway::usage::insert_samples(&mut transaction, &batch, WORKER)
                 .await
                 .expect("insert");
             transaction.commit().await.expect("commit");

@@ -13,7 +13,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
 use chrono::{DateTime, Utc};
-use sandbase_api::internal::{UsageReceipt, UsageReport};
+use sandbase_api::internal::{UsageReceipt, UsageReport, UsageSample};
 use sandbase_billing::{Credits, Debit};
 use uuid::Uuid;
 
@@ -104,14 +104,38 @@ fn validate(report: &UsageReport, billing: &BillingSettings) -> ApiResult<()> {
     Ok(())
 }
 
-/// Writes a batch of samples ($1..$6: sandbox, seq, uptime, CPU time, last, time; $7: the
-/// reporting worker, which must host the sandbox). A resend conflicts and changes nothing.
-pub const INSERT_SAMPLES: &str = "INSERT INTO usage_samples (sandbox_id, team_id, seq, uptime_ms, cpu_usec, final, sampled_at) \
-     SELECT r.sandbox, s.team_id, r.seq, r.uptime, r.cpu, r.last, r.at \
-     FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::int8[], $5::bool[], $6::timestamptz[]) \
-          AS r (sandbox, seq, uptime, cpu, last, at) \
-     JOIN sandboxes s ON s.id = r.sandbox AND s.worker_id = $7 \
-     ON CONFLICT (sandbox_id, seq) DO NOTHING";
+/// Writes a batch of samples reported by `worker` (which must host their sandboxes); a
+/// resend conflicts and changes nothing. Returns how many were new.
+pub async fn insert_samples(
+    connection: &mut sqlx::PgConnection,
+    samples: &[UsageSample],
+    worker: &str,
+) -> Result<u64, sqlx::Error> {
+    let sandbox: Vec<Uuid> = samples.iter().map(|s| s.sandbox).collect();
+    let seq: Vec<i64> = samples.iter().map(|s| s.seq as i64).collect();
+    let uptime: Vec<i64> = samples.iter().map(|s| s.uptime_ms as i64).collect();
+    let cpu: Vec<i64> = samples.iter().map(|s| s.cpu_usec as i64).collect();
+    let last: Vec<bool> = samples.iter().map(|s| s.last).collect();
+    let at: Vec<DateTime<Utc>> = samples.iter().map(|s| s.sampled_at).collect();
+    let done = sqlx::query(
+        "INSERT INTO usage_samples (sandbox_id, team_id, seq, uptime_ms, cpu_usec, final, sampled_at) \
+         SELECT r.sandbox, s.team_id, r.seq, r.uptime, r.cpu, r.last, r.at \
+         FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::int8[], $5::bool[], $6::timestamptz[]) \
+              AS r (sandbox, seq, uptime, cpu, last, at) \
+         JOIN sandboxes s ON s.id = r.sandbox AND s.worker_id = $7 \
+         ON CONFLICT (sandbox_id, seq) DO NOTHING",
+    )
+    .bind(&sandbox)
+    .bind(&seq)
+    .bind(&uptime)
+    .bind(&cpu)
+    .bind(&last)
+    .bind(&at)
+    .bind(worker)
+    .execute(connection)
+    .await?;
+    Ok(done.rows_affected())
+}
 
 /// Writes a report in one transaction (answering only once it is durable). Samples and
 /// events of sandboxes this worker does not host are dropped; resends change nothing.
@@ -124,24 +148,7 @@ pub async fn ingest(
     let mut transaction = db.begin().await?;
     let mut receipt = UsageReceipt::default();
     if !report.samples.is_empty() {
-        let samples = &report.samples;
-        let sandbox: Vec<Uuid> = samples.iter().map(|s| s.sandbox).collect();
-        let seq: Vec<i64> = samples.iter().map(|s| s.seq as i64).collect();
-        let uptime: Vec<i64> = samples.iter().map(|s| s.uptime_ms as i64).collect();
-        let cpu: Vec<i64> = samples.iter().map(|s| s.cpu_usec as i64).collect();
-        let last: Vec<bool> = samples.iter().map(|s| s.last).collect();
-        let at: Vec<DateTime<Utc>> = samples.iter().map(|s| s.sampled_at).collect();
-        receipt.samples = sqlx::query(INSERT_SAMPLES)
-            .bind(&sandbox)
-            .bind(&seq)
-            .bind(&uptime)
-            .bind(&cpu)
-            .bind(&last)
-            .bind(&at)
-            .bind(&report.worker)
-            .execute(&mut *transaction)
-            .await?
-            .rows_affected();
+        receipt.samples = insert_samples(&mut transaction, &report.samples, &report.worker).await?;
     }
     if !report.events.is_empty() {
         let events = &report.events;
