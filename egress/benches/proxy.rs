@@ -6,7 +6,11 @@
 //! made directly:
 //! - added latency: BENCH_REQUESTS (1 000) small requests, each a new connection — through a
 //!   CONNECT tunnel (connect, CONNECT, 200, GET, answer) vs straight to the upstream;
-//! - throughput: BENCH_BYTES (1 GiB) downloaded through a tunnel vs directly.
+//! - throughput: BENCH_BYTES (1 GiB) downloaded through a tunnel vs directly;
+//! - interception: BENCH_REQUESTS small HTTPS requests, each a new connection, to a host with
+//!   a credential bound (CONNECT, TLS with the sandbox's CA — its leaf certificate cached
+//!   after the first —, the upstream's TLS verified, the header injected) vs HTTPS straight to
+//!   the upstream.
 //!
 //! Needs root and iproute2: `cargo bench -p sandbase-egress --bench proxy`.
 
@@ -44,10 +48,33 @@ fn ip(args: &[&str]) -> bool {
 /// Answers `GET /small` with two bytes and `GET /big?N` with N bytes, keep-alive.
 async fn upstream(listener: TcpListener) {
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
+        let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
+        tokio::spawn(serve(stream));
+    }
+}
+
+/// [`upstream`] over TLS.
+async fn upstream_tls(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let acceptor = acceptor.clone();
+        // Like any server answering small requests: no Nagle delay on the answer's records.
+        let _ = stream.set_nodelay(true);
         tokio::spawn(async move {
+            if let Ok(stream) = acceptor.accept(stream).await {
+                serve(stream).await;
+            }
+        });
+    }
+}
+
+async fn serve<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut stream: S) {
+    {
+        {
             let mut buffer = Vec::new();
             let mut chunk = [0u8; 4096];
             loop {
@@ -81,17 +108,24 @@ async fn upstream(listener: TcpListener) {
                     }
                     left -= n as u64;
                 }
+                if stream.flush().await.is_err() {
+                    return;
+                }
             }
-        });
+        }
     }
 }
 
 /// Sends a GET on `stream` and reads the answer's body to its end.
-async fn get(stream: &mut TcpStream, path: &str) -> u64 {
+async fn get<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    stream: &mut S,
+    path: &str,
+) -> u64 {
     stream
         .write_all(format!("GET {path} HTTP/1.1\r\nHost: {NAME}\r\n\r\n").as_bytes())
         .await
         .expect("send");
+    stream.flush().await.expect("send");
     let mut buffer = Vec::new();
     let mut chunk = vec![0u8; 256 * 1024];
     let (end, length) = loop {
@@ -118,15 +152,53 @@ async fn get(stream: &mut TcpStream, path: &str) -> u64 {
 }
 
 async fn tunnel(proxy: SocketAddr) -> TcpStream {
+    tunnel_to(proxy, 80).await
+}
+
+async fn tunnel_to(proxy: SocketAddr, port: u16) -> TcpStream {
     let mut stream = TcpStream::connect(proxy).await.expect("proxy");
     stream
-        .write_all(format!("CONNECT {NAME}:80 HTTP/1.1\r\nHost: {NAME}:80\r\n\r\n").as_bytes())
+        .write_all(
+            format!("CONNECT {NAME}:{port} HTTP/1.1\r\nHost: {NAME}:{port}\r\n\r\n").as_bytes(),
+        )
         .await
         .expect("connect");
     let mut answer = [0u8; 39];
     stream.read_exact(&mut answer).await.expect("established");
     assert!(answer.starts_with(b"HTTP/1.1 200"));
     stream
+}
+
+/// The upstream's CA (PEM) and a TLS acceptor with a certificate for [`NAME`] it signed.
+fn upstream_certificate() -> (String, tokio_rustls::TlsAcceptor) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut params = CertificateParams::default();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().expect("key")).expect("ca");
+    let key = KeyPair::generate().expect("key");
+    let leaf = CertificateParams::new(vec![NAME.to_owned()])
+        .expect("params")
+        .signed_by(&key, &ca)
+        .expect("leaf");
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![leaf.der().clone(), ca.der().clone()],
+        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+    )
+    .expect("server config");
+    (ca.pem(), tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+/// A TLS client trusting only `ca_pem`.
+fn connector(ca_pem: &str) -> tokio_rustls::TlsConnector {
+    tokio_rustls::TlsConnector::from(
+        sandbase_egress::tls::upstream_config(Some(ca_pem.as_bytes())).expect("client config"),
+    )
 }
 
 fn percentile(samples: &mut [Duration], fraction: f64) -> f64 {
@@ -156,6 +228,11 @@ fn main() {
             .await
             .expect("bind upstream");
         tokio::spawn(upstream(upstream_listener));
+        let (upstream_ca, acceptor) = upstream_certificate();
+        let tls_listener = TcpListener::bind((address, 443))
+            .await
+            .expect("bind upstream");
+        tokio::spawn(upstream_tls(tls_listener, acceptor));
         let registry = Arc::new(Registry::default());
         registry.add(
             "127.0.0.1".parse().expect("loopback"),
@@ -163,6 +240,27 @@ fn main() {
             Policy::parse(&[NAME.to_owned()], &[]).expect("policy"),
             1024,
             None,
+        );
+        // The interception case comes from another loopback address (a sandbox of its own).
+        let authority = sandbase_egress::tls::Authority::generate("bench").expect("CA");
+        let sandbox_ca = authority.certificate_pem();
+        registry.add(
+            "127.0.0.2".parse().expect("loopback"),
+            "bench-intercepted",
+            Policy::parse(&[NAME.to_owned()], &[]).expect("policy"),
+            1024,
+            Some(Arc::new(sandbase_egress::proxy::Interception {
+                credentials: vec![sandbase_egress::credentials::Credential::new(
+                    "bench".to_owned(),
+                    vec![sandbase_egress::HostPattern::parse(NAME).expect("pattern")],
+                    sandbase_egress::credentials::Injection::Header {
+                        name: http::header::AUTHORIZATION,
+                        format: "Bearer {value}".to_owned(),
+                    },
+                    zeroize::Zeroizing::new("bench-secret-value".to_owned()),
+                )],
+                authority,
+            })),
         );
         let (flows, mut drain) = tokio::sync::mpsc::channel(1024);
         tokio::spawn(async move { while drain.recv().await.is_some() {} });
@@ -174,7 +272,8 @@ fn main() {
                 connect_timeout: Duration::from_secs(5),
                 head_timeout: Duration::from_secs(5),
                 idle_timeout: Duration::from_secs(30),
-                upstream_tls: sandbase_egress::tls::upstream_config(None).expect("trust"),
+                upstream_tls: sandbase_egress::tls::upstream_config(Some(upstream_ca.as_bytes()))
+                    .expect("trust"),
             },
             flows,
         );
@@ -220,6 +319,7 @@ fn main() {
         let through = get(&mut stream, &path).await;
         let tunnel_took = started.elapsed();
         assert_eq!((received, through), (bytes, bytes));
+
         let rate = |took: Duration| bytes as f64 / took.as_secs_f64() / (1 << 20) as f64;
         println!("## {} MiB in one download", bytes >> 20);
         println!("direct:          {:.0} MiB/s", rate(direct_took));
@@ -227,6 +327,58 @@ fn main() {
             "through CONNECT: {:.0} MiB/s → {:.2} of direct",
             rate(tunnel_took),
             direct_took.as_secs_f64() / tunnel_took.as_secs_f64()
+        );
+
+        // Interception: a new connection each, both ways.
+        let direct_tls = connector(&upstream_ca);
+        let sandbox_tls = connector(&sandbox_ca);
+        let name = rustls::pki_types::ServerName::try_from(NAME).expect("name");
+        let (mut direct, mut intercepted) = (Vec::new(), Vec::new());
+        for _ in 0..requests {
+            let started = Instant::now();
+            let stream = TcpStream::connect(SocketAddr::new(address, 443))
+                .await
+                .expect("direct");
+            let _ = stream.set_nodelay(true);
+            let mut stream = direct_tls
+                .connect(name.clone(), stream)
+                .await
+                .expect("direct TLS");
+            get(&mut stream, "/small").await;
+            direct.push(started.elapsed());
+            let started = Instant::now();
+            let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+            socket
+                .bind("127.0.0.2:0".parse().expect("address"))
+                .expect("bind");
+            let mut stream = socket.connect(proxy_address).await.expect("proxy");
+            let _ = stream.set_nodelay(true);
+            stream
+                .write_all(
+                    format!("CONNECT {NAME}:443 HTTP/1.1\r\nHost: {NAME}:443\r\n\r\n").as_bytes(),
+                )
+                .await
+                .expect("connect");
+            let mut answer = [0u8; 39];
+            stream.read_exact(&mut answer).await.expect("established");
+            let mut stream = sandbox_tls
+                .connect(name.clone(), stream)
+                .await
+                .expect("intercepted TLS");
+            get(&mut stream, "/small").await;
+            intercepted.push(started.elapsed());
+        }
+        let (d50, d99) = (percentile(&mut direct, 0.5), percentile(&mut direct, 0.99));
+        let (i50, i99) = (
+            percentile(&mut intercepted, 0.5),
+            percentile(&mut intercepted, 0.99),
+        );
+        println!("## {requests} HTTPS requests with header injection, a new connection each");
+        println!("direct:          p50 {d50:.3} ms  p99 {d99:.3} ms");
+        println!(
+            "intercepted:     p50 {i50:.3} ms  p99 {i99:.3} ms → added p50 {:.3} ms, p99 {:.3} ms",
+            i50 - d50,
+            i99 - d99
         );
     });
     let _ = ip(&["link", "del", LINK]);
