@@ -6,9 +6,11 @@
 //! proxy itself, dialing exactly the checked address, explained refusals and a flow log;
 //! its transparent listeners (`sni`: the server name of a ClientHello). `credentials`,
 //! `tls`: interception — injection and placeholders, the per-sandbox CA and upstream trust.
-//! `stream`: replayed and counted sandbox connections.
+//! `stream`: replayed and counted sandbox connections. `dns`: the node's DNS responder
+//! (answers only names a sandbox's policy allows).
 
 pub mod credentials;
+pub mod dns;
 pub mod policy;
 pub mod proxy;
 pub mod sni;

@@ -119,6 +119,14 @@ impl Policy {
         !self.deny.iter().any(|pattern| pattern.matches(host, port))
             && self.allow.iter().any(|pattern| pattern.matches(host, port))
     }
+
+    /// Whether `host` may be reached on some port (what the DNS responder answers for).
+    pub fn allows_name(&self, host: &str) -> bool {
+        self.allow.iter().any(|pattern| match pattern.port {
+            Some(port) => self.allows(host, port),
+            None => self.allows(host, 443) || self.allows(host, 80),
+        })
+    }
 }
 
 /// Checks a list of patterns (1 to `max`) and returns them normalized.

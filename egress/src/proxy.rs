@@ -142,7 +142,7 @@ impl Registry {
 }
 
 impl Entry {
-    fn policy(&self) -> Arc<Policy> {
+    pub(crate) fn policy(&self) -> Arc<Policy> {
         Arc::clone(
             &self
                 .policy
@@ -162,7 +162,7 @@ pub enum Resolver {
 }
 
 impl Resolver {
-    async fn resolve(&self, host: &str, port: u16) -> std::io::Result<Vec<IpAddr>> {
+    pub(crate) async fn resolve(&self, host: &str, port: u16) -> std::io::Result<Vec<IpAddr>> {
         match self {
             Resolver::System => Ok(tokio::net::lookup_host((host, port))
                 .await?

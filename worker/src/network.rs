@@ -236,7 +236,11 @@ impl Network {
     /// Installs the firewall table and starts the proxy on the pool's addresses.
     pub async fn start(config: EgressConfig) -> anyhow::Result<Arc<Network>> {
         let pool = format!("{}/16", config.pool);
-        let (http_port, tls_port) = (config.proxy_port + 1, config.proxy_port + 2);
+        let (http_port, tls_port, dns_port) = (
+            config.proxy_port + 1,
+            config.proxy_port + 2,
+            config.proxy_port + 3,
+        );
         // Redirected connections arrive at the host-side address of the sandbox's link, on
         // the transparent ports: the input chain sees those.
         let ruleset = format!(
@@ -247,10 +251,12 @@ impl Network {
                  type nat hook prerouting priority dstnat; policy accept;\n\
                  iifname \"{HOST_PREFIX}*\" tcp dport 80 redirect to :{http_port}\n\
                  iifname \"{HOST_PREFIX}*\" tcp dport 443 redirect to :{tls_port}\n\
+                 iifname \"{HOST_PREFIX}*\" udp dport 53 redirect to :{dns_port}\n\
                }}\n\
                chain input {{\n\
                  type filter hook input priority -10; policy accept;\n\
                  iifname \"{HOST_PREFIX}*\" ip daddr {pool} tcp dport {{ {port}, {http_port}, {tls_port} }} ct state new,established accept\n\
+                 iifname \"{HOST_PREFIX}*\" ip daddr {pool} udp dport {dns_port} accept\n\
                  iifname \"{HOST_PREFIX}*\" ct state established,related accept\n\
                  iifname \"{HOST_PREFIX}*\" counter drop\n\
                }}\n\
@@ -283,6 +289,16 @@ impl Network {
         node_addresses.extend(node_addresses_now().await);
         let upstream_tls = sandbase_egress::tls::upstream_config(config.extra_ca.as_deref())
             .map_err(|why| anyhow::anyhow!("egress upstream trust: {why}"))?;
+        let responder = Arc::new(sandbase_egress::dns::Responder {
+            registry: Arc::clone(&registry),
+            resolver: config.resolver.clone(),
+            node_addresses: node_addresses.clone(),
+            flows: sender.clone(),
+        });
+        let dns = tokio::net::UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, dns_port)))
+            .await
+            .with_context(|| format!("binding the DNS responder to UDP port {dns_port}"))?;
+        tokio::spawn(responder.serve(dns));
         let proxy = Proxy::new(
             Arc::clone(&registry),
             config.resolver.clone(),

@@ -50,6 +50,9 @@ impl Worker {
         let containerd = Containerd::connect(&config.containerd_socket, &config.namespace).await?;
         std::fs::create_dir_all(&config.run_dir)
             .with_context(|| format!("creating {}", config.run_dir.display()))?;
+        let resolv_conf = config.run_dir.join("resolv.conf");
+        std::fs::write(&resolv_conf, crate::spec::RESOLV_CONF)
+            .with_context(|| format!("writing {}", resolv_conf.display()))?;
         let worker = Worker {
             containerd,
             config,
@@ -115,6 +118,7 @@ impl Worker {
             host_id_base: self.config.id_base,
             agent_binary: path_string(&self.config.agent_binary)?,
             control_dir: path_string(&control)?,
+            resolv_conf: path_string(&self.config.run_dir.join("resolv.conf"))?,
             network_namespace: None,
             limits,
             volumes,

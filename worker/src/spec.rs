@@ -20,6 +20,12 @@ pub const SANDBOX_USER: u32 = 1000;
 /// How many ids each sandbox's user namespace maps.
 pub const ID_RANGE: u32 = 65_536;
 
+/// Every sandbox's `/etc/resolv.conf`, whatever its template says. The address is a
+/// documentation one that never answers by itself: a sandbox with egress sends it through its
+/// link, where nftables redirects port 53 to the node's DNS responder; one without has no
+/// route at all.
+pub const RESOLV_CONF: &str = "nameserver 192.0.2.53\noptions timeout:2 attempts:2\n";
+
 /// What varies between sandboxes.
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {
@@ -30,6 +36,8 @@ pub struct SandboxSpec {
     pub agent_binary: String,
     /// Host directory bind-mounted at [`CONTROL_DIR`], where the agent listens.
     pub control_dir: String,
+    /// Host file bind-mounted read-only at `/etc/resolv.conf` (see [`RESOLV_CONF`]).
+    pub resolv_conf: String,
     /// A network namespace to join (`None`: a fresh one with loopback only).
     pub network_namespace: Option<String>,
     pub limits: Limits,
@@ -228,6 +236,7 @@ pub fn oci_spec(sandbox: &SandboxSpec) -> Value {
         json!({ "destination": WORK_DIR, "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=755", format!("uid={SANDBOX_USER}"), format!("gid={SANDBOX_USER}"), format!("size={}m", limits.disk_mb)] }),
         json!({ "destination": AGENT_PATH, "type": "bind", "source": sandbox.agent_binary, "options": ["rbind", "ro", "nosuid", "nodev"] }),
         json!({ "destination": CONTROL_DIR, "type": "bind", "source": sandbox.control_dir, "options": ["rbind", "rw", "nosuid", "nodev", "noexec"] }),
+        json!({ "destination": "/etc/resolv.conf", "type": "bind", "source": sandbox.resolv_conf, "options": ["rbind", "ro", "nosuid", "nodev", "noexec"] }),
     ];
     for (host, destination, read_only) in &sandbox.volumes {
         mounts.push(json!({
@@ -283,6 +292,7 @@ mod tests {
             host_id_base: 200_000,
             agent_binary: "/var/lib/sandbase/agent".to_owned(),
             control_dir: "/run/sandbase/sandboxes/x".to_owned(),
+            resolv_conf: "/run/sandbase/sandboxes/resolv.conf".to_owned(),
             network_namespace: None,
             limits: Limits {
                 cpu_millis: 1500,

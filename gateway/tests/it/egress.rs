@@ -370,6 +370,10 @@ async fn credentials_are_injected_by_the_proxy_and_never_reach_the_sandbox() {
             ("git.test.example".to_owned(), vec![public]),
             ("other.test.example".to_owned(), vec![public]),
             ("denied.test.example".to_owned(), vec![public]),
+            (
+                "loopback.test.example".to_owned(),
+                vec!["127.0.0.1".parse().unwrap()],
+            ),
         ])),
         node_addresses: Vec::new(),
         max_connections: 16,
@@ -407,7 +411,12 @@ async fn credentials_are_injected_by_the_proxy_and_never_reach_the_sandbox() {
     app.post("/v1/sandboxes", token, json!({ "credentials": ["api"] }))
         .await
         .assert_error(422, "credentials_need_egress");
-    let allow = json!(["api.test.example", "git.test.example", "other.test.example"]);
+    let allow = json!([
+        "api.test.example",
+        "git.test.example",
+        "other.test.example",
+        "loopback.test.example"
+    ]);
     app.post(
         "/v1/sandboxes",
         token,
@@ -570,6 +579,42 @@ EOF",
         .body
         .to_string();
     assert!(!theirs.contains("sandbox.egress_denied"), "{theirs}");
+
+    // DNS: the node's responder answers allowed names (whatever resolver the template
+    // named) and nothing else; a name that leads inside is refused too.
+    let answer = sh(
+        &app,
+        token,
+        &id,
+        "cat /etc/resolv.conf | head -1; for name in api.test.example denied.test.example \
+         loopback.test.example; do python3 -c \"import socket, sys
+try: print(socket.gethostbyname(sys.argv[1]))
+except socket.gaierror as e: print('no', e.errno)\" $name; done",
+    )
+    .await;
+    let lines: Vec<&str> = answer["stdout"].as_str().unwrap().lines().collect();
+    assert_eq!(lines.len(), 4, "{answer}");
+    assert_eq!(lines[0], "nameserver 192.0.2.53");
+    assert_eq!(lines[1], upstream.address.to_string(), "{answer}");
+    assert!(lines[2].starts_with("no "), "{answer}");
+    assert!(lines[3].starts_with("no "), "{answer}");
+    let flows = app
+        .get(&format!("/v1/sandboxes/{id}/egress"), token)
+        .await
+        .body;
+    let dns: Vec<(&str, &str)> = flows["flows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["mode"] == "dns")
+        .map(|f| (f["host"].as_str().unwrap(), f["decision"].as_str().unwrap()))
+        .collect();
+    assert!(
+        dns.contains(&("denied.test.example", "denied"))
+            && dns.contains(&("loopback.test.example", "denied"))
+            && !dns.iter().any(|(host, _)| *host == "api.test.example"),
+        "{dns:?}"
+    );
 
     // The values are nowhere the sandbox, the API or the database can show them.
     let answer = sh(

@@ -62,6 +62,7 @@ impl Sandbox {
             host_id_base: base,
             agent_binary: agent,
             control_dir: control.to_str().unwrap().to_owned(),
+            resolv_conf: resolv_conf(&dir),
             network_namespace: None,
             volumes: Vec::new(),
             limits,
@@ -399,6 +400,7 @@ async fn containerd_runs_a_sandbox_and_destroy_removes_every_trace() {
         host_id_base: base,
         agent_binary: std::env::var("SANDBASE_AGENT_BINARY").expect("SANDBASE_AGENT_BINARY"),
         control_dir: control.to_str().unwrap().to_owned(),
+        resolv_conf: resolv_conf(&work),
         network_namespace: None,
         volumes: Vec::new(),
         limits: LIMITS,
@@ -552,7 +554,13 @@ async fn a_restarted_worker_removes_what_the_previous_one_left() {
             .unwrap()
             .is_empty()
     );
-    assert_eq!(std::fs::read_dir(&run_dir).unwrap().count(), 0);
+    // Nothing of a sandbox (the worker's own resolver file stays).
+    let left: Vec<String> = std::fs::read_dir(&run_dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name != "resolv.conf")
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 
     clean_up(worker.config(), "busybox");
 }
@@ -915,4 +923,12 @@ async fn the_base_template_runs_python_pip_git_and_curl_as_the_user() {
 
     worker.destroy(&sandbox.id).await.unwrap();
     clean_up(worker.config(), "base");
+}
+
+/// The resolver configuration every sandbox gets, written into `dir`.
+fn resolv_conf(dir: &std::path::Path) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join("resolv.conf");
+    std::fs::write(&path, sandbase_worker::spec::RESOLV_CONF).unwrap();
+    path.to_str().unwrap().to_owned()
 }
