@@ -616,6 +616,41 @@ except socket.gaierror as e: print('no', e.errno)\" $name; done",
         "{dns:?}"
     );
 
+    // UDP: port 53 reaches the node's DNS responder (a malformed query gets its FORMERR,
+    // which shows this sandbox's UDP works), anything else is dropped — here a host port
+    // this test listens on, at the sandbox's gateway.
+    let listener = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    listener
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let answer = sh(
+        &app,
+        token,
+        &id,
+        &format!(
+            "python3 - <<'EOF'\n\
+import socket, struct\n\
+route = [l.split() for l in open('/proc/net/route') if l.split()[1] == '00000000'][0]\n\
+gateway = socket.inet_ntoa(struct.pack('<L', int(route[2], 16)))\n\
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+s.settimeout(3)\n\
+s.sendto(b'abcdefghijklmnop', ('192.0.2.53', 53))\n\
+print(len(s.recv(512)))\n\
+s.sendto(b'hello', (gateway, {port}))\n\
+print(gateway)\n\
+EOF"
+        ),
+    )
+    .await;
+    let stdout = answer["stdout"].as_str().unwrap();
+    assert!(stdout.starts_with("12\n10.214."), "{answer}");
+    let mut received = [0u8; 64];
+    assert!(
+        listener.recv_from(&mut received).is_err(),
+        "a UDP datagram from the sandbox reached the host"
+    );
+
     // The values are nowhere the sandbox, the API or the database can show them.
     let answer = sh(
         &app,
