@@ -64,6 +64,9 @@ enum Command {
     /// The vault's key-encryption keys: make one, rotate to the newest.
     #[command(subcommand)]
     Vault(serve::VaultCommand),
+    /// The egress proxy process a worker starts and orders about (not for people).
+    #[command(hide = true)]
+    EgressProxy,
     #[command(flatten)]
     Client(ClientCommand),
 }
@@ -116,6 +119,12 @@ fn main() -> ExitCode {
         Command::Migrate { database_url } => serve::migrate(database_url),
         Command::Admin(command) => serve::admin(command),
         Command::Vault(command) => serve::vault(command),
+        Command::EgressProxy => {
+            telemetry::init_with_level("info");
+            sandbase_egress::process::run()
+                .map_err(|why| anyhow::anyhow!("egress proxy: {why}"))
+                .map(|()| ExitCode::SUCCESS)
+        }
         Command::Client(command) => {
             telemetry::init_client();
             run_client(cli.global, command)

@@ -184,6 +184,10 @@ impl NodeArgs {
                             })?),
                             None => None,
                         },
+                        proxy_program: std::env::current_exe()
+                            .map_err(|error| anyhow::anyhow!("finding this executable: {error}"))?,
+                        proxy_user: Some(sandbase_worker::network::PROXY_USER),
+                        restart_delay: Duration::from_secs(1),
                     }),
                 },
             },

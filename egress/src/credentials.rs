@@ -12,10 +12,15 @@ use zeroize::Zeroizing;
 
 use crate::policy::HostPattern;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Injection {
     /// Set (or overwrite) `name` to `format` with `{value}` replaced.
-    Header { name: HeaderName, format: String },
+    Header {
+        #[serde(with = "header_name")]
+        name: HeaderName,
+        format: String,
+    },
     /// `Authorization: Basic base64(username:value)`.
     Basic { username: String },
     /// Set the query parameter to the value.
@@ -23,6 +28,45 @@ pub enum Injection {
     /// The sandbox's environment variable `env` holds `placeholder`, swapped for the value in
     /// requests to the credential's hosts.
     Placeholder { env: String, placeholder: String },
+}
+
+mod header_name {
+    use http::header::HeaderName;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(name: &HeaderName, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(name.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<HeaderName, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A credential as it travels from the worker to its proxy process (the value zeroed when
+/// dropped, never printed).
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+pub struct CredentialSpec {
+    pub name: String,
+    pub hosts: Vec<HostPattern>,
+    pub injection: Injection,
+    pub value: Zeroizing<String>,
+}
+
+impl std::fmt::Debug for CredentialSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CredentialSpec")
+            .field("name", &self.name)
+            .field("hosts", &self.hosts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl From<CredentialSpec> for Credential {
+    fn from(spec: CredentialSpec) -> Credential {
+        Credential::new(spec.name, spec.hosts, spec.injection, spec.value)
+    }
 }
 
 pub struct Credential {

@@ -164,7 +164,7 @@ impl Responder {
             sandbox: entry.sandbox.clone(),
             host: query.name.clone(),
             port: 53,
-            mode: "dns",
+            mode: "dns".to_owned(),
             decision,
             intercepted: false,
             credentials: Vec::new(),

@@ -6,13 +6,17 @@
 //! proxy itself, dialing exactly the checked address, explained refusals and a flow log;
 //! its transparent listeners (`sni`: the server name of a ClientHello). `credentials`,
 //! `tls`: interception — injection and placeholders, the per-sandbox CA and upstream trust.
-//! `stream`: replayed and counted sandbox connections. `dns`: the node's DNS responder
+//! `stream`: replayed and counted sandbox connections. `relay`: tunnels moved with splice(2),
+//! closed when idle. `dns`: the node's DNS responder
 //! (answers only names a sandbox's policy allows).
+//! `process`: the proxy as a process of its own, ordered about by its worker over a pipe.
 
 pub mod credentials;
 pub mod dns;
 pub mod policy;
+pub mod process;
 pub mod proxy;
+pub mod relay;
 pub mod sni;
 pub mod ssrf;
 pub mod stream;

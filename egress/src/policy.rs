@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HostPattern {
     /// Without the `*.`; lowercase.
     pub name: String,
@@ -95,7 +95,7 @@ impl HostPattern {
 
 /// What a sandbox may reach: deny by default; a host matching `deny` is refused even when
 /// `allow` matches it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Policy {
     pub allow: Vec<HostPattern>,
     pub deny: Vec<HostPattern>,

@@ -31,6 +31,7 @@ use tokio::sync::{Semaphore, mpsc};
 
 use crate::credentials::{Credential, Outcome};
 use crate::policy::Policy;
+use crate::relay;
 use crate::sni::{self, Hello};
 use crate::ssrf;
 use crate::stream::Tap;
@@ -38,8 +39,6 @@ use crate::tls::Authority;
 
 /// Largest request head read from a sandbox.
 const MAX_HEAD: usize = 16 * 1024;
-/// Buffer of each direction of a relayed connection.
-const COPY_BUFFER: usize = 256 * 1024;
 
 /// A sandbox as the proxy knows it: who it is and what it may reach (changed at run time
 /// with [`Registry::set_policy`]; effective for new connections).
@@ -176,7 +175,8 @@ impl Resolver {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "decision", content = "reason", rename_all = "snake_case")]
 pub enum Decision {
     Allowed,
     /// Refused, and why (shown to the sandbox and in the flow log).
@@ -186,13 +186,13 @@ pub enum Decision {
 }
 
 /// One connection through the proxy.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Flow {
     pub sandbox: String,
     pub host: String,
     pub port: u16,
-    /// `connect`, `http` (explicit), `transparent-http` or `transparent-tls`.
-    pub mode: &'static str,
+    /// `connect`, `http` (explicit), `transparent-http`, `transparent-tls`, `https` or `dns`.
+    pub mode: String,
     pub decision: Decision,
     /// Whether its TLS was opened (a credential, or placeholders to watch).
     pub intercepted: bool,
@@ -342,7 +342,7 @@ impl Proxy {
             sandbox: entry.sandbox.clone(),
             host: target.host.clone(),
             port: target.port,
-            mode: target.mode,
+            mode: target.mode.to_owned(),
             decision: Decision::Allowed,
             intercepted: false,
             credentials: Vec::new(),
@@ -437,16 +437,10 @@ impl Proxy {
                             (None, Listener::Explicit) => rest.len(),
                             (None, _) => buffer.len(),
                         };
-                        let relay = tokio::io::copy_bidirectional_with_sizes(
-                            &mut stream,
-                            &mut upstream,
-                            COPY_BUFFER,
-                            COPY_BUFFER,
-                        );
-                        if let Ok((up, down)) = relay.await {
-                            flow.bytes_up = up + head_bytes as u64;
-                            flow.bytes_down = down;
-                        }
+                        let relayed =
+                            relay::relay(&stream, &upstream, self.config.idle_timeout).await;
+                        flow.bytes_up = relayed.forward + head_bytes as u64;
+                        flow.bytes_down = relayed.backward;
                     }
                 }
             }
@@ -695,7 +689,7 @@ impl Session {
                     sandbox: self.sandbox.clone(),
                     host: self.host.clone(),
                     port: self.port,
-                    mode: "https",
+                    mode: "https".to_owned(),
                     decision: Decision::Denied(why.clone()),
                     intercepted: true,
                     credentials: Vec::new(),

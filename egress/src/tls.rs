@@ -8,12 +8,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
-    ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose,
 };
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use zeroize::Zeroizing;
 
 /// Leaf certificates kept per sandbox (the oldest are dropped past this).
 const LEAVES_KEPT: usize = 256;
@@ -23,39 +24,82 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 pub struct Authority {
-    issuer: CertifiedIssuer<'static, KeyPair>,
+    issuer: Issuer<'static, KeyPair>,
+    certificate: CertificateDer<'static>,
+    certificate_pem: String,
     leaves: Mutex<HashMap<String, Arc<ServerConfig>>>,
 }
 
+/// A sandbox CA as the worker keeps it, to hand to its proxy process again when that
+/// restarts: the certificate the sandbox trusts and its key (zeroed when dropped).
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+pub struct CaKeys {
+    pub certificate_pem: String,
+    pub key_pem: Zeroizing<String>,
+}
+
+impl std::fmt::Debug for CaKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaKeys").finish_non_exhaustive()
+    }
+}
+
+/// The CA's name and constraints, the same when it is made and when it is restored (a
+/// restored issuer signs leaves that chain to the certificate made first).
+fn ca_params(sandbox: &str) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    let mut name = DistinguishedName::new();
+    name.push(DnType::OrganizationName, "SandBase");
+    name.push(
+        DnType::CommonName,
+        format!("SandBase egress CA for sandbox {sandbox}"),
+    );
+    params.distinguished_name = name;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params
+}
+
 impl Authority {
-    pub fn generate(sandbox: &str) -> Result<Authority, rcgen::Error> {
+    /// A new CA for the sandbox: its certificate and key.
+    pub fn generate_keys(sandbox: &str) -> Result<CaKeys, rcgen::Error> {
         let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
-        let mut params = CertificateParams::default();
-        let mut name = DistinguishedName::new();
-        name.push(DnType::OrganizationName, "SandBase");
-        name.push(
-            DnType::CommonName,
-            format!("SandBase egress CA for sandbox {sandbox}"),
-        );
-        params.distinguished_name = name;
-        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
+        let mut params = ca_params(sandbox);
         let (not_before, not_after) = validity(400);
         params.not_before = not_before;
         params.not_after = not_after;
+        let certificate = params.self_signed(&key)?;
+        Ok(CaKeys {
+            certificate_pem: certificate.pem(),
+            key_pem: Zeroizing::new(key.serialize_pem()),
+        })
+    }
+
+    /// The CA made by [`Authority::generate_keys`], ready to sign leaves.
+    pub fn from_keys(sandbox: &str, keys: &CaKeys) -> Result<Authority, String> {
+        let key = KeyPair::from_pem(&keys.key_pem).map_err(|error| error.to_string())?;
+        let certificate = CertificateDer::from_pem_slice(keys.certificate_pem.as_bytes())
+            .map_err(|error| format!("the CA certificate: {error}"))?;
         Ok(Authority {
-            issuer: CertifiedIssuer::self_signed(params, key)?,
+            issuer: Issuer::new(ca_params(sandbox), key),
+            certificate,
+            certificate_pem: keys.certificate_pem.clone(),
             leaves: Mutex::new(HashMap::new()),
         })
     }
 
+    pub fn generate(sandbox: &str) -> Result<Authority, String> {
+        let keys = Self::generate_keys(sandbox).map_err(|error| error.to_string())?;
+        Self::from_keys(sandbox, &keys)
+    }
+
     /// The CA certificate, PEM, for the sandbox's trust store.
     pub fn certificate_pem(&self) -> String {
-        self.issuer.pem()
+        self.certificate_pem.clone()
     }
 
     /// A TLS server configuration presenting a certificate for `host` (made once, then
@@ -80,7 +124,7 @@ impl Authority {
         let leaf = params
             .signed_by(&key, &self.issuer)
             .map_err(|error| error.to_string())?;
-        let chain = vec![leaf.der().clone(), self.issuer.der().clone()];
+        let chain = vec![leaf.der().clone(), self.certificate.clone()];
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key));
         let mut config = ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()

@@ -431,7 +431,7 @@ async fn set_egress_policy(
     };
     let policy = sandbase_egress::Policy::parse(&policy.allow, &policy.deny)
         .map_err(|why| NodeError::Invalid(format!("`egress`: {why}")))?;
-    network.set_policy(link, policy);
+    network.set_policy(link, id, policy).await;
     Ok(StatusCode::NO_CONTENT)
 }
 

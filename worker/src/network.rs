@@ -8,24 +8,36 @@
 //! anyway: TCP 80 and 443 from sandbox links are redirected to the proxy's transparent
 //! listeners (ports `proxy_port + 1` and `+ 2`). A sandbox given credentials gets its own CA
 //! (trusted through `SSL_CERT_FILE` and friends) and placeholders for placeholder
-//! credentials; the values stay in this process's memory. Sandboxes without egress keep a
-//! namespace with loopback only.
+//! credentials; the values stay in memory (this process's and the proxy's). Sandboxes
+//! without egress keep a namespace with loopback only.
+//!
+//! The proxy runs as a process of its own (`sandbase egress-proxy`, not root once it
+//! listens), supervised here: this side keeps every sandbox's registration, orders the
+//! process about over its standard input, reads its flow records from its standard output,
+//! and when it dies starts another after `restart_delay` and registers everything again.
+//! Meanwhile sandboxes reach nothing: the firewall still admits them only to the proxy's
+//! ports, where nothing listens.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
 use sandbase_egress::Policy;
-use sandbase_egress::credentials::{Credential, Injection, placeholder_for};
-use sandbase_egress::proxy::{
-    Flow, Interception, Listener, Proxy, ProxyConfig, Registry, Resolver,
+use sandbase_egress::credentials::{CredentialSpec, Injection, placeholder_for};
+use sandbase_egress::process::{
+    Envelope, InterceptionSpec, Order, ProcessConfig, Registration, Report,
 };
+use sandbase_egress::proxy::{Flow, Resolver};
 use sandbase_egress::tls::Authority;
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
 use tokio::process::Command;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
+use zeroize::Zeroizing;
 
 /// The nftables table SandBase owns.
 pub const TABLE: &str = "sandbase";
@@ -48,7 +60,16 @@ pub struct EgressConfig {
     pub max_connections: usize,
     /// Certificates (PEM) trusted for upstreams besides the system's roots (tests).
     pub extra_ca: Option<Vec<u8>>,
+    /// The `sandbase` executable, run as `PROGRAM egress-proxy`.
+    pub proxy_program: PathBuf,
+    /// The user and group the proxy becomes once it listens (`nobody`, `nogroup`).
+    pub proxy_user: Option<(u32, u32)>,
+    /// How long after the proxy process died another one is started.
+    pub restart_delay: Duration,
 }
+
+/// `nobody` and `nogroup` on Debian and Ubuntu.
+pub const PROXY_USER: (u32, u32) = (65_534, 65_534);
 
 /// Where a sandbox with credentials finds its CA: the certificate alone, and the template's
 /// bundle with it (in the sandbox's `/tmp`, owned by its root, read-only to commands).
@@ -139,7 +160,7 @@ impl Attached {
 /// drawn, its hosts parsed. The value moves into memory that is zeroed on drop.
 fn credential(
     given: sandbase_api::internal::SandboxCredential,
-) -> anyhow::Result<(Credential, Option<(String, String)>)> {
+) -> anyhow::Result<(CredentialSpec, Option<(String, String)>)> {
     let value = zeroize::Zeroizing::new(given.value);
     let hosts = given
         .hosts
@@ -178,14 +199,25 @@ fn credential(
         anyhow::bail!("credential `{}` says nothing about injection", given.name);
     };
     Ok((
-        Credential::new(given.name, hosts, injection, value),
+        CredentialSpec {
+            name: given.name,
+            hosts,
+            injection,
+            value,
+        },
         variable,
     ))
 }
 
 pub struct Network {
     config: EgressConfig,
-    registry: Arc<Registry>,
+    /// What the proxy process must know, by sandbox address: sent again to each new one.
+    /// Orders are queued while this is locked, so they leave in the order it changed.
+    registrations: Arc<Mutex<HashMap<IpAddr, Registration>>>,
+    orders: mpsc::UnboundedSender<(Envelope, Option<oneshot::Sender<()>>)>,
+    next_order: AtomicU64,
+    /// The proxy process's pid; 0 while there is none.
+    proxy_pid: Arc<AtomicU32>,
     slots: Mutex<BTreeSet<u32>>,
     flows: Arc<Mutex<HashMap<String, VecDeque<Flow>>>>,
     /// Bytes of allowed connections, waiting to be reported as `egress_bytes` usage.
@@ -283,45 +315,44 @@ impl Network {
             "installing the egress firewall: {}",
             String::from_utf8_lossy(&output.stderr).trim()
         );
-        let registry = Arc::new(Registry::default());
         let (sender, mut receiver) = mpsc::channel::<Flow>(4096);
         let mut node_addresses = config.node_addresses.clone();
         node_addresses.extend(node_addresses_now().await);
-        let upstream_tls = sandbase_egress::tls::upstream_config(config.extra_ca.as_deref())
-            .map_err(|why| anyhow::anyhow!("egress upstream trust: {why}"))?;
-        let responder = Arc::new(sandbase_egress::dns::Responder {
-            registry: Arc::clone(&registry),
-            resolver: config.resolver.clone(),
-            node_addresses: node_addresses.clone(),
-            flows: sender.clone(),
-        });
-        let dns = tokio::net::UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, dns_port)))
-            .await
-            .with_context(|| format!("binding the DNS responder to UDP port {dns_port}"))?;
-        tokio::spawn(responder.serve(dns));
-        let proxy = Proxy::new(
-            Arc::clone(&registry),
-            config.resolver.clone(),
-            ProxyConfig {
-                node_addresses,
-                connect_timeout: Duration::from_secs(10),
-                head_timeout: Duration::from_secs(30),
-                idle_timeout: Duration::from_secs(120),
-                upstream_tls,
+        let extra_ca = match &config.extra_ca {
+            Some(pem) => Some(
+                String::from_utf8(pem.clone()).context("the extra egress CA is not PEM text")?,
+            ),
+            None => None,
+        };
+        let process = ProcessConfig {
+            proxy_port: config.proxy_port,
+            resolver: match &config.resolver {
+                Resolver::System => None,
+                Resolver::Fixed(table) => Some(table.clone()),
             },
-            sender,
+            node_addresses,
+            extra_ca,
+            connect_timeout_ms: 10_000,
+            head_timeout_ms: 30_000,
+            idle_timeout_ms: 120_000,
+            user: config.proxy_user,
+        };
+        let first = ProxyProcess::start(&config.proxy_program, &process).await?;
+        let registrations: Arc<Mutex<HashMap<IpAddr, Registration>>> = Arc::default();
+        let (orders, order_receiver) = mpsc::unbounded_channel();
+        let proxy_pid = Arc::new(AtomicU32::new(first.pid));
+        tokio::spawn(
+            Supervisor {
+                program: config.proxy_program.clone(),
+                process,
+                restart_delay: config.restart_delay,
+                registrations: Arc::clone(&registrations),
+                orders: order_receiver,
+                flows: sender,
+                pid: Arc::clone(&proxy_pid),
+            }
+            .run(first),
         );
-        for (port, kind) in [
-            (config.proxy_port, Listener::Explicit),
-            (http_port, Listener::TransparentHttp),
-            (tls_port, Listener::TransparentTls),
-        ] {
-            let listener =
-                tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))
-                    .await
-                    .with_context(|| format!("binding the egress proxy to port {port}"))?;
-            tokio::spawn(Arc::clone(&proxy).serve(listener, kind));
-        }
         let flows: Arc<Mutex<HashMap<String, VecDeque<Flow>>>> = Arc::default();
         let usage: Arc<Mutex<Vec<sandbase_api::internal::UsageEvent>>> = Arc::default();
         let audit: Arc<Mutex<Vec<sandbase_api::internal::NodeAuditEvent>>> = Arc::default();
@@ -349,7 +380,7 @@ impl Network {
                     };
                     details["host"] = flow.host.clone().into();
                     details["port"] = flow.port.into();
-                    details["mode"] = flow.mode.into();
+                    details["mode"] = flow.mode.clone().into();
                     details["reason"] = why.clone().into();
                     let mut audit = audited.lock().unwrap_or_else(|p| p.into_inner());
                     if audit.len() < AUDIT_KEPT {
@@ -386,7 +417,10 @@ impl Network {
         });
         Ok(Arc::new(Network {
             config,
-            registry,
+            registrations,
+            orders,
+            next_order: AtomicU64::new(1),
+            proxy_pid,
             slots: Mutex::new(BTreeSet::new()),
             flows,
             usage,
@@ -422,16 +456,16 @@ impl Network {
                 ready.push(credential);
                 placeholders.extend(variable);
             }
-            let authority =
-                Authority::generate(&sandbox.to_string()).context("generating the sandbox's CA")?;
-            Some(Arc::new(Interception {
+            let ca = Authority::generate_keys(&sandbox.to_string())
+                .context("generating the sandbox's CA")?;
+            Some(InterceptionSpec {
                 credentials: ready,
-                authority,
-            }))
+                ca,
+            })
         };
         let ca_pem = interception
             .as_ref()
-            .map(|interception| interception.authority.certificate_pem());
+            .map(|interception| interception.ca.certificate_pem.clone());
         let slot = {
             let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
             let slot = (0..16_383u32)
@@ -453,13 +487,20 @@ impl Network {
             self.detach(&attached).await;
             return Err(error);
         }
-        self.registry.add(
-            IpAddr::V4(address),
-            &sandbox.to_string(),
+        let registration = Registration {
+            address: IpAddr::V4(address),
+            sandbox: sandbox.to_string(),
             policy,
-            self.config.max_connections,
+            max_connections: self.config.max_connections,
             interception,
-        );
+        };
+        let done = {
+            let mut registrations = self.registrations.lock().unwrap_or_else(|p| p.into_inner());
+            let done = self.order(Order::Add(Box::new(registration.clone())));
+            registrations.insert(IpAddr::V4(address), registration);
+            done
+        };
+        self.confirmed(done, sandbox).await;
         Ok(attached)
     }
 
@@ -538,7 +579,12 @@ impl Network {
 
     /// Removes the link (both ends) and the sandbox's registration.
     pub async fn detach(&self, attached: &Attached) {
-        self.registry.remove(IpAddr::V4(attached.address));
+        let address = IpAddr::V4(attached.address);
+        {
+            let mut registrations = self.registrations.lock().unwrap_or_else(|p| p.into_inner());
+            registrations.remove(&address);
+            drop(self.order(Order::Remove { address }));
+        }
         if let Err(error) = run("ip", &["link", "del", &attached.link]).await {
             tracing::debug!(error = format!("{error:#}"), "removing a sandbox link");
         }
@@ -548,10 +594,48 @@ impl Network {
             .remove(&attached.slot);
     }
 
-    /// Changes a sandbox's policy (new connections).
-    pub fn set_policy(&self, attached: &Attached, policy: Policy) -> bool {
-        self.registry
-            .set_policy(IpAddr::V4(attached.address), policy)
+    /// Changes a sandbox's policy (new connections, once this returns); `false` when the
+    /// sandbox has no registration.
+    pub async fn set_policy(&self, attached: &Attached, sandbox: Uuid, policy: Policy) -> bool {
+        let address = IpAddr::V4(attached.address);
+        let done = {
+            let mut registrations = self.registrations.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(registration) = registrations.get_mut(&address) else {
+                return false;
+            };
+            registration.policy = policy.clone();
+            self.order(Order::SetPolicy { address, policy })
+        };
+        self.confirmed(done, sandbox).await;
+        true
+    }
+
+    /// Queues an order for the proxy process; the receiver fires once it is in effect.
+    fn order(&self, order: Order) -> oneshot::Receiver<()> {
+        let (done, confirmed) = oneshot::channel();
+        let id = self.next_order.fetch_add(1, Ordering::Relaxed);
+        let _ = self.orders.send((Envelope { id, order }, Some(done)));
+        confirmed
+    }
+
+    /// Waits for the proxy to confirm an order. When it is down, the order is in the
+    /// registrations the next process gets; until then the sandbox reaches nothing.
+    async fn confirmed(&self, done: oneshot::Receiver<()>, sandbox: Uuid) {
+        match tokio::time::timeout(Duration::from_secs(10), done).await {
+            Ok(Ok(())) => {}
+            _ => tracing::warn!(
+                %sandbox,
+                "the egress proxy did not confirm in time; the sandbox's egress waits for it"
+            ),
+        }
+    }
+
+    /// The egress proxy process, while one runs.
+    pub fn proxy_pid(&self) -> Option<u32> {
+        match self.proxy_pid.load(Ordering::Relaxed) {
+            0 => None,
+            pid => Some(pid),
+        }
     }
 
     /// Egress usage not handed to the usage outbox yet.
@@ -572,5 +656,172 @@ impl Network {
             .get(&sandbox.to_string())
             .map(|list| list.iter().cloned().collect())
             .unwrap_or_default()
+    }
+}
+
+/// A running proxy process: its orders go in, its reports come out.
+struct ProxyProcess {
+    child: tokio::process::Child,
+    input: tokio::process::ChildStdin,
+    output: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    pid: u32,
+}
+
+impl ProxyProcess {
+    /// Starts one and waits until it listens.
+    async fn start(program: &std::path::Path, config: &ProcessConfig) -> anyhow::Result<Self> {
+        let mut child = Command::new(program)
+            .arg("egress-proxy")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting the egress proxy ({})", program.display()))?;
+        let mut input = child.stdin.take().context("the proxy's standard input")?;
+        let output = child.stdout.take().context("the proxy's standard output")?;
+        let mut line = serde_json::to_vec(config)?;
+        line.push(b'\n');
+        input.write_all(&line).await?;
+        input.flush().await?;
+        let mut output = tokio::io::BufReader::new(output).lines();
+        let first = tokio::time::timeout(Duration::from_secs(30), output.next_line()).await;
+        match first {
+            Ok(Ok(Some(line))) => match serde_json::from_str::<Report>(&line) {
+                Ok(Report::Ready { pid }) => Ok(ProxyProcess {
+                    child,
+                    input,
+                    output,
+                    pid,
+                }),
+                _ => anyhow::bail!("the egress proxy said something unexpected: {line}"),
+            },
+            _ => {
+                let _ = child.start_kill();
+                let status = child.wait().await.ok();
+                anyhow::bail!(
+                    "the egress proxy did not start (exit: {})",
+                    status.map(|status| status.to_string()).unwrap_or_default()
+                )
+            }
+        }
+    }
+
+    async fn send(&mut self, envelope: &Envelope) -> std::io::Result<()> {
+        // The line may hold credential values: zeroed once written.
+        let mut line = Zeroizing::new(serde_json::to_vec(envelope).map_err(std::io::Error::other)?);
+        line.push(b'\n');
+        self.input.write_all(&line).await?;
+        self.input.flush().await
+    }
+}
+
+/// Keeps a proxy process running and in step with the registrations.
+struct Supervisor {
+    program: PathBuf,
+    process: ProcessConfig,
+    restart_delay: Duration,
+    registrations: Arc<Mutex<HashMap<IpAddr, Registration>>>,
+    orders: mpsc::UnboundedReceiver<(Envelope, Option<oneshot::Sender<()>>)>,
+    flows: mpsc::Sender<Flow>,
+    pid: Arc<AtomicU32>,
+}
+
+impl Supervisor {
+    /// Until the network is dropped (its order queue closes).
+    async fn run(mut self, first: ProxyProcess) {
+        let mut running = Some(first);
+        loop {
+            let mut process = match running.take() {
+                Some(process) => process,
+                None => match ProxyProcess::start(&self.program, &self.process).await {
+                    Ok(mut process) => {
+                        if self.replay(&mut process).await.is_err() {
+                            self.pause().await;
+                            continue;
+                        }
+                        tracing::info!(pid = process.pid, "the egress proxy is back");
+                        process
+                    }
+                    Err(error) => {
+                        tracing::error!(
+                            error = format!("{error:#}"),
+                            "restarting the egress proxy"
+                        );
+                        if self.pause().await {
+                            return;
+                        }
+                        continue;
+                    }
+                },
+            };
+            self.pid.store(process.pid, Ordering::Relaxed);
+            let mut waiting: HashMap<u64, oneshot::Sender<()>> = HashMap::new();
+            loop {
+                tokio::select! {
+                    order = self.orders.recv() => {
+                        let Some((envelope, done)) = order else {
+                            // The network is gone: so is its proxy (killed on drop).
+                            self.pid.store(0, Ordering::Relaxed);
+                            return;
+                        };
+                        if process.send(&envelope).await.is_err() {
+                            break;
+                        }
+                        if let Some(done) = done {
+                            waiting.insert(envelope.id, done);
+                        }
+                    }
+                    line = process.output.next_line() => {
+                        let Ok(Some(line)) = line else { break };
+                        match serde_json::from_str::<Report>(&line) {
+                            Ok(Report::Done { id }) => {
+                                if let Some(done) = waiting.remove(&id) {
+                                    let _ = done.send(());
+                                }
+                            }
+                            Ok(Report::Flow { flow }) => {
+                                let _ = self.flows.try_send(*flow);
+                            }
+                            Ok(Report::Ready { .. }) | Err(_) => {}
+                        }
+                    }
+                }
+            }
+            self.pid.store(0, Ordering::Relaxed);
+            let _ = process.child.start_kill();
+            let status = process.child.wait().await;
+            tracing::error!(
+                status = ?status,
+                "the egress proxy exited: sandboxes reach nothing until another one runs"
+            );
+            if self.pause().await {
+                return;
+            }
+        }
+    }
+
+    /// Everything registered, to a new process.
+    async fn replay(&self, process: &mut ProxyProcess) -> std::io::Result<()> {
+        let registrations: Vec<Registration> = self
+            .registrations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for registration in registrations {
+            let envelope = Envelope {
+                id: 0,
+                order: Order::Add(Box::new(registration)),
+            };
+            process.send(&envelope).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits out the restart delay; `true` when the network is gone meanwhile.
+    async fn pause(&self) -> bool {
+        tokio::time::sleep(self.restart_delay).await;
+        self.orders.is_closed()
     }
 }

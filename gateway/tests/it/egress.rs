@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use sandbase_egress::proxy::Resolver;
 use sandbase_egress::testing::Upstream;
-use sandbase_worker::network::EgressConfig;
+use sandbase_worker::network::{EgressConfig, PROXY_USER};
 use serde_json::json;
 
 use crate::helpers::spawn_app_with;
@@ -24,6 +24,13 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// The `sandbase` executable, whose `egress-proxy` the worker runs (scripts/test builds it).
+fn proxy_program() -> std::path::PathBuf {
+    std::env::var_os("SANDBASE_BINARY")
+        .expect("SANDBASE_BINARY: the sandbase executable (scripts/test builds it)")
+        .into()
 }
 
 /// One egress test at a time: each worker owns the node's nftables table and pool.
@@ -51,6 +58,9 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
         node_addresses: Vec::new(),
         max_connections: 16,
         extra_ca: None,
+        proxy_program: proxy_program(),
+        proxy_user: Some(PROXY_USER),
+        restart_delay: Duration::from_secs(3),
     });
     let worker = TestWorker::start(config).await;
     let alice = app.signup("alice@example.com", "Alice").await;
@@ -378,6 +388,10 @@ async fn credentials_are_injected_by_the_proxy_and_never_reach_the_sandbox() {
         node_addresses: Vec::new(),
         max_connections: 16,
         extra_ca: Some(upstream.ca_pem.clone().into_bytes()),
+        proxy_program: proxy_program(),
+        proxy_user: Some(PROXY_USER),
+        // Long enough for the sandbox to try its luck while the proxy is down.
+        restart_delay: Duration::from_secs(5),
     });
     let worker = TestWorker::start(config).await;
     let alice = app.signup("alice@example.com", "Alice").await;
@@ -649,6 +663,97 @@ EOF"
     assert!(
         listener.recv_from(&mut received).is_err(),
         "a UDP datagram from the sandbox reached the host"
+    );
+
+    // The proxy is a process of its own, not root. Killed, it leaves the sandbox reaching
+    // nothing (nothing listens behind the redirections; the firewall drops the rest); the
+    // worker starts another after its restart delay and registers the sandbox again —
+    // policy, credentials and the same CA — and the same request works as before.
+    let network = std::sync::Arc::clone(
+        worker
+            .running
+            .as_ref()
+            .unwrap()
+            .node()
+            .network()
+            .expect("egress network"),
+    );
+    let first = network.proxy_pid().expect("the proxy runs");
+    let status = std::fs::read_to_string(format!("/proc/{first}/status")).unwrap();
+    for field in ["Uid:", "Gid:"] {
+        let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+        assert!(
+            line.split_whitespace().skip(1).all(|id| id == "65534"),
+            "{line}"
+        );
+    }
+    assert!(
+        status.lines().any(|l| l == "NoNewPrivs:\t1")
+            && status.contains("CapEff:\t0000000000000000"),
+        "{status}"
+    );
+    let injected_before = upstream
+        .requests()
+        .to_ascii_lowercase()
+        .matches(&format!(
+            "authorization: bearer {}",
+            API_KEY.to_ascii_lowercase()
+        ))
+        .count();
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &first.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let attempts = format!(
+        "curl -sS --max-time 5 -o /dev/null https://api.test.example/v1/models; echo proxy=$?; \
+         curl -sS --noproxy '*' --max-time 5 -o /dev/null --resolve api.test.example:443:{0} \
+         https://api.test.example/v1/models; echo direct=$?",
+        upstream.address
+    );
+    let down = sh(&app, token, &id, &attempts).await;
+    assert!(
+        network.proxy_pid().is_none(),
+        "the proxy came back before the sandbox tried"
+    );
+    let stdout = down["stdout"].as_str().unwrap();
+    assert_eq!(stdout.lines().count(), 2, "{down}");
+    for (what, line) in ["proxy", "direct"].iter().zip(stdout.lines()) {
+        assert!(
+            line.starts_with(what) && !line.ends_with("=0"),
+            "{what} reached out with the proxy down: {down}"
+        );
+    }
+    crate::sandboxes::wait_until("another proxy process", Duration::from_secs(30), || {
+        let pid = network.proxy_pid();
+        async move { pid.is_some_and(|pid| pid != first) }
+    })
+    .await;
+    let answer = sh(
+        &app,
+        token,
+        &id,
+        "curl -sS --max-time 10 -H 'Authorization: Bearer fake' https://api.test.example/v1/models",
+    )
+    .await;
+    assert!(
+        answer["stdout"]
+            .as_str()
+            .unwrap()
+            .starts_with("GET /v1/models HTTP/1.1"),
+        "{answer}"
+    );
+    assert_eq!(
+        upstream
+            .requests()
+            .to_ascii_lowercase()
+            .matches(&format!(
+                "authorization: bearer {}",
+                API_KEY.to_ascii_lowercase()
+            ))
+            .count(),
+        injected_before + 1,
+        "injected again after the restart"
     );
 
     // The values are nowhere the sandbox, the API or the database can show them.
