@@ -6,7 +6,8 @@
 //! made directly:
 //! - added latency: BENCH_REQUESTS (1 000) small requests, each a new connection — through a
 //!   CONNECT tunnel (connect, CONNECT, 200, GET, answer) vs straight to the upstream;
-//! - throughput: BENCH_BYTES (1 GiB) downloaded through a tunnel vs directly;
+//! - throughput: BENCH_BYTES (1 GiB) downloaded through a tunnel vs directly (five of each,
+//!   alternating, the medians compared);
 //! - interception: BENCH_REQUESTS small HTTPS requests, each a new connection, to a host with
 //!   a credential bound (CONNECT, TLS with the sandbox's CA — its leaf certificate cached
 //!   after the first —, the upstream's TLS verified, the header injected) vs HTTPS straight to
@@ -43,6 +44,44 @@ fn ip(args: &[&str]) -> bool {
         .status()
         .map(|status| status.success())
         .unwrap_or(false)
+}
+
+/// A listening socket, to be served on another thread's runtime.
+fn listen(address: SocketAddr) -> std::net::TcpListener {
+    let listener = std::net::TcpListener::bind(address).expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    listener
+}
+
+/// CPU time (user + system) a thread of this process has used, from /proc.
+fn thread_cpu(tid: i32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).expect("stat");
+    // After the command name in parentheses: state is field 3, utime 14, stime 15.
+    let fields: Vec<&str> = stat[stat.rfind(')').expect("stat") + 2..]
+        .split_whitespace()
+        .collect();
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    // USER_HZ is 100 on Linux.
+    Duration::from_millis(ticks * 10)
+}
+
+/// Runs a task on a thread with a single-threaded runtime of its own; its thread id.
+fn own_thread<F, Fut>(make: F) -> i32
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let (tid_sender, tid) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tid_sender.send(rustix::thread::gettid().as_raw_nonzero().get());
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(make());
+    });
+    tid.recv().expect("thread id")
 }
 
 /// Answers `GET /small` with two bytes and `GET /big?N` with N bytes, keep-alive.
@@ -218,21 +257,25 @@ fn main() {
             && ip(&["link", "set", PEER, "up"]),
         "creating the benchmark's interface (root and iproute2 needed)"
     );
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // Client, upstream and proxy each on a thread with a runtime of its own, as the separate
+    // processes they are in production.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
+
     runtime.block_on(async move {
         let address: IpAddr = ADDRESS.parse().expect("address");
-        let upstream_listener = TcpListener::bind((address, 80))
-            .await
-            .expect("bind upstream");
-        tokio::spawn(upstream(upstream_listener));
+        let upstream_listener = listen(SocketAddr::new(address, 80));
         let (upstream_ca, acceptor) = upstream_certificate();
-        let tls_listener = TcpListener::bind((address, 443))
-            .await
-            .expect("bind upstream");
-        tokio::spawn(upstream_tls(tls_listener, acceptor));
+        let tls_listener = listen(SocketAddr::new(address, 443));
+        let _ = own_thread(move || async move {
+            tokio::spawn(upstream_tls(
+                TcpListener::from_std(tls_listener).expect("listener"),
+                acceptor,
+            ));
+            upstream(TcpListener::from_std(upstream_listener).expect("listener")).await;
+        });
         let registry = Arc::new(Registry::default());
         registry.add(
             "127.0.0.1".parse().expect("loopback"),
@@ -263,7 +306,6 @@ fn main() {
             })),
         );
         let (flows, mut drain) = tokio::sync::mpsc::channel(1024);
-        tokio::spawn(async move { while drain.recv().await.is_some() {} });
         let proxy = Proxy::new(
             registry,
             Resolver::Fixed(HashMap::from([(NAME.to_owned(), vec![address])])),
@@ -277,9 +319,15 @@ fn main() {
             },
             flows,
         );
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let listener = listen(SocketAddr::from(([127, 0, 0, 1], 0)));
         let proxy_address = listener.local_addr().expect("address");
-        tokio::spawn(proxy.serve(listener, sandbase_egress::proxy::Listener::Explicit));
+        let proxy_thread = own_thread(move || async move {
+            tokio::spawn(async move { while drain.recv().await.is_some() {} });
+            let listener = TcpListener::from_std(listener).expect("listener");
+            proxy
+                .serve(listener, sandbase_egress::proxy::Listener::Explicit)
+                .await;
+        });
         let direct_address = SocketAddr::new(address, 80);
 
         // Latency: direct and tunnelled requests alternate, each on a new connection.
@@ -308,25 +356,39 @@ fn main() {
             t99 - d99
         );
 
-        // Throughput.
+        // Throughput: five downloads each way, alternating; the median of each.
         let path = format!("/big?{bytes}");
-        let started = Instant::now();
-        let mut stream = TcpStream::connect(direct_address).await.expect("direct");
-        let received = get(&mut stream, &path).await;
-        let direct_took = started.elapsed();
-        let started = Instant::now();
-        let mut stream = tunnel(proxy_address).await;
-        let through = get(&mut stream, &path).await;
-        let tunnel_took = started.elapsed();
-        assert_eq!((received, through), (bytes, bytes));
+        let (mut direct_runs, mut tunnel_runs) = (Vec::new(), Vec::new());
+        let mut proxy_cpu = Duration::ZERO;
+        for _ in 0..5 {
+            let started = Instant::now();
+            let mut stream = TcpStream::connect(direct_address).await.expect("direct");
+            let received = get(&mut stream, &path).await;
+            direct_runs.push(started.elapsed());
+            let started = Instant::now();
+            let cpu = thread_cpu(proxy_thread);
+            let mut stream = tunnel(proxy_address).await;
+            let through = get(&mut stream, &path).await;
+            tunnel_runs.push(started.elapsed());
+            proxy_cpu += thread_cpu(proxy_thread) - cpu;
+            assert_eq!((received, through), (bytes, bytes));
+        }
+        direct_runs.sort();
+        tunnel_runs.sort();
+        let (direct_took, tunnel_took) = (direct_runs[2], tunnel_runs[2]);
 
         let rate = |took: Duration| bytes as f64 / took.as_secs_f64() / (1 << 20) as f64;
-        println!("## {} MiB in one download", bytes >> 20);
+        println!("## {} MiB in one download (median of five)", bytes >> 20);
         println!("direct:          {:.0} MiB/s", rate(direct_took));
         println!(
             "through CONNECT: {:.0} MiB/s → {:.2} of direct",
             rate(tunnel_took),
             direct_took.as_secs_f64() / tunnel_took.as_secs_f64()
+        );
+        let relayed_gib = (5 * bytes) as f64 / (1u64 << 30) as f64;
+        println!(
+            "the proxy's CPU time: {:.0} ms per GiB relayed (its thread's user + system time)",
+            proxy_cpu.as_secs_f64() * 1000.0 / relayed_gib
         );
 
         // Interception: a new connection each, both ways.

@@ -12,8 +12,9 @@ use rustix::pipe::{PipeFlags, SpliceFlags};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-/// How much a pipe holds (the kernel rounds it; a smaller pipe is used when refused).
-const PIPE_SIZE: usize = 1 << 20;
+/// How much a pipe holds (the kernel rounds it; a smaller pipe is used when refused). Splices
+/// move about this much each (some 4 000 per GiB).
+const PIPE_SIZE: usize = 1 << 18;
 
 /// Bytes relayed each way and why the relay ended.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
