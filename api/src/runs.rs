@@ -33,6 +33,13 @@ pub struct CreateRunRequest {
     /// Directory whose content is kept as the run's artifact (default `/work/out`).
     #[serde(default)]
     pub outputs: Option<String>,
+    /// Hosts the run's sandbox may reach through the egress proxy (deny by default). Absent:
+    /// the team's default policy, if it has one; `{"allow": []}`: loopback only.
+    #[serde(default)]
+    pub egress: Option<crate::sandboxes::EgressPolicy>,
+    /// Vault credentials (names) the proxy adds to the run's requests to their hosts.
+    #[serde(default)]
+    pub credentials: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
@@ -80,6 +87,12 @@ pub struct Run {
     /// Size of the artifact archive (`GET /v1/runs/{id}/artifacts`).
     #[serde(default)]
     pub artifact_size: Option<u64>,
+    /// The egress policy its sandbox got (`null`: loopback only).
+    #[serde(default)]
+    pub egress: Option<crate::sandboxes::EgressPolicy>,
+    /// Vault credentials (names) its sandbox's proxy held.
+    #[serde(default)]
+    pub credentials: Vec<String>,
     pub created_at: DateTime<Utc>,
     #[serde(default)]
     pub started_at: Option<DateTime<Utc>>,

@@ -78,6 +78,14 @@ impl Client {
         self.send(Method::POST, path, &[], Some(body)).await
     }
 
+    pub async fn put<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> anyhow::Result<T> {
+        self.send(Method::PUT, path, &[], Some(body)).await
+    }
+
     pub async fn patch<B: Serialize, T: DeserializeOwned>(
         &self,
         path: &str,

@@ -5,6 +5,7 @@ mod billing;
 mod client;
 mod commands;
 mod credentials;
+mod egress_default;
 mod output;
 mod sandbox;
 mod secret;
@@ -106,6 +107,12 @@ enum ClientCommand {
     /// Templates: import, pull and remove (operator, node token), list.
     #[command(subcommand)]
     Template(template::TemplateCommand),
+    /// The team's default egress policy for sandboxes and runs that give none: show, set,
+    /// clear.
+    EgressDefault {
+        #[command(subcommand)]
+        command: Option<egress_default::EgressDefaultCommand>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -157,6 +164,7 @@ fn run_client(global: GlobalArgs, command: ClientCommand) -> anyhow::Result<Exit
             ClientCommand::Credits { command } => billing::credits(&global, command).await,
             ClientCommand::Usage(args) => billing::usage(&global, args).await,
             ClientCommand::Secret(command) => secret::run(&global, command).await,
+            ClientCommand::EgressDefault { command } => egress_default::run(&global, command).await,
         }?;
         Ok(ExitCode::SUCCESS)
     })

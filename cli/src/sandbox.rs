@@ -81,14 +81,33 @@ pub struct CreateArgs {
     /// Spend cap in credits: the sandbox stops once it has cost this much.
     #[arg(long = "max-credits")]
     max_credits: Option<String>,
-    /// A host the sandbox may reach (`api.github.com`, `*.example.org`, `host:8443`;
-    /// repeatable). Nothing when absent.
-    #[arg(long = "egress")]
+    #[command(flatten)]
+    egress: EgressArgs,
+}
+
+/// Egress of a sandbox or a run.
+#[derive(Args)]
+pub struct EgressArgs {
+    /// A host it may reach (`api.github.com`, `*.example.org`, `host:8443`; repeatable).
+    /// Absent: the team's default policy (`sandbase egress-default`), if any.
+    #[arg(long = "egress", conflicts_with = "no_egress")]
     egress: Vec<String>,
-    /// A vault credential the egress proxy adds to the sandbox's requests for its hosts
+    /// Loopback only, whatever the team's default.
+    #[arg(long = "no-egress")]
+    no_egress: bool,
+    /// A vault credential the egress proxy adds to its requests for the credential's hosts
     /// (repeatable); the sandbox never sees its value.
     #[arg(long = "credential")]
     credentials: Vec<String>,
+}
+
+impl EgressArgs {
+    fn policy(&self) -> Option<sandbase_api::sandboxes::EgressPolicy> {
+        (self.no_egress || !self.egress.is_empty()).then(|| sandbase_api::sandboxes::EgressPolicy {
+            allow: self.egress.clone(),
+            deny: Vec::new(),
+        })
+    }
 }
 
 fn parse_mount(value: &str) -> Result<sandbase_api::sandboxes::Mount, String> {
@@ -152,12 +171,9 @@ pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> anyhow::Result
                 },
                 metadata: args.metadata.into_iter().collect(),
                 max_credits: args.max_credits,
-                egress: (!args.egress.is_empty()).then(|| sandbase_api::sandboxes::EgressPolicy {
-                    allow: args.egress,
-                    deny: Vec::new(),
-                }),
+                egress: args.egress.policy(),
                 mounts: args.mounts,
-                credentials: args.credentials,
+                credentials: args.egress.credentials.clone(),
             };
             let sandbox: Sandbox = client.post("/v1/sandboxes", &request).await?;
             if global.json {
@@ -566,6 +582,8 @@ pub struct RunArgs {
     /// Where the artifact is unpacked (default: ./run-<id>).
     #[arg(long)]
     download_to: Option<PathBuf>,
+    #[command(flatten)]
+    egress: EgressArgs,
     /// The command and its arguments (after `--`).
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -602,6 +620,8 @@ pub async fn run_once(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<Exit
         timeout_secs: args.timeout,
         resources: ResourcesRequest::default(),
         outputs: Some(args.outputs),
+        egress: args.egress.policy(),
+        credentials: args.egress.credentials.clone(),
     };
     let mut run: Run = client.post("/v1/runs", &request).await?;
     eprintln!("run {} queued", run.id);

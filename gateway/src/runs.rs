@@ -41,7 +41,7 @@ const REQUEUE_EVERY: Duration = Duration::from_secs(10);
 
 pub const RUN_COLUMNS: &str = "id, template, argv, state, outputs, timeout_secs, cpu_millis, \
      memory_mb, disk_mb, pids, exit_code, timed_out, stdout, stderr, error, artifact_size, \
-     created_at, started_at, finished_at";
+     created_at, started_at, finished_at, egress, credentials";
 
 #[derive(sqlx::FromRow)]
 pub struct RunRow {
@@ -64,6 +64,8 @@ pub struct RunRow {
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
+    pub egress: Option<sqlx::types::Json<sandbase_api::sandboxes::EgressPolicy>>,
+    pub credentials: Vec<String>,
 }
 
 impl RunRow {
@@ -92,6 +94,8 @@ impl RunRow {
             stderr: self.stderr.clone(),
             error: self.error.clone(),
             artifact_size: self.artifact_size.map(|size| size as u64),
+            egress: self.egress.as_ref().map(|policy| policy.0.clone()),
+            credentials: self.credentials.clone(),
             created_at: self.created_at,
             started_at: self.started_at,
             finished_at: self.finished_at,
@@ -465,6 +469,8 @@ struct Claimed {
     disk_mb: i32,
     pids: i32,
     has_inputs: bool,
+    egress: Option<sqlx::types::Json<sandbase_api::sandboxes::EgressPolicy>>,
+    credentials: Vec<String>,
 }
 
 /// Carries out one run taken off the queue.
@@ -473,7 +479,7 @@ async fn execute(state: &AppState, team: Uuid, run: Uuid, placing: Starting) {
         "UPDATE runs SET state = 'running', started_at = now(), lease_until = now() + make_interval(secs => $2) \
          WHERE id = $1 AND state = 'queued' \
          RETURNING team_id, api_key_id, user_id, template, argv, env, outputs, timeout_secs, \
-                   cpu_millis, memory_mb, disk_mb, pids, has_inputs",
+                   cpu_millis, memory_mb, disk_mb, pids, has_inputs, egress, credentials",
     )
     .bind(run)
     .bind(LEASE_SECS)
@@ -614,8 +620,8 @@ async fn carry_out(
         },
         metadata: [("run".to_owned(), run.to_string())].into(),
         max_credits: None,
-        egress: None,
-        credentials: Vec::new(),
+        egress: claimed.egress.as_ref().map(|policy| policy.0.clone()),
+        credentials: claimed.credentials.clone(),
         mounts: Vec::new(),
     };
     let created = sandboxes::create(state, owner, None, placement).await;

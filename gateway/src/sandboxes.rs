@@ -131,6 +131,19 @@ pub struct Placement {
     pub credentials: Vec<String>,
 }
 
+/// The team's default egress policy: what a sandbox or run that gives no `egress` gets.
+pub async fn team_default_egress(
+    state: &AppState,
+    team_id: Uuid,
+) -> ApiResult<Option<sandbase_api::sandboxes::EgressPolicy>> {
+    let policy: Option<Option<sqlx::types::Json<sandbase_api::sandboxes::EgressPolicy>>> =
+        sqlx::query_scalar("SELECT default_egress FROM teams WHERE id = $1")
+            .bind(team_id)
+            .fetch_optional(&state.db)
+            .await?;
+    Ok(policy.flatten().map(|policy| policy.0))
+}
+
 /// Checks an egress policy and returns it normalized (lowercase, `*.` and ports explicit).
 pub fn normalize_egress(
     policy: &sandbase_api::sandboxes::EgressPolicy,

@@ -1,5 +1,6 @@
 //! A sandbox's egress: its policy (read, and changed at run time — effective for new
-//! connections) and its flow log (kept by its worker's proxy).
+//! connections) and its flow log (kept by its worker's proxy); and the team's default
+//! policy, which sandboxes and runs that say nothing about `egress` get.
 
 use axum::Json;
 use axum::extract::State;
@@ -22,6 +23,97 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(get_policy, set_policy))
         .routes(routes!(flows))
+        .routes(routes!(
+            get_team_default,
+            set_team_default,
+            clear_team_default
+        ))
+}
+
+/// The team's default egress policy (`null` when it has none: sandboxes and runs that give
+/// no `egress` then keep loopback only).
+#[utoipa::path(get, path = "/v1/egress-policy", tag = "sandboxes", security(("bearer" = [])),
+    responses(
+        (status = 200, description = "OK", body = Option<EgressPolicy>),
+    ))]
+async fn get_team_default(
+    State(state): State<AppState>,
+    principal: Principal,
+) -> ApiResult<Json<Option<EgressPolicy>>> {
+    Ok(Json(
+        sandboxes::team_default_egress(&state, principal.team_id).await?,
+    ))
+}
+
+/// Set the team's default egress policy (admins): sandboxes and runs created without
+/// `egress` get it; those created before keep theirs.
+#[utoipa::path(put, path = "/v1/egress-policy", tag = "sandboxes", security(("bearer" = [])),
+    request_body = EgressPolicy,
+    responses(
+        (status = 200, description = "Set", body = EgressPolicy),
+        (status = 403, description = "Not an admin", body = ErrorBody),
+        (status = 422, description = "Invalid pattern", body = ErrorBody),
+    ))]
+async fn set_team_default(
+    State(state): State<AppState>,
+    principal: Principal,
+    context: RequestContext,
+    ApiJson(policy): ApiJson<EgressPolicy>,
+) -> ApiResult<Json<EgressPolicy>> {
+    principal.require(Role::Admin)?;
+    if policy.allow.is_empty() {
+        return Err(ApiError::InvalidRequest(
+            "`allow`: at least one host pattern (DELETE /v1/egress-policy removes the default)"
+                .to_owned(),
+        ));
+    }
+    let policy = sandboxes::normalize_egress(&policy)?;
+    let mut transaction = state.db.begin().await?;
+    sqlx::query("UPDATE teams SET default_egress = $2 WHERE id = $1")
+        .bind(principal.team_id)
+        .bind(sqlx::types::Json(&policy))
+        .execute(&mut *transaction)
+        .await?;
+    context
+        .record(
+            &mut transaction,
+            &principal,
+            Some(format!("team:{}", principal.team_id)),
+            serde_json::json!({ "allow": policy.allow, "deny": policy.deny }),
+        )
+        .await?;
+    transaction.commit().await?;
+    Ok(Json(policy))
+}
+
+/// Remove the team's default egress policy (admins): sandboxes and runs without `egress`
+/// keep loopback only again.
+#[utoipa::path(delete, path = "/v1/egress-policy", tag = "sandboxes", security(("bearer" = [])),
+    responses(
+        (status = 204, description = "Removed"),
+        (status = 403, description = "Not an admin", body = ErrorBody),
+    ))]
+async fn clear_team_default(
+    State(state): State<AppState>,
+    principal: Principal,
+    context: RequestContext,
+) -> ApiResult<StatusCode> {
+    principal.require(Role::Admin)?;
+    let mut transaction = state.db.begin().await?;
+    sqlx::query("UPDATE teams SET default_egress = NULL WHERE id = $1")
+        .bind(principal.team_id)
+        .execute(&mut *transaction)
+        .await?;
+    context
+        .record(
+            &mut transaction,
+            &principal,
+            Some(format!("team:{}", principal.team_id)),
+            serde_json::json!({}),
+        )
+        .await?;
+    transaction.commit().await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 type PolicyRow = (Option<sqlx::types::Json<EgressPolicy>>, String);

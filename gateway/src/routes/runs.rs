@@ -48,9 +48,12 @@ async fn create_run(
     State(state): State<AppState>,
     principal: Principal,
     context: RequestContext,
-    ApiJson(request): ApiJson<CreateRunRequest>,
+    ApiJson(mut request): ApiJson<CreateRunRequest>,
 ) -> ApiResult<(StatusCode, Json<Run>)> {
     principal.require(Role::Member)?;
+    if request.egress.is_none() {
+        request.egress = sandboxes::team_default_egress(&state, principal.team_id).await?;
+    }
     let argv = sandboxes::command_argv(request.cmd, request.command)?;
     let settings = &state.settings.sandboxes;
     let template = request
@@ -67,11 +70,13 @@ async fn create_run(
             metadata: Default::default(),
             mounts: Vec::new(),
             max_credits: None,
-            egress: None,
-            credentials: Vec::new(),
+            egress: request.egress,
+            credentials: request.credentials,
         },
         settings,
     )?;
+    // Named credentials must exist now (their values are read when the run starts).
+    crate::routes::secrets::ensure_exist(&state, principal.team_id, &placement.credentials).await?;
     let timeout_secs = request.timeout_secs.unwrap_or(DEFAULT_COMMAND_TIMEOUT_SECS);
     if timeout_secs == 0 || timeout_secs > MAX_COMMAND_TIMEOUT_SECS {
         return Err(ApiError::InvalidRequest(format!(
@@ -111,8 +116,8 @@ async fn create_run(
     let mut transaction = state.db.begin().await?;
     let row: RunRow = sqlx::query_as(&format!(
         "INSERT INTO runs (id, team_id, api_key_id, user_id, template, argv, env, outputs, timeout_secs, \
-           cpu_millis, memory_mb, disk_mb, pids, has_inputs, state) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, 'queued') \
+           cpu_millis, memory_mb, disk_mb, pids, has_inputs, egress, credentials, state) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, 'queued') \
          RETURNING {RUN_COLUMNS}"
     ))
     .bind(id)
@@ -129,6 +134,8 @@ async fn create_run(
     .bind(resources.disk_mb as i32)
     .bind(resources.pids as i32)
     .bind(inputs.is_some())
+    .bind(placement.egress.as_ref().map(sqlx::types::Json))
+    .bind(&placement.credentials)
     .fetch_one(&mut *transaction)
     .await?;
     context

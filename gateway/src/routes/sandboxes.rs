@@ -59,9 +59,12 @@ async fn create_sandbox(
     State(state): State<AppState>,
     principal: Principal,
     context: RequestContext,
-    ApiJson(request): ApiJson<CreateSandboxRequest>,
+    ApiJson(mut request): ApiJson<CreateSandboxRequest>,
 ) -> ApiResult<(StatusCode, Json<Sandbox>)> {
     principal.require(Role::Member)?;
+    if request.egress.is_none() {
+        request.egress = sandboxes::team_default_egress(&state, principal.team_id).await?;
+    }
     let placement = sandboxes::validate_create(request, &state.settings.sandboxes)?;
     let created = sandboxes::create(
         &state,

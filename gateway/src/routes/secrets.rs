@@ -384,6 +384,31 @@ async fn delete_secret(
 /// The decrypted credentials `names` of `team_id`, for the worker that will run the sandbox
 /// naming them (sent over the internal channel at create, never stored elsewhere). Unknown
 /// names are refused by name.
+/// 422 `unknown_credential` unless the team has a secret by each name.
+pub async fn ensure_exist(state: &AppState, team_id: Uuid, names: &[String]) -> ApiResult<()> {
+    if names.is_empty() {
+        return Ok(());
+    }
+    let found: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM secrets WHERE team_id = $1 AND name = ANY($2)")
+            .bind(team_id)
+            .bind(names)
+            .fetch_all(&state.db)
+            .await?;
+    match names.iter().find(|name| !found.contains(name)) {
+        Some(missing) => Err(unknown_credential(missing)),
+        None => Ok(()),
+    }
+}
+
+fn unknown_credential(name: &str) -> ApiError {
+    ApiError::problem(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "unknown_credential",
+        format!("this team has no secret named `{name}` (POST /v1/secrets)"),
+    )
+}
+
 pub async fn unseal_for_sandbox(
     state: &AppState,
     team_id: Uuid,
@@ -405,11 +430,7 @@ pub async fn unseal_for_sandbox(
         .iter()
         .find(|name| !rows.iter().any(|row| &row.name == *name))
     {
-        return Err(ApiError::problem(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "unknown_credential",
-            format!("this team has no secret named `{missing}` (POST /v1/secrets)"),
-        ));
+        return Err(unknown_credential(missing));
     }
     let mut credentials = Vec::with_capacity(rows.len());
     for row in rows {

@@ -43,7 +43,7 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
     upstream.wait_ready().await;
     let public = IpAddr::V4(upstream.address);
     let app = sandbox_app().await;
-    let mut config = worker_config(&app, "w", 4, 0);
+    let mut config = worker_config(&app, "w", 8, 0);
     config.node.egress = Some(EgressConfig {
         pool: "10.213.0.0".parse().unwrap(),
         proxy_port: free_port(),
@@ -336,6 +336,71 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
     )
     .await
     .assert_error(422, "invalid_request");
+    // The team's default policy: what sandboxes that say nothing about `egress` get.
+    assert_eq!(app.get("/v1/egress-policy", token).await.body, Value::Null);
+    let put_default = |body: Value| {
+        app.request(
+            reqwest::Method::PUT,
+            "/v1/egress-policy",
+            Some(token),
+            Some(body),
+        )
+    };
+    put_default(json!({ "allow": [] }))
+        .await
+        .assert_error(422, "invalid_request");
+    put_default(json!({ "allow": ["203.0.113.2"] }))
+        .await
+        .assert_error(422, "invalid_request");
+    let set = put_default(json!({ "allow": ["Allowed.test.example"] })).await;
+    assert_eq!(set.status.as_u16(), 200, "{}", set.body);
+    assert_eq!(set.body["allow"], json!(["allowed.test.example"]));
+    assert_eq!(app.get("/v1/egress-policy", token).await.body, set.body);
+    assert_eq!(
+        app.get("/v1/egress-policy", &bob.api_key.token).await.body,
+        Value::Null,
+        "another team's default is its own"
+    );
+    let defaulted = create_ok(&app, token, json!({})).await;
+    let row = app
+        .get(&format!("/v1/sandboxes/{defaulted}"), token)
+        .await
+        .body;
+    assert_eq!(
+        row["egress"]["allow"],
+        json!(["allowed.test.example"]),
+        "{row}"
+    );
+    let answer = sh(
+        &app,
+        token,
+        &defaulted,
+        &through_proxy("allowed.test.example", "/default"),
+    )
+    .await;
+    assert!(
+        answer["stdout"].as_str().unwrap().contains("GET /default"),
+        "{answer}"
+    );
+    // An explicit empty policy still means loopback only.
+    let opted_out = create_ok(&app, token, json!({ "egress": { "allow": [] } })).await;
+    let row = app
+        .get(&format!("/v1/sandboxes/{opted_out}"), token)
+        .await
+        .body;
+    assert_eq!(row["egress"], Value::Null, "{row}");
+    let audited = app
+        .count("SELECT count(*) FROM audit_events WHERE action LIKE '%egress-policy%' AND target LIKE 'team:%'")
+        .await;
+    assert_eq!(audited, 1);
+    let cleared = app.delete("/v1/egress-policy", token).await;
+    assert_eq!(cleared.status.as_u16(), 204, "{}", cleared.body);
+    let plain = create_ok(&app, token, json!({})).await;
+    let row = app.get(&format!("/v1/sandboxes/{plain}"), token).await.body;
+    assert_eq!(row["egress"], Value::Null, "{row}");
+    for sandbox in [&defaulted, &opted_out, &plain] {
+        app.delete(&format!("/v1/sandboxes/{sandbox}"), token).await;
+    }
     // Destroyed sandboxes leave no link behind.
     for sandbox in [&id, &other, &closed] {
         app.delete(&format!("/v1/sandboxes/{sandbox}"), token).await;
@@ -798,6 +863,69 @@ EOF"
             .await;
         assert_eq!(found, 0);
     }
+    // Runs get egress and credentials like sandboxes: the proxy injects for the run's
+    // sandbox, and the run's record keeps the names.
+    app.post(
+        "/v1/runs",
+        token,
+        json!({ "command": "true", "credentials": ["nope"], "egress": { "allow": ["api.test.example"] } }),
+    )
+    .await
+    .assert_error(422, "unknown_credential");
+    app.post(
+        "/v1/runs",
+        token,
+        json!({ "command": "true", "credentials": ["api"] }),
+    )
+    .await
+    .assert_error(422, "credentials_need_egress");
+    let queued = app
+        .post(
+            "/v1/runs",
+            token,
+            json!({
+                "template": "base",
+                "command": "curl -sS --max-time 10 https://api.test.example/from-a-run",
+                "egress": { "allow": ["api.test.example"] },
+                "credentials": ["api"],
+            }),
+        )
+        .await;
+    assert_eq!(queued.status.as_u16(), 202, "{}", queued.body);
+    assert_eq!(queued.body["credentials"], json!(["api"]));
+    let run_id = queued.body["id"].as_str().unwrap().to_owned();
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let run = loop {
+        let run = app.get(&format!("/v1/runs/{run_id}"), token).await.body;
+        if run["state"] == "completed" || run["state"] == "failed" {
+            break run;
+        }
+        assert!(std::time::Instant::now() < deadline, "the run: {run}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(run["exit_code"], 0, "{run}");
+    assert!(
+        run["stdout"]
+            .as_str()
+            .unwrap()
+            .starts_with("GET /from-a-run HTTP/1.1"),
+        "{run}"
+    );
+    assert!(
+        upstream.requests().contains("GET /from-a-run")
+            && upstream
+                .requests()
+                .to_ascii_lowercase()
+                .matches(&format!(
+                    "authorization: bearer {}",
+                    API_KEY.to_ascii_lowercase()
+                ))
+                .count()
+                >= 3,
+        "{}",
+        upstream.requests()
+    );
+    assert!(!run.to_string().contains(API_KEY), "{run}");
     app.delete(&format!("/v1/sandboxes/{id}"), token).await;
     worker.clean_up_with(&["base"]).await;
 }
