@@ -29,7 +29,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 
-use crate::credentials::{Credential, Outcome};
+use crate::credentials::{BodyScan, Credential, Outcome};
 use crate::policy::Policy;
 use crate::relay;
 use crate::sni::{self, Hello};
@@ -539,7 +539,7 @@ impl Proxy {
         &self,
         host: &str,
         upstream: TcpStream,
-    ) -> Result<hyper::client::conn::http1::SendRequest<Incoming>, String> {
+    ) -> Result<hyper::client::conn::http1::SendRequest<UpstreamBody>, String> {
         let name = rustls::pki_types::ServerName::try_from(host.to_owned())
             .map_err(|_| format!("{host} is not a valid TLS server name"))?;
         let connector = tokio_rustls::TlsConnector::from(Arc::clone(&self.config.upstream_tls));
@@ -607,10 +607,88 @@ impl Proxy {
 }
 
 type Answer = hyper::Response<Either<Incoming, Full<Bytes>>>;
+/// A request body as it goes upstream: untouched, or scanned for placeholders.
+type UpstreamBody = Either<Incoming, ScannedBody>;
+
+/// A request body passed through a [`BodyScan`]: placeholders swapped for this host's
+/// values; one bound elsewhere ends the body with an error (the request is abandoned, the
+/// upstream having received nothing of the placeholder) and is recorded in `leak`.
+struct ScannedBody {
+    inner: Incoming,
+    scan: BodyScan,
+    keeps_length: bool,
+    finished: bool,
+    trailers: Option<http::HeaderMap>,
+    leak: Arc<Mutex<Option<String>>>,
+}
+
+impl hyper::body::Body for ScannedBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        use hyper::body::Frame;
+        use std::task::Poll;
+        let this = &mut *self;
+        if this.finished {
+            return Poll::Ready(
+                this.trailers
+                    .take()
+                    .map(|trailers| Ok(Frame::trailers(trailers))),
+            );
+        }
+        loop {
+            let frame = match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(frame) => frame,
+            };
+            match frame {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => match this.scan.push(&data) {
+                        Ok(ready) if ready.is_empty() => continue,
+                        Ok(ready) => return Poll::Ready(Some(Ok(Frame::data(Bytes::from(ready))))),
+                        Err(name) => {
+                            let why = format!("the body carries the placeholder of `{name}`");
+                            *this.leak.lock().unwrap_or_else(|p| p.into_inner()) = Some(name);
+                            this.finished = true;
+                            return Poll::Ready(Some(Err(why.into())));
+                        }
+                    },
+                    Err(frame) => {
+                        this.trailers = frame.into_trailers().ok();
+                        this.finished = true;
+                    }
+                },
+                Some(Err(error)) => return Poll::Ready(Some(Err(error.into()))),
+                None => this.finished = true,
+            }
+            let rest = this.scan.finish();
+            if !rest.is_empty() {
+                return Poll::Ready(Some(Ok(Frame::data(Bytes::from(rest)))));
+            }
+            return Poll::Ready(
+                this.trailers
+                    .take()
+                    .map(|trailers| Ok(Frame::trailers(trailers))),
+            );
+        }
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        if self.keeps_length {
+            self.inner.size_hint()
+        } else {
+            hyper::body::SizeHint::default()
+        }
+    }
+}
 
 /// One intercepted connection: its upstream and what its requests used.
 struct Session {
-    sender: tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<Incoming>>>,
+    sender: tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<UpstreamBody>>>,
     /// Why the upstream cannot be used (every request is answered 502 with it).
     problem: Mutex<Option<String>>,
     interception: Arc<Interception>,
@@ -680,28 +758,7 @@ impl Session {
             self.port,
             &mut parts,
         ) {
-            Outcome::Leak(name) => {
-                let why = format!(
-                    "the request carries the placeholder of credential `{name}`, which is not for {}; blocked",
-                    self.host
-                );
-                let _ = self.flows.try_send(Flow {
-                    sandbox: self.sandbox.clone(),
-                    host: self.host.clone(),
-                    port: self.port,
-                    mode: "https".to_owned(),
-                    decision: Decision::Denied(why.clone()),
-                    intercepted: true,
-                    credentials: Vec::new(),
-                    leak: Some(name),
-                    address: self.address,
-                    bytes_up: 0,
-                    bytes_down: 0,
-                    duration: Duration::ZERO,
-                    started_at: std::time::SystemTime::now(),
-                });
-                return answer(403, &why);
-            }
+            Outcome::Leak(name) => return self.stop_leak(name),
             Outcome::Forward(names) => {
                 if !names.is_empty() {
                     self.injected
@@ -726,13 +783,60 @@ impl Session {
         if sender.ready().await.is_err() {
             return answer(502, &format!("{} closed the connection", self.host));
         }
-        match sender
+        // With placeholders about, the body is read on its way too.
+        let leak = Arc::new(Mutex::new(None));
+        let body = match BodyScan::new(&self.interception.credentials, &self.host, self.port) {
+            None => Either::Left(body),
+            Some(scan) => {
+                let keeps_length = scan.keeps_length();
+                if !keeps_length {
+                    // Its length changes with the swap: sent chunked instead.
+                    parts.headers.remove(http::header::CONTENT_LENGTH);
+                }
+                Either::Right(ScannedBody {
+                    inner: body,
+                    scan,
+                    keeps_length,
+                    finished: false,
+                    trailers: None,
+                    leak: Arc::clone(&leak),
+                })
+            }
+        };
+        let sent = sender
             .send_request(hyper::Request::from_parts(parts, body))
-            .await
-        {
+            .await;
+        if let Some(name) = leak.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            return self.stop_leak(name);
+        }
+        match sent {
             Ok(response) => response.map(Either::Left),
             Err(error) => answer(502, &format!("{}: {error}", self.host)),
         }
+    }
+
+    /// Answers 403 for a request carrying another host's placeholder, and records it.
+    fn stop_leak(&self, name: String) -> Answer {
+        let why = format!(
+            "the request carries the placeholder of credential `{name}`, which is not for {}; blocked",
+            self.host
+        );
+        let _ = self.flows.try_send(Flow {
+            sandbox: self.sandbox.clone(),
+            host: self.host.clone(),
+            port: self.port,
+            mode: "https".to_owned(),
+            decision: Decision::Denied(why.clone()),
+            intercepted: true,
+            credentials: Vec::new(),
+            leak: Some(name),
+            address: self.address,
+            bytes_up: 0,
+            bytes_down: 0,
+            duration: Duration::ZERO,
+            started_at: std::time::SystemTime::now(),
+        });
+        answer(403, &why)
     }
 }
 

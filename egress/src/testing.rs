@@ -2,8 +2,8 @@
 //! `*.test.example` from a CA of its own) upstream in a network namespace of its own, joined
 //! to the host by a veth pair on a documentation address (203.0.113.0/24), so tests reach a
 //! real server without weakening the SSRF guard. It answers with the request line and
-//! headers (an `Authorization` value shown only as `<redacted>`) and logs every request in
-//! full to a file the test reads. Needs root, iproute2 and python3.
+//! headers (an `Authorization` value shown only as `<redacted>`), a POST with its body's
+//! length, and logs every request in full (bodies too) to a file the test reads. Needs root, iproute2 and python3.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test support: a failed step is a failed test
 
@@ -24,6 +24,26 @@ class Echo(http.server.BaseHTTPRequestHandler):
             "%s: %s\n" % (k, "<redacted>" if k.lower() == "authorization" else v)
             for k, v in self.headers.items())
         body = (self.requestline + "\n" + shown + "\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_POST(self):
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            data = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0], 16)
+                if size == 0:
+                    self.rfile.readline()
+                    break
+                data += self.rfile.read(size)
+                self.rfile.readline()
+        else:
+            data = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        with lock:
+            log.write(self.requestline + "\n" + str(self.headers) + data.decode("utf-8", "replace") + "\n")
+            log.flush()
+        body = ("%s\nbody: %d bytes\n" % (self.requestline, len(data))).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

