@@ -337,7 +337,20 @@ impl Network {
             idle_timeout_ms: 120_000,
             user: config.proxy_user,
         };
-        let first = ProxyProcess::start(&config.proxy_program, &process).await?;
+        // A predecessor's proxy (its worker killed) leaves once it sees its input close;
+        // until then its ports are taken.
+        let mut attempt = 0;
+        let first = loop {
+            match ProxyProcess::start(&config.proxy_program, &process).await {
+                Ok(first) => break first,
+                Err(error) if attempt < 10 => {
+                    attempt += 1;
+                    tracing::debug!(error = format!("{error:#}"), "starting the egress proxy");
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                Err(error) => return Err(error),
+            }
+        };
         let registrations: Arc<Mutex<HashMap<IpAddr, Registration>>> = Arc::default();
         let (orders, order_receiver) = mpsc::unbounded_channel();
         let proxy_pid = Arc::new(AtomicU32::new(first.pid));
