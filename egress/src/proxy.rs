@@ -416,27 +416,32 @@ impl Proxy {
                     )
                     .await;
                 } else {
-                    let rest = &buffer[head_len..];
+                    let mut first = buffer.split_off(head_len);
                     let sent = match (&target.forward, kind) {
                         (Some(head), _) => {
                             upstream.write_all(head).await.is_ok()
-                                && upstream.write_all(rest).await.is_ok()
+                                && upstream.write_all(&first).await.is_ok()
                         }
                         (None, Listener::Explicit) => {
                             stream
                                 .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
                                 .await
                                 .is_ok()
-                                && upstream.write_all(rest).await.is_ok()
+                                && match self
+                                    .tunnel_agrees(&mut stream, &upstream, &target.host, &mut first)
+                                    .await
+                                {
+                                    Ok(()) => upstream.write_all(&first).await.is_ok(),
+                                    Err(why) => {
+                                        flow.decision = Decision::Denied(why);
+                                        false
+                                    }
+                                }
                         }
-                        (None, _) => upstream.write_all(&buffer).await.is_ok(),
+                        (None, _) => upstream.write_all(&first).await.is_ok(),
                     };
                     if sent {
-                        let head_bytes = match (&target.forward, kind) {
-                            (Some(head), _) => head.len() + rest.len(),
-                            (None, Listener::Explicit) => rest.len(),
-                            (None, _) => buffer.len(),
-                        };
+                        let head_bytes = target.forward.as_ref().map_or(0, Vec::len) + first.len();
                         let relayed =
                             relay::relay(&stream, &upstream, self.config.idle_timeout).await;
                         flow.bytes_up = relayed.forward + head_bytes as u64;
@@ -453,6 +458,38 @@ impl Proxy {
             "egress"
         );
         let _ = self.flows.try_send(flow);
+    }
+
+    /// In a CONNECT tunnel, TLS must name the host the tunnel is for: a ClientHello with
+    /// another server name (a fronted host on a shared address) is refused. The client's
+    /// first bytes are read into `first` when it speaks first; when the upstream does
+    /// (SMTP, databases), there is nothing to check.
+    async fn tunnel_agrees(
+        &self,
+        stream: &mut TcpStream,
+        upstream: &TcpStream,
+        host: &str,
+        first: &mut Vec<u8>,
+    ) -> Result<(), String> {
+        if first.is_empty() {
+            let client_first = tokio::select! {
+                ready = stream.readable() => ready.is_ok(),
+                _ = upstream.readable() => false,
+                () = tokio::time::sleep(self.config.head_timeout) => false,
+            };
+            if !client_first {
+                return Ok(());
+            }
+        }
+        let hello = tokio::time::timeout(self.config.head_timeout, read_hello(stream, first)).await;
+        match hello {
+            Ok(Ok(Hello::Name(name))) if name != host => Err(format!(
+                "the TLS server name {name} is not {host}, the host this tunnel was opened for"
+            )),
+            // The right name, no name, not TLS — or the client went quiet or away, which the
+            // relay sees too.
+            _ => Ok(()),
+        }
     }
 
     /// Opens the sandbox's TLS with a certificate from its CA, the upstream's with the real

@@ -220,6 +220,66 @@ async fn the_proxy_lets_through_only_what_the_policy_allows_and_refuses_internal
         "{seen:?}"
     );
 
+    // TLS in a CONNECT tunnel must name the tunnel's host: the same upstream address (its
+    // certificate is good for every *.test.example name) answers for the right name, and a
+    // tunnel opened for an allowed name carrying a ClientHello for a denied one (fronting)
+    // is closed before the upstream sees it.
+    let client = tokio_rustls::TlsConnector::from(
+        sandbase_egress::tls::upstream_config(Some(upstream.ca_pem.as_bytes())).unwrap(),
+    );
+    for (sni, works) in [
+        ("allowed.test.example", true),
+        ("denied.test.example", false),
+    ] {
+        let mut tunnel = TcpStream::connect(address).await.unwrap();
+        tunnel
+            .write_all(b"CONNECT allowed.test.example:443 HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        let mut established = [0u8; 39];
+        tunnel.read_exact(&mut established).await.unwrap();
+        assert!(established.starts_with(b"HTTP/1.1 200"));
+        let name = rustls::pki_types::ServerName::try_from(sni.to_owned()).unwrap();
+        let tls = tokio::time::timeout(Duration::from_secs(10), client.connect(name, tunnel))
+            .await
+            .unwrap();
+        match tls {
+            Ok(mut tls) => {
+                assert!(
+                    works,
+                    "TLS for {sni} went through a tunnel for another host"
+                );
+                tls.write_all(
+                    b"GET /tls HTTP/1.1\r\nHost: allowed.test.example\r\nConnection: close\r\n\r\n",
+                )
+                .await
+                .unwrap();
+                let mut answer = Vec::new();
+                let _ = tls.read_to_end(&mut answer).await;
+                let answer = String::from_utf8_lossy(&answer);
+                assert!(answer.contains("GET /tls HTTP/1.1"), "{answer}");
+            }
+            Err(error) => assert!(!works, "{sni}: {error}"),
+        }
+    }
+    let mut refused = None;
+    while let Ok(Some(flow)) = tokio::time::timeout(Duration::from_millis(500), flows.recv()).await
+    {
+        if let Decision::Denied(why) = &flow.decision {
+            refused = Some(why.clone());
+        }
+    }
+    let refused = refused.expect("the fronted tunnel is a denied flow");
+    assert!(
+        refused.contains("TLS server name denied.test.example is not allowed.test.example"),
+        "{refused}"
+    );
+    assert!(
+        !upstream.requests().contains("denied.test.example"),
+        "{}",
+        upstream.requests()
+    );
+
     // A policy change applies to the next connection.
     assert!(registry.set_policy(sandbox, Policy::default()));
     let answer = exchange(

@@ -684,17 +684,18 @@ EOF",
         "{flows:?}"
     );
 
-    // Refusals reach the team's audit log, from the worker, once each.
-    for (action, detail) in [
-        ("sandbox.credential_leak_blocked", "credential' = 'git"),
-        ("sandbox.egress_denied", "host' = 'denied.test.example"),
+    // Refusals reach the team's audit log, from the worker, once each (the placeholder was
+    // stopped twice: in a header, and in a body).
+    for (action, detail, times) in [
+        ("sandbox.credential_leak_blocked", "credential' = 'git", 2),
+        ("sandbox.egress_denied", "host' = 'denied.test.example", 1),
     ] {
         let query = format!(
             "SELECT count(*) FROM audit_events WHERE action = '{action}' \
              AND target = 'sandbox:{id}' AND outcome = 'denied' AND details->>'{detail}'"
         );
         crate::sandboxes::wait_until(action, Duration::from_secs(15), || async {
-            app.count(&query).await == 1
+            app.count(&query).await == times
         })
         .await;
     }
