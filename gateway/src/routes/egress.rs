@@ -68,21 +68,7 @@ async fn set_team_default(
         ));
     }
     let policy = sandboxes::normalize_egress(&policy)?;
-    let mut transaction = state.db.begin().await?;
-    sqlx::query("UPDATE teams SET default_egress = $2 WHERE id = $1")
-        .bind(principal.team_id)
-        .bind(sqlx::types::Json(&policy))
-        .execute(&mut *transaction)
-        .await?;
-    context
-        .record(
-            &mut transaction,
-            &principal,
-            Some(format!("team:{}", principal.team_id)),
-            serde_json::json!({ "allow": policy.allow, "deny": policy.deny }),
-        )
-        .await?;
-    transaction.commit().await?;
+    store_team_default(&state, &principal, &context, Some(&policy)).await?;
     Ok(Json(policy))
 }
 
@@ -99,21 +85,38 @@ async fn clear_team_default(
     context: RequestContext,
 ) -> ApiResult<StatusCode> {
     principal.require(Role::Admin)?;
+    store_team_default(&state, &principal, &context, None).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Sets (or, with `None`, removes) the team's default policy, audited in the same
+/// transaction.
+async fn store_team_default(
+    state: &AppState,
+    principal: &Principal,
+    context: &RequestContext,
+    policy: Option<&EgressPolicy>,
+) -> ApiResult<()> {
     let mut transaction = state.db.begin().await?;
-    sqlx::query("UPDATE teams SET default_egress = NULL WHERE id = $1")
+    sqlx::query("UPDATE teams SET default_egress = $2 WHERE id = $1")
         .bind(principal.team_id)
+        .bind(policy.map(sqlx::types::Json))
         .execute(&mut *transaction)
         .await?;
+    let details = match policy {
+        Some(policy) => serde_json::json!({ "allow": policy.allow, "deny": policy.deny }),
+        None => serde_json::json!({}),
+    };
     context
         .record(
             &mut transaction,
-            &principal,
+            principal,
             Some(format!("team:{}", principal.team_id)),
-            serde_json::json!({}),
+            details,
         )
         .await?;
     transaction.commit().await?;
-    Ok(StatusCode::NO_CONTENT)
+    Ok(())
 }
 
 type PolicyRow = (Option<sqlx::types::Json<EgressPolicy>>, String);
