@@ -54,6 +54,20 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
                 "loopback.test.example".to_owned(),
                 vec!["127.0.0.1".parse().unwrap()],
             ),
+            (
+                "metadata.test.example".to_owned(),
+                vec!["169.254.169.254".parse().unwrap()],
+            ),
+            // The second sandbox's address (the pool's second /30), and the node's side of
+            // the first sandbox's link.
+            (
+                "sibling.test.example".to_owned(),
+                vec!["10.213.0.6".parse().unwrap()],
+            ),
+            (
+                "node.test.example".to_owned(),
+                vec!["10.213.0.1".parse().unwrap()],
+            ),
         ])),
         node_addresses: Vec::new(),
         max_connections: 16,
@@ -68,7 +82,13 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
     let id = create_ok(
         &app,
         token,
-        json!({ "egress": { "allow": ["allowed.test.example", "loopback.test.example"] } }),
+        json!({ "egress": { "allow": [
+            "allowed.test.example",
+            "loopback.test.example",
+            "metadata.test.example",
+            "sibling.test.example",
+            "node.test.example",
+        ] } }),
     )
     .await;
     let other = create_ok(
@@ -105,6 +125,9 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
             "not allowed by this sandbox's egress policy",
         ),
         ("loopback.test.example", "loopback address"),
+        ("metadata.test.example", "cloud metadata address"),
+        ("sibling.test.example", "private address"),
+        ("node.test.example", "address"),
     ] {
         let answer = sh(&app, token, &id, &through_proxy(host, "/")).await;
         let stdout = answer["stdout"].as_str().unwrap();
@@ -113,6 +136,7 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
             "{host}: {answer}"
         );
     }
+
     // Around the proxy: the upstream's address directly, the proxy's host on another port,
     // another sandbox — all dropped.
     let other_ip = sh(
@@ -135,6 +159,10 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
         })
         .unwrap_or_else(|| panic!("no address in {other_ip}"))
         .to_owned();
+    assert_eq!(
+        other_ip, "10.213.0.6",
+        "the address sibling.test.example named"
+    );
     let gateway_ip = sh(
         &app,
         token,
@@ -191,7 +219,16 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
         .filter(|f| f["decision"] == "denied")
         .map(|f| f["host"].as_str().unwrap())
         .collect();
-    assert_eq!(denied, ["denied.test.example", "loopback.test.example"]);
+    assert_eq!(
+        denied,
+        [
+            "denied.test.example",
+            "loopback.test.example",
+            "metadata.test.example",
+            "sibling.test.example",
+            "node.test.example"
+        ]
+    );
 
     // Allowed bytes become `egress_bytes` usage, charged to the team for this sandbox.
     crate::sandboxes::wait_until("the egress charge", Duration::from_secs(15), || async {
@@ -261,7 +298,13 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
         .body;
     assert_eq!(
         policy["allow"],
-        json!(["allowed.test.example", "loopback.test.example"])
+        json!([
+            "allowed.test.example",
+            "loopback.test.example",
+            "metadata.test.example",
+            "sibling.test.example",
+            "node.test.example"
+        ])
     );
     let changed = app
         .request(
