@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -249,7 +249,11 @@ fn percentile(samples: &mut [Duration], fraction: f64) -> f64 {
 fn main() {
     let requests = env_number("BENCH_REQUESTS", 1000);
     let bytes = env_number("BENCH_BYTES", 1 << 30);
-    let _ = ip(&["link", "del", LINK]);
+    // A link left by an interrupted run; usually there is none, which is not worth a message.
+    let _ = Command::new("ip")
+        .args(["link", "del", LINK])
+        .stderr(Stdio::null())
+        .status();
     assert!(
         ip(&["link", "add", LINK, "type", "veth", "peer", "name", PEER])
             && ip(&["addr", "add", &format!("{ADDRESS}/32"), "dev", LINK])
