@@ -152,21 +152,8 @@ pub enum Outcome {
 /// Injects the credentials bound to `host:port` into a request head and checks it carries no
 /// other credential's placeholder (in its target or any header).
 pub fn apply(credentials: &[Credential], host: &str, port: u16, parts: &mut Parts) -> Outcome {
-    for credential in credentials {
-        let Some(placeholder) = credential.placeholder() else {
-            continue;
-        };
-        if credential.binds(host, port) {
-            continue;
-        }
-        let in_target = parts.uri.to_string().contains(placeholder);
-        let in_headers = parts
-            .headers
-            .values()
-            .any(|value| contains(value.as_bytes(), placeholder.as_bytes()));
-        if in_target || in_headers {
-            return Outcome::Leak(credential.name.clone());
-        }
+    if let Some(name) = placeholder_leaving(credentials, |c| c.binds(host, port), parts) {
+        return Outcome::Leak(name);
     }
     let mut injected = Vec::new();
     for credential in credentials.iter().filter(|c| c.binds(host, port)) {
@@ -194,6 +181,35 @@ pub fn apply(credentials: &[Credential], host: &str, port: u16, parts: &mut Part
     Outcome::Forward(injected)
 }
 
+/// The credential whose placeholder a plain-text request carries, if any: credentials only
+/// ever travel over TLS, so every placeholder in plain text is one leaving.
+pub fn placeholder_in_plain(credentials: &[Credential], parts: &Parts) -> Option<String> {
+    placeholder_leaving(credentials, |_| false, parts)
+}
+
+/// The first credential not `bound` to the request's destination whose placeholder is in its
+/// target or a header.
+fn placeholder_leaving(
+    credentials: &[Credential],
+    bound: impl Fn(&Credential) -> bool,
+    parts: &Parts,
+) -> Option<String> {
+    let target = parts.uri.to_string();
+    credentials
+        .iter()
+        .filter(|credential| !bound(credential))
+        .find(|credential| {
+            credential.placeholder().is_some_and(|placeholder| {
+                target.contains(placeholder)
+                    || parts
+                        .headers
+                        .values()
+                        .any(|value| contains(value.as_bytes(), placeholder.as_bytes()))
+            })
+        })
+        .map(|credential| credential.name.clone())
+}
+
 /// Placeholders in a request body, seen as it streams: swapped for their values when the
 /// request's host is theirs, stopping the request when it is not. The last bytes of each
 /// chunk are held back until the next one (or the end), so a placeholder split across
@@ -213,8 +229,18 @@ struct BodyRule {
 }
 
 impl BodyScan {
-    /// The scan for a request to `host:port`; `None` when the sandbox has no placeholders.
+    /// The scan for a request to `host:port` over TLS; `None` when the sandbox has no
+    /// placeholders.
     pub fn new(credentials: &[Credential], host: &str, port: u16) -> Option<BodyScan> {
+        BodyScan::with(credentials, |credential| credential.binds(host, port))
+    }
+
+    /// The scan for a plain-text request: every placeholder is a leak.
+    pub fn plain(credentials: &[Credential]) -> Option<BodyScan> {
+        BodyScan::with(credentials, |_| false)
+    }
+
+    fn with(credentials: &[Credential], bound: impl Fn(&Credential) -> bool) -> Option<BodyScan> {
         let rules: Vec<BodyRule> = credentials
             .iter()
             .filter_map(|credential| {
@@ -222,8 +248,7 @@ impl BodyScan {
                 Some(BodyRule {
                     name: credential.name.clone(),
                     placeholder: placeholder.as_bytes().to_vec(),
-                    value: credential
-                        .binds(host, port)
+                    value: bound(credential)
                         .then(|| Zeroizing::new(credential.value.as_bytes().to_vec())),
                 })
             })
@@ -416,6 +441,9 @@ mod tests {
             assert_eq!(outcome, Err("git".to_owned()), "cut at {cut}");
             assert!(sent.len() <= start, "cut at {cut}: {sent:?}");
         }
+        // In plain text the bound host is stopped too: values only travel over TLS.
+        let mut scan = BodyScan::plain(&credentials).unwrap();
+        assert_eq!(scan.push(body), Err("git".to_owned()));
         // No placeholders, no scan; a value of another length changes the body's length.
         let header = credential(
             "api",
@@ -547,5 +575,18 @@ mod tests {
                 Outcome::Leak("github".to_owned())
             );
         }
+        // In plain text not even the bound host may have it.
+        let request = parts(
+            "http://api.github.com/user",
+            &[("authorization", "token ghp_PLACEHOLDER000000000000")],
+        );
+        assert_eq!(
+            placeholder_in_plain(&credentials, &request),
+            Some("github".to_owned())
+        );
+        assert_eq!(
+            placeholder_in_plain(&credentials, &parts("http://api.github.com/", &[])),
+            None
+        );
     }
 }

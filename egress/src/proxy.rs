@@ -243,9 +243,8 @@ struct Target {
     mode: &'static str,
     host: String,
     port: u16,
-    /// For plain HTTP: the head rewritten for the upstream (origin form, no proxy headers,
-    /// `Connection: close`).
-    forward: Option<Vec<u8>>,
+    /// Plain HTTP: served request by request (the others are tunnels or TLS).
+    plain: bool,
 }
 
 impl Proxy {
@@ -297,7 +296,7 @@ impl Proxy {
                             mode: "transparent-tls",
                             host,
                             port: 443,
-                            forward: None,
+                            plain: false,
                         },
                         0,
                     ))
@@ -356,8 +355,8 @@ impl Proxy {
         let interception = entry.interception.clone();
         // Plain HTTP is read, not opened: a placeholder in it goes nowhere, whatever the
         // host (credentials are only ever sent over TLS).
-        let leaked = match (&interception, &target.forward) {
-            (Some(interception), Some(_)) => {
+        let leaked = match &interception {
+            Some(interception) if target.plain => {
                 interception.placeholder_in(&buffer).map(str::to_owned)
             }
             _ => None,
@@ -390,11 +389,11 @@ impl Proxy {
             }
             Ok((mut upstream, address)) => {
                 flow.address = Some(address);
-                let intercept = target.forward.is_none()
+                let intercept = !target.plain
                     && interception
                         .as_ref()
                         .is_some_and(|i| i.wants(&target.host, target.port));
-                if let (true, Some(interception)) = (intercept, interception) {
+                if let (true, Some(interception)) = (intercept, interception.clone()) {
                     let replay = if kind == Listener::Explicit {
                         let answered = stream
                             .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
@@ -415,14 +414,21 @@ impl Proxy {
                         &mut flow,
                     )
                     .await;
+                } else if target.plain {
+                    // The head read so far is replayed to the HTTP server.
+                    self.plain(
+                        Tap::new(stream, std::mem::take(&mut buffer)),
+                        interception,
+                        &target,
+                        kind,
+                        upstream,
+                        &mut flow,
+                    )
+                    .await;
                 } else {
                     let mut first = buffer.split_off(head_len);
-                    let sent = match (&target.forward, kind) {
-                        (Some(head), _) => {
-                            upstream.write_all(head).await.is_ok()
-                                && upstream.write_all(&first).await.is_ok()
-                        }
-                        (None, Listener::Explicit) => {
+                    let sent = match kind {
+                        Listener::Explicit => {
                             stream
                                 .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
                                 .await
@@ -438,10 +444,10 @@ impl Proxy {
                                     }
                                 }
                         }
-                        (None, _) => upstream.write_all(&first).await.is_ok(),
+                        _ => upstream.write_all(&first).await.is_ok(),
                     };
                     if sent {
-                        let head_bytes = target.forward.as_ref().map_or(0, Vec::len) + first.len();
+                        let head_bytes = first.len();
                         let relayed =
                             relay::relay(&stream, &upstream, self.config.idle_timeout).await;
                         flow.bytes_up = relayed.forward + head_bytes as u64;
@@ -524,21 +530,58 @@ impl Proxy {
             );
             return;
         };
-        let session = Arc::new(Session {
-            sender: tokio::sync::Mutex::new(None),
-            problem: Mutex::new(None),
-            interception,
-            host: target.host.clone(),
-            port: target.port,
-            injected: Mutex::new(BTreeSet::new()),
-            flows: self.flows.clone(),
-            sandbox: flow.sandbox.clone(),
-            address: flow.address,
-        });
+        let session = Session::new(
+            Some(interception),
+            true,
+            false,
+            target,
+            flow,
+            counters,
+            self,
+        );
         match self.upstream_tls(&target.host, upstream).await {
             Ok(sender) => *session.sender.lock().await = Some(sender),
             Err(why) => *session.problem.lock().unwrap_or_else(|p| p.into_inner()) = Some(why),
         }
+        self.serve_session(session, downstream, flow).await;
+    }
+
+    /// Plain HTTP, request by request: each must name the connection's host, and no
+    /// placeholder leaves in its head or body (credentials travel only over TLS). Upgrades
+    /// (WebSocket) are passed on. Explicit proxy connections take one request each: the next
+    /// one on them may be for another host.
+    async fn plain(
+        &self,
+        stream: Tap<TcpStream>,
+        interception: Option<Arc<Interception>>,
+        target: &Target,
+        kind: Listener,
+        upstream: TcpStream,
+        flow: &mut Flow,
+    ) {
+        let counters = Arc::clone(&stream.counters);
+        let session = Session::new(
+            interception,
+            false,
+            kind == Listener::Explicit,
+            target,
+            flow,
+            counters,
+            self,
+        );
+        match upstream_http(upstream, &target.host).await {
+            Ok(sender) => *session.sender.lock().await = Some(sender),
+            Err(why) => *session.problem.lock().unwrap_or_else(|p| p.into_inner()) = Some(why),
+        }
+        self.serve_session(session, stream, flow).await;
+    }
+
+    /// Serves a sandbox's HTTP connection through a session until it closes (and any
+    /// upgraded connection it became has ended), then fills in its flow.
+    async fn serve_session<S>(&self, session: Arc<Session>, downstream: S, flow: &mut Flow)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let service = {
             let session = Arc::clone(&session);
             hyper::service::service_fn(move |request| {
@@ -547,13 +590,25 @@ impl Proxy {
             })
         };
         // A kept-alive connection that sends no new request within the idle timeout closes.
+        // A client that shuts its side after the request (`printf … | nc`) still gets the
+        // answer.
         let _ = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
+            .half_close(true)
             .header_read_timeout(self.config.idle_timeout)
             .serve_connection(TokioIo::new(downstream), service)
+            .with_upgrades()
             .await;
-        flow.bytes_up = counters.up.load(Ordering::Relaxed);
-        flow.bytes_down = counters.down.load(Ordering::Relaxed);
+        let upgraded = session
+            .upgraded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(upgraded) = upgraded {
+            let _ = upgraded.await;
+        }
+        flow.bytes_up = session.counters.up.load(Ordering::Relaxed);
+        flow.bytes_down = session.counters.down.load(Ordering::Relaxed);
         flow.credentials = session
             .injected
             .lock()
@@ -587,13 +642,7 @@ impl Proxy {
         .await
         .map_err(|_| format!("{host} did not complete a TLS handshake in time"))?
         .map_err(|error| format!("TLS with {host} failed: {error}"))?;
-        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-            .await
-            .map_err(|error| format!("HTTP with {host} failed: {error}"))?;
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        Ok(sender)
+        upstream_http(tls, host).await
     }
 
     /// Policy, resolution, the SSRF guard, then a connection to a checked address.
@@ -723,18 +772,124 @@ impl hyper::body::Body for ScannedBody {
     }
 }
 
-/// One intercepted connection: its upstream and what its requests used.
+/// A sandbox's HTTP connection (intercepted TLS, or plain HTTP): its upstream and what its
+/// requests used.
 struct Session {
     sender: tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<UpstreamBody>>>,
     /// Why the upstream cannot be used (every request is answered 502 with it).
     problem: Mutex<Option<String>>,
-    interception: Arc<Interception>,
+    interception: Option<Arc<Interception>>,
+    /// Over TLS: credentials bound to the host are added. In plain text none are, and any
+    /// placeholder stops its request.
+    tls: bool,
+    /// Every answer closes the connection.
+    one_request: bool,
+    mode: String,
     host: String,
     port: u16,
     injected: Mutex<BTreeSet<String>>,
     flows: mpsc::Sender<Flow>,
     sandbox: String,
     address: Option<SocketAddr>,
+    /// Bytes to and from the sandbox.
+    counters: Arc<crate::stream::Counters>,
+    idle_timeout: Duration,
+    /// The relay of a connection upgraded (101) to another protocol.
+    upgraded: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Session {
+    fn new(
+        interception: Option<Arc<Interception>>,
+        tls: bool,
+        one_request: bool,
+        target: &Target,
+        flow: &Flow,
+        counters: Arc<crate::stream::Counters>,
+        proxy: &Proxy,
+    ) -> Arc<Session> {
+        Arc::new(Session {
+            sender: tokio::sync::Mutex::new(None),
+            problem: Mutex::new(None),
+            interception,
+            tls,
+            one_request,
+            mode: flow.mode.clone(),
+            host: target.host.clone(),
+            port: target.port,
+            injected: Mutex::new(BTreeSet::new()),
+            flows: proxy.flows.clone(),
+            sandbox: flow.sandbox.clone(),
+            address: flow.address,
+            counters,
+            idle_timeout: proxy.config.idle_timeout,
+            upgraded: Mutex::new(None),
+        })
+    }
+
+    fn credentials(&self) -> &[Credential] {
+        self.interception
+            .as_deref()
+            .map_or(&[], |interception| &interception.credentials)
+    }
+}
+
+/// An HTTP/1.1 client connection over `io` (upgrades allowed), driven by a task of its own.
+async fn upstream_http<I>(
+    io: I,
+    host: &str,
+) -> Result<hyper::client::conn::http1::SendRequest<UpstreamBody>, String>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|error| format!("HTTP with {host} failed: {error}"))?;
+    tokio::spawn(async move {
+        let _ = connection.with_upgrades().await;
+    });
+    Ok(sender)
+}
+
+/// Whether an upstream's answer ends its connection (so the sandbox's must end too).
+fn closes<B>(response: &hyper::Response<B>) -> bool {
+    let connection = response
+        .headers()
+        .get(http::header::CONNECTION)
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_ascii_lowercase)
+        .unwrap_or_default();
+    connection.contains("close")
+        || (response.version() == http::Version::HTTP_10 && !connection.contains("keep-alive"))
+}
+
+/// Relays an upgraded connection until both ends close or nothing moves for `idle`.
+async fn relay_upgraded(
+    downstream: hyper::upgrade::OnUpgrade,
+    upstream: hyper::upgrade::OnUpgrade,
+    counters: Arc<crate::stream::Counters>,
+    idle: Duration,
+) {
+    let (Ok(downstream), Ok(upstream)) = tokio::join!(downstream, upstream) else {
+        return;
+    };
+    let (mut downstream, mut upstream) = (TokioIo::new(downstream), TokioIo::new(upstream));
+    let quiet = async {
+        loop {
+            let moved = |c: &crate::stream::Counters| {
+                c.up.load(Ordering::Relaxed) + c.down.load(Ordering::Relaxed)
+            };
+            let before = moved(&counters);
+            tokio::time::sleep(idle).await;
+            if moved(&counters) == before {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut downstream, &mut upstream) => {}
+        () = quiet => {}
+    }
 }
 
 fn answer(status: u16, why: &str) -> Answer {
@@ -751,34 +906,71 @@ fn answer(status: u16, why: &str) -> Answer {
 }
 
 impl Session {
+    /// One request of the sandbox's, answered by the upstream or by the proxy.
     async fn forward(&self, request: hyper::Request<Incoming>) -> Answer {
+        let mut answer = self.exchange(request).await;
+        if self.one_request && answer.status() != hyper::StatusCode::SWITCHING_PROTOCOLS {
+            answer.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+        }
+        answer
+    }
+
+    async fn exchange(&self, mut request: hyper::Request<Incoming>) -> Answer {
+        let downstream_upgrade = request
+            .headers()
+            .contains_key(http::header::UPGRADE)
+            .then(|| hyper::upgrade::on(&mut request));
         let (mut parts, body) = request.into_parts();
-        // The names must agree: the request's host is the connection's.
-        let named = parts
+        // The names must agree: the request's host and port are the connection's.
+        let authority = parts
             .uri
-            .host()
-            .map(str::to_owned)
+            .authority()
+            .map(|authority| authority.as_str().to_owned())
             .or_else(|| {
                 parts
                     .headers
                     .get(http::header::HOST)
                     .and_then(|value| value.to_str().ok())
-                    .and_then(|value| split_authority(value, self.port).ok())
-                    .map(|(host, _)| host)
-            })
-            .map(|host| host.trim_end_matches('.').to_ascii_lowercase());
-        if let Some(named) = named
-            && named != self.host
-        {
-            return answer(
-                421,
-                &format!(
-                    "this connection is for {}; a request for {named} needs its own",
-                    self.host
-                ),
-            );
+                    .map(str::to_owned)
+            });
+        if let Some(authority) = authority {
+            if authority.contains('@') {
+                return answer(400, "credentials in the URL are not allowed");
+            }
+            let named = split_authority(&authority, self.port);
+            let agrees = named
+                .as_ref()
+                .is_ok_and(|(host, port)| *host == self.host && *port == self.port);
+            if !agrees {
+                return answer(
+                    421,
+                    &format!(
+                        "this connection is for {}:{}; a request for {authority} needs its own",
+                        self.host, self.port
+                    ),
+                );
+            }
         }
-        if parts.uri.authority().is_some() {
+        // Proxy headers are for the proxy.
+        let proxy_headers: Vec<http::HeaderName> = parts
+            .headers
+            .keys()
+            .filter(|name| name.as_str().starts_with("proxy-"))
+            .cloned()
+            .collect();
+        for name in proxy_headers {
+            parts.headers.remove(name);
+        }
+        if let Some(authority) = parts.uri.authority() {
+            if !parts.headers.contains_key(http::header::HOST) {
+                match http::HeaderValue::from_str(authority.as_str()) {
+                    Ok(host) => parts.headers.insert(http::header::HOST, host),
+                    Err(_) => return answer(400, "bad request target"),
+                };
+            }
             let origin = parts
                 .uri
                 .path_and_query()
@@ -789,12 +981,15 @@ impl Session {
                 Err(_) => return answer(400, "bad request target"),
             }
         }
-        match crate::credentials::apply(
-            &self.interception.credentials,
-            &self.host,
-            self.port,
-            &mut parts,
-        ) {
+        let outcome = if self.tls {
+            crate::credentials::apply(self.credentials(), &self.host, self.port, &mut parts)
+        } else {
+            match crate::credentials::placeholder_in_plain(self.credentials(), &parts) {
+                Some(name) => Outcome::Leak(name),
+                None => Outcome::Forward(Vec::new()),
+            }
+        };
+        match outcome {
             Outcome::Leak(name) => return self.stop_leak(name),
             Outcome::Forward(names) => {
                 if !names.is_empty() {
@@ -822,7 +1017,12 @@ impl Session {
         }
         // With placeholders about, the body is read on its way too.
         let leak = Arc::new(Mutex::new(None));
-        let body = match BodyScan::new(&self.interception.credentials, &self.host, self.port) {
+        let scan = if self.tls {
+            BodyScan::new(self.credentials(), &self.host, self.port)
+        } else {
+            BodyScan::plain(self.credentials())
+        };
+        let body = match scan {
             None => Either::Left(body),
             Some(scan) => {
                 let keeps_length = scan.keeps_length();
@@ -846,25 +1046,55 @@ impl Session {
         if let Some(name) = leak.lock().unwrap_or_else(|p| p.into_inner()).take() {
             return self.stop_leak(name);
         }
-        match sent {
-            Ok(response) => response.map(Either::Left),
-            Err(error) => answer(502, &format!("{}: {error}", self.host)),
+        let mut response = match sent {
+            Ok(response) => response,
+            Err(error) => return answer(502, &format!("{}: {error}", self.host)),
+        };
+        if response.status() == hyper::StatusCode::SWITCHING_PROTOCOLS {
+            let Some(downstream) = downstream_upgrade else {
+                return answer(502, &format!("{} switched protocols unasked", self.host));
+            };
+            let upstream = hyper::upgrade::on(&mut response);
+            let relay = tokio::spawn(relay_upgraded(
+                downstream,
+                upstream,
+                Arc::clone(&self.counters),
+                self.idle_timeout,
+            ));
+            *self.upgraded.lock().unwrap_or_else(|p| p.into_inner()) = Some(relay);
+        } else if closes(&response) {
+            response.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
         }
+        response.map(Either::Left)
     }
 
     /// Answers 403 for a request carrying another host's placeholder, and records it.
     fn stop_leak(&self, name: String) -> Answer {
-        let why = format!(
-            "the request carries the placeholder of credential `{name}`, which is not for {}; blocked",
-            self.host
-        );
+        let why = if self.tls {
+            format!(
+                "the request carries the placeholder of credential `{name}`, which is not for {}; blocked",
+                self.host
+            )
+        } else {
+            format!(
+                "the request carries the placeholder of credential `{name}`, which is only sent over HTTPS to its own hosts; blocked"
+            )
+        };
         let _ = self.flows.try_send(Flow {
             sandbox: self.sandbox.clone(),
             host: self.host.clone(),
             port: self.port,
-            mode: "https".to_owned(),
+            mode: if self.tls {
+                "https"
+            } else {
+                self.mode.as_str()
+            }
+            .to_owned(),
             decision: Decision::Denied(why.clone()),
-            intercepted: true,
+            intercepted: self.tls,
             credentials: Vec::new(),
             leak: Some(name),
             address: self.address,
@@ -1011,7 +1241,7 @@ fn parse_target(head: &[u8], redirected: Option<u16>) -> Result<Target, String> 
             mode: "transparent-http",
             host,
             port,
-            forward: Some(rewrite_head(method, path, request.headers, &authority)),
+            plain: true,
         });
     }
     if method == "CONNECT" {
@@ -1028,16 +1258,13 @@ fn parse_target(head: &[u8], redirected: Option<u16>) -> Result<Target, String> 
             mode: "connect",
             host,
             port,
-            forward: None,
+            plain: false,
         });
     }
     let rest = path
         .strip_prefix("http://")
         .ok_or_else(|| "only absolute http:// requests and CONNECT are proxied".to_owned())?;
-    let (authority, origin) = match rest.find('/') {
-        Some(slash) => (&rest[..slash], &rest[slash..]),
-        None => (rest, "/"),
-    };
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
     if authority.contains('@') {
         return Err("credentials in the URL are not allowed".to_owned());
     }
@@ -1050,41 +1277,12 @@ fn parse_target(head: &[u8], redirected: Option<u16>) -> Result<Target, String> 
             ));
         }
     }
-    let forward = rewrite_head(method, origin, request.headers, authority);
     Ok(Target {
         mode: "http",
         host,
         port,
-        forward: Some(forward),
+        plain: true,
     })
-}
-
-/// The head sent upstream: origin form, no proxy or hop-by-hop headers, `Host` kept (or
-/// added), one request per connection.
-fn rewrite_head(
-    method: &str,
-    origin: &str,
-    headers: &[httparse::Header<'_>],
-    authority: &str,
-) -> Vec<u8> {
-    let mut forward = format!("{method} {origin} HTTP/1.1\r\n").into_bytes();
-    let mut has_host = false;
-    for header in headers {
-        let name = header.name.to_ascii_lowercase();
-        if name.starts_with("proxy-") || name == "connection" || name == "keep-alive" {
-            continue;
-        }
-        has_host |= name == "host";
-        forward.extend_from_slice(header.name.as_bytes());
-        forward.extend_from_slice(b": ");
-        forward.extend_from_slice(header.value);
-        forward.extend_from_slice(b"\r\n");
-    }
-    if !has_host {
-        forward.extend_from_slice(format!("Host: {authority}\r\n").as_bytes());
-    }
-    forward.extend_from_slice(b"Connection: close\r\n\r\n");
-    forward
 }
 
 #[cfg(test)]
@@ -1102,11 +1300,7 @@ mod tests {
             (get.mode, get.host.as_str(), get.port),
             ("transparent-http", "api.example.com", 80)
         );
-        let forward = String::from_utf8(get.forward.unwrap()).unwrap();
-        assert!(
-            forward.starts_with("GET /x HTTP/1.1\r\n")
-                && forward.ends_with("Connection: close\r\n\r\n")
-        );
+        assert!(get.plain);
         for bad in [
             &b"GET /x HTTP/1.1\r\n\r\n"[..],
             b"GET /x HTTP/1.1\r\nHost: api.example.com:8080\r\n\r\n",
@@ -1138,13 +1332,11 @@ mod tests {
             None,
         )
         .unwrap();
-        assert_eq!((get.host.as_str(), get.port), ("example.org", 80));
-        let forward = String::from_utf8(get.forward.unwrap()).unwrap();
-        assert!(forward.starts_with("GET /a?b=1 HTTP/1.1\r\n"), "{forward}");
-        assert!(
-            !forward.contains("Proxy-Authorization")
-                && forward.ends_with("Connection: close\r\n\r\n")
+        assert_eq!(
+            (get.host.as_str(), get.port, get.plain),
+            ("example.org", 80, true)
         );
+        assert!(!connect.plain);
         for bad in [
             &b"CONNECT 10.0.0.1:443 HTTP/1.1\r\n\r\n"[..],
             b"CONNECT [::1]:443 HTTP/1.1\r\n\r\n",

@@ -1,9 +1,11 @@
 //! Test support (feature `testing`): an HTTP (port 80) and HTTPS (port 443, a certificate for
 //! `*.test.example` from a CA of its own) upstream in a network namespace of its own, joined
 //! to the host by a veth pair on a documentation address (203.0.113.0/24), so tests reach a
-//! real server without weakening the SSRF guard. It answers with the request line and
-//! headers (an `Authorization` value shown only as `<redacted>`), a POST with its body's
-//! length, and logs every request in full (bodies too) to a file the test reads. Needs root, iproute2 and python3.
+//! real server without weakening the SSRF guard. It speaks HTTP/1.1 (keep-alive) and answers
+//! with the request line and headers (an `Authorization` value shown only as `<redacted>`), a
+//! POST with its body's length, `GET /upgrade` with `Upgrade: echo` by switching protocols
+//! and echoing what it then receives, and logs every request in full (bodies too) to a file
+//! the test reads. Needs root, iproute2 and python3.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test support: a failed step is a failed test
 
@@ -16,10 +18,23 @@ import http.server, ssl, sys, threading
 log = open(sys.argv[2], "a")
 lock = threading.Lock()
 class Echo(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
     def do_GET(self):
         with lock:
             log.write(self.requestline + "\n" + str(self.headers))
             log.flush()
+        if self.path == "/upgrade" and self.headers.get("Upgrade") == "echo":
+            self.send_response(101)
+            self.send_header("Upgrade", "echo")
+            self.send_header("Connection", "Upgrade")
+            self.end_headers()
+            while True:
+                data = self.rfile.read1(65536)
+                if not data:
+                    break
+                self.wfile.write(data)
+            self.close_connection = True
+            return
         shown = "".join(
             "%s: %s\n" % (k, "<redacted>" if k.lower() == "authorization" else v)
             for k, v in self.headers.items())

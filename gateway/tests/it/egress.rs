@@ -255,7 +255,7 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
     // the proxy, which goes by the Host header and the policy.
     for (host, expected) in [
         ("denied.test.example", "HTTP/1.1 403"),
-        ("allowed.test.example", "HTTP/1.0 200"),
+        ("allowed.test.example", "HTTP/1.1 200"),
     ] {
         let answer = sh(
             &app,
