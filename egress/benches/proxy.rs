@@ -360,6 +360,31 @@ fn main() {
             t99 - d99
         );
 
+        // Plain HTTP through the explicit proxy (served request by request, checked per
+        // request) against the same request straight to the upstream.
+        let (mut direct, mut plain) = (Vec::new(), Vec::new());
+        let absolute = format!("http://{NAME}/small");
+        for _ in 0..requests {
+            let started = Instant::now();
+            let mut stream = TcpStream::connect(direct_address).await.expect("direct");
+            get(&mut stream, "/small").await;
+            direct.push(started.elapsed());
+            let started = Instant::now();
+            let mut stream = TcpStream::connect(proxy_address).await.expect("proxy");
+            let _ = stream.set_nodelay(true);
+            get(&mut stream, &absolute).await;
+            plain.push(started.elapsed());
+        }
+        let (d50, d99) = (percentile(&mut direct, 0.5), percentile(&mut direct, 0.99));
+        let (p50, p99) = (percentile(&mut plain, 0.5), percentile(&mut plain, 0.99));
+        println!("## {requests} plain HTTP requests, a new connection each");
+        println!("direct:          p50 {d50:.3} ms  p99 {d99:.3} ms");
+        println!(
+            "through the proxy: p50 {p50:.3} ms  p99 {p99:.3} ms → added p50 {:.3} ms, p99 {:.3} ms",
+            p50 - d50,
+            p99 - d99
+        );
+
         // Throughput: five downloads each way, alternating; the median of each.
         let path = format!("/big?{bytes}");
         let (mut direct_runs, mut tunnel_runs) = (Vec::new(), Vec::new());
