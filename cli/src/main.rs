@@ -127,7 +127,7 @@ fn main() -> ExitCode {
         Command::Admin(command) => serve::admin(command),
         Command::Vault(command) => serve::vault(command),
         Command::EgressProxy => {
-            telemetry::init_with_level("info");
+            telemetry::init_proxy();
             sandbase_egress::process::run()
                 .map_err(|why| anyhow::anyhow!("egress proxy: {why}"))
                 .map(|()| ExitCode::SUCCESS)

@@ -89,6 +89,18 @@ pub fn init_client() {
     init_with_level("warn");
 }
 
+/// The egress proxy's log: plain lines on standard error, level first, for the worker that
+/// runs it to read and log as its own (with its time, format and export).
+pub fn init_proxy() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false)
+        .without_time()
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
 /// Logs to standard error at `level` unless `RUST_LOG` says otherwise.
 pub fn init_with_level(level: &str) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));

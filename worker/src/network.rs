@@ -687,9 +687,13 @@ impl ProxyProcess {
             .arg("egress-proxy")
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting the egress proxy ({})", program.display()))?;
+        if let Some(log) = child.stderr.take() {
+            tokio::spawn(relay_log(log));
+        }
         let mut input = child.stdin.take().context("the proxy's standard input")?;
         let output = child.stdout.take().context("the proxy's standard output")?;
         let mut line = serde_json::to_vec(config)?;
@@ -725,6 +729,26 @@ impl ProxyProcess {
         line.push(b'\n');
         self.input.write_all(&line).await?;
         self.input.flush().await
+    }
+}
+
+/// The proxy's log lines (`LEVEL target: message fields`), logged as the worker's own under
+/// the `egress_proxy` target, until the process closes its standard error.
+async fn relay_log(log: tokio::process::ChildStderr) {
+    let mut lines = tokio::io::BufReader::new(log).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let line = line.trim_start();
+        let (level, rest) = line.split_once(' ').unwrap_or(("", line));
+        let rest = rest.trim_start();
+        match level {
+            "ERROR" => tracing::error!(target: "egress_proxy", "{rest}"),
+            "WARN" => tracing::warn!(target: "egress_proxy", "{rest}"),
+            "INFO" => tracing::info!(target: "egress_proxy", "{rest}"),
+            "DEBUG" => tracing::debug!(target: "egress_proxy", "{rest}"),
+            "TRACE" => tracing::trace!(target: "egress_proxy", "{rest}"),
+            // Not the proxy's logger (a panic, the C library): worth a look.
+            _ => tracing::warn!(target: "egress_proxy", "{line}"),
+        }
     }
 }
 

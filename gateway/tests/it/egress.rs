@@ -465,6 +465,8 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
 #[tokio::test(flavor = "multi_thread")]
 async fn credentials_are_injected_by_the_proxy_and_never_reach_the_sandbox() {
     let _network = NODE_NETWORK.lock().await;
+    // From here on, everything logged is kept, to be searched for the values at the end.
+    crate::helpers::captured_logs();
     let upstream = Upstream::start();
     upstream.wait_ready().await;
     let public = IpAddr::V4(upstream.address);
@@ -955,6 +957,16 @@ EOF"
             ))
             .await;
         assert_eq!(found, 0);
+    }
+    // Nor in the logs of the gateway, the worker or the proxy (whose lines the worker logs
+    // as its own; its flow lines name the credentials it injected).
+    let logs = crate::helpers::captured_logs();
+    assert!(
+        logs.contains("egress_proxy") && logs.contains(r#"credentials=["api"]"#),
+        "the proxy's log reaches the worker's"
+    );
+    for value in [API_KEY, GIT_TOKEN] {
+        assert!(!logs.contains(value), "a value in the logs");
     }
     // Runs get egress and credentials like sandboxes: the proxy injects for the run's
     // sandbox, and the run's record keeps the names.

@@ -52,6 +52,40 @@ impl Answer {
     }
 }
 
+/// Everything this test process has logged (gateways and workers, and through the workers
+/// their egress proxies) since the first call, which starts the capture: plain text, at
+/// debug for SandBase's own targets.
+pub fn captured_logs() -> String {
+    static LOGS: std::sync::OnceLock<std::sync::Arc<std::sync::Mutex<Vec<u8>>>> =
+        std::sync::OnceLock::new();
+    struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Sink {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let logs = LOGS.get_or_init(|| {
+        let logs = std::sync::Arc::default();
+        let sink = std::sync::Arc::clone(&logs);
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "info,sandbase_gateway=debug,sandbase_worker=debug,sandbase_egress=debug,sandbase_vault=debug,egress_proxy=debug",
+            ))
+            .with_ansi(false)
+            .with_writer(move || Sink(std::sync::Arc::clone(&sink)))
+            .try_init();
+        logs
+    });
+    String::from_utf8_lossy(&logs.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+}
+
 pub async fn spawn_app() -> TestApp {
     spawn_app_with(|_| {}).await
 }
