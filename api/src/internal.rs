@@ -126,6 +126,55 @@ pub struct Exec {
 /// The header carrying the node token on internal calls (both directions).
 pub const NODE_TOKEN_HEADER: &str = "x-sandbase-node-token";
 
+/// The paths of the internal API, one function each, used by the routers that serve them
+/// (with `{id}`-style placeholders as arguments, which gives the route pattern) and by the
+/// clients that call them (with the real values). Path segments given here are ids and
+/// template names, which need no encoding; query parameters are added by the clients'
+/// encoders, never by formatting.
+pub mod paths {
+    pub const WORKER_REGISTER: &str = "/internal/v1/workers/register";
+    pub const WORKER_HEARTBEAT: &str = "/internal/v1/workers/heartbeat";
+    pub const USAGE: &str = "/internal/v1/usage";
+    pub const HEALTH: &str = "/internal/v1/health";
+    pub const SANDBOXES: &str = "/internal/v1/sandboxes";
+
+    pub fn sandbox(id: &str) -> String {
+        format!("{SANDBOXES}/{id}")
+    }
+
+    /// A sandbox's sub-resource: `exec`, `processes`, `files`, `archive`, `egress`,
+    /// `egress-policy`.
+    pub fn sandbox_part(id: &str, part: &str) -> String {
+        format!("{SANDBOXES}/{id}/{part}")
+    }
+
+    pub fn process(id: &str, pid: &str) -> String {
+        format!("{SANDBOXES}/{id}/processes/{pid}")
+    }
+
+    /// A background process's `stdin` or `signal`.
+    pub fn process_part(id: &str, pid: &str, part: &str) -> String {
+        format!("{SANDBOXES}/{id}/processes/{pid}/{part}")
+    }
+
+    pub fn template(name: &str) -> String {
+        format!("/internal/v1/templates/{name}")
+    }
+
+    pub fn template_pull(name: &str) -> String {
+        format!("/internal/v1/templates/{name}/pull")
+    }
+}
+
+/// What the operator asks every worker to pull as a template.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PullTemplate {
+    pub reference: String,
+    #[serde(default)]
+    pub insecure_registries: Vec<String>,
+}
+
 /// Usage a worker reports. The gateway answers 200 only once every sample and event is
 /// written to PostgreSQL; a worker keeps what was not acknowledged and sends it again
 /// (resends change nothing).

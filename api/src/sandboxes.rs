@@ -419,3 +419,78 @@ mod tests {
         }
     }
 }
+
+/// A template's name: 1 to 64 lowercase letters, digits, `.`, `_` or `-`, not starting with
+/// `.`. One rule for creating sandboxes, importing and pulling templates, and the workers
+/// that store them (the name becomes a snapshot key and a directory name on a node).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TemplateName(String);
+
+impl TemplateName {
+    /// What a valid name looks like, for error messages.
+    pub const RULE: &'static str = "a template name has 1 to 64 lowercase letters, digits, `.`, `_` or `-` and does not start with `.`";
+
+    pub fn parse(name: &str) -> Result<TemplateName, String> {
+        let valid = !name.is_empty()
+            && name.len() <= 64
+            && !name.starts_with('.')
+            && name.bytes().all(|byte| {
+                byte.is_ascii_lowercase()
+                    || byte.is_ascii_digit()
+                    || matches!(byte, b'.' | b'_' | b'-')
+            });
+        if valid {
+            Ok(TemplateName(name.to_owned()))
+        } else {
+            Err(Self::RULE.to_owned())
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl std::fmt::Display for TemplateName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod template_name_tests {
+    use super::TemplateName;
+
+    #[test]
+    fn one_rule_for_every_template_name() {
+        for good in [
+            "base",
+            "busybox",
+            "python-3.12",
+            "a",
+            "x_y",
+            "0",
+            &"a".repeat(64),
+        ] {
+            assert!(TemplateName::parse(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            ".hidden",
+            "Base",
+            "a/b",
+            "../x",
+            "a:b",
+            "a b",
+            "é",
+            &"a".repeat(65),
+            "a\0b",
+        ] {
+            assert!(TemplateName::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,11 +1,11 @@
-//! The one error type of the HTTP API. Every variant maps to a status and a stable
-//! machine code; internal causes are logged and answered with an opaque 500.
+//! The one error type of the API. Every variant maps to a status and a stable machine code;
+//! internal causes are logged and answered with an opaque 500. How it becomes an HTTP
+//! answer is the HTTP layer's business (`http/error.rs`).
 
-use axum::Json;
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use sandbase_api::{ErrorBody, ErrorDetail};
+use http::StatusCode;
 use uuid::Uuid;
+
+use crate::workers::client::WorkerError;
 
 pub type ApiResult<T> = Result<T, ApiError>;
 
@@ -65,7 +65,19 @@ pub enum ApiError {
     /// 429: too many requests; retry after the given number of seconds.
     #[error("rate limit exceeded: retry after {retry_after_secs} s")]
     RateLimited { retry_after_secs: u64 },
-    /// Any status with its own stable code: sandbox states, capacity, worker answers.
+    /// 503 `no_workers`: no worker is connected.
+    #[error("no worker is connected to this gateway")]
+    NoWorkers,
+    /// 503 `no_capacity`: every worker that could host the sandbox is full.
+    #[error("every worker with this template is full; retry later")]
+    NoCapacity,
+    /// 409 `sandbox_not_running`: the sandbox is creating or stopped.
+    #[error("{0}")]
+    SandboxNotRunning(String),
+    /// A worker's answer passed on: its own status and code, or 502.
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+    /// Any status with its own stable code.
     #[error("{message}")]
     Problem {
         status: StatusCode,
@@ -111,6 +123,9 @@ impl ApiError {
             ApiError::EmailTaken | ApiError::Conflict { .. } => StatusCode::CONFLICT,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::NoWorkers | ApiError::NoCapacity => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::SandboxNotRunning(_) => StatusCode::CONFLICT,
+            ApiError::Worker(error) => error.status_code(),
             ApiError::Problem { status, .. } => *status,
             ApiError::Database(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -138,6 +153,10 @@ impl ApiError {
             ApiError::Conflict { code, .. } => code,
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Unavailable(_) => "unavailable",
+            ApiError::NoWorkers => "no_workers",
+            ApiError::NoCapacity => "no_capacity",
+            ApiError::SandboxNotRunning(_) => "sandbox_not_running",
+            ApiError::Worker(error) => error.code(),
             ApiError::Problem { code, .. } => code,
             ApiError::Database(_) | ApiError::Internal(_) => "internal",
         }
@@ -157,41 +176,6 @@ impl ApiError {
             }
             _ => None,
         }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        match &self {
-            ApiError::Database(error) => {
-                tracing::error!(error = %error, "database error");
-            }
-            ApiError::Internal(error) => {
-                tracing::error!(error = format!("{error:#}"), "internal error");
-            }
-            _ => {}
-        }
-        let status = self.status_code();
-        let body = ErrorBody {
-            error: ErrorDetail {
-                code: self.code().to_owned(),
-                message: self.to_string(),
-                request_id: crate::request_id::current(),
-            },
-        };
-        let mut response = (status, Json(body)).into_response();
-        if let ApiError::RateLimited { retry_after_secs } = self
-            && let Ok(value) = HeaderValue::from_str(&retry_after_secs.to_string())
-        {
-            response.headers_mut().insert(header::RETRY_AFTER, value);
-        }
-        if status == StatusCode::UNAUTHORIZED {
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer realm=\"sandbase\""),
-            );
-        }
-        response
     }
 }
 

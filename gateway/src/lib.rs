@@ -1,7 +1,8 @@
 //! The SandBase gateway: the public HTTP API.
 //!
 //! `startup::Application` builds and runs it; `config::Settings` is its configuration.
-//! See ARCHITECTURE.md for the map.
+//! `http` is the only module that knows HTTP; the others are the domain it serves. See
+//! ARCHITECTURE.md for the map.
 
 pub mod accounts;
 pub mod admin;
@@ -10,19 +11,20 @@ pub mod auth;
 pub mod config;
 pub mod credits;
 pub mod error;
-pub mod extract;
-pub mod observe;
+pub mod http;
+pub mod jobs;
 pub mod ratelimit;
-pub mod request_id;
-mod routes;
 pub mod runs;
 pub mod sandboxes;
+pub mod secrets;
 pub mod startup;
 pub mod state;
 pub mod stripe;
+pub mod teams;
 pub mod templates;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod text_enum;
 pub mod usage;
 pub mod workers;
 

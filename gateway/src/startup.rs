@@ -9,8 +9,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
-use axum::middleware::{from_fn, from_fn_with_state};
 use secrecy::ExposeSecret;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -21,12 +19,13 @@ use tracing::Instrument;
 use crate::auth::api_key::{self, Invalidator, KeyCache, LastUsed};
 use crate::auth::session::SessionKeys;
 use crate::config::Settings;
+use crate::credits::Admission;
+use crate::http::Routes;
 use crate::ratelimit::RateLimiter;
+use crate::runs::{ArtifactStore, RunQueue};
+use crate::sandboxes::route_cache::RouteCache;
 use crate::state::{AppState, Services};
-use crate::{audit, observe, request_id, routes};
-
-/// How often batched `last_used_at` updates are written.
-const LAST_USED_FLUSH_INTERVAL: Duration = Duration::from_secs(2);
+use crate::workers::{WorkerClient, Workers};
 
 pub struct Application {
     listener: TcpListener,
@@ -94,15 +93,8 @@ impl Application {
         let sessions = Arc::new(SessionKeys::new(jwt_secret, settings.auth.session_ttl_secs));
         let last_used = Arc::new(LastUsed::default());
 
-        let (api, operations) = routes::api_router(&settings);
-        let (api_router, mut document) = api.split_for_parts();
-        let (operations_router, operations_document) = operations.split_for_parts();
-        document.merge(operations_document);
-        let openapi =
-            Arc::new(serde_json::to_value(&document).context("rendering the OpenAPI document")?);
-
-        let settings_for_workers = settings.clone();
-        let redis_for_workers = redis.clone();
+        let routes = Routes::new(&settings)?;
+        let openapi = Arc::new(routes.openapi.clone());
         let vault = settings
             .vault
             .keyring()
@@ -111,97 +103,35 @@ impl Application {
         let state = AppState::new(Services {
             vault,
             db: db.clone(),
-            redis,
             rate_limiter: RateLimiter::new(&settings.redis.key_prefix),
-            settings: Arc::new(settings),
             keys: keys.clone(),
             invalidator,
-            last_used: last_used.clone(),
+            last_used,
             sessions,
-            metrics: observe::prometheus_handle(),
-            workers: Arc::new(crate::workers::Workers::new(
-                &settings_for_workers,
-                redis_for_workers.clone(),
-            )?),
-            routes: Arc::new(crate::sandboxes::Routes::default()),
-            admission: Arc::new(crate::credits::Admission::new(
-                redis_for_workers.clone(),
-                &settings_for_workers.redis.key_prefix,
-            )),
-            run_queue: Arc::new(crate::runs::RunQueue::new(
-                redis_for_workers.clone(),
-                &settings_for_workers.redis.key_prefix,
-            )),
-            artifacts: Arc::new(crate::runs::ArtifactStore::from_settings(
-                &settings_for_workers.runs,
-            )?),
+            metrics: crate::http::metrics::prometheus_handle(),
+            workers: Arc::new(Workers::new(&settings, redis.clone())),
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(5))
+                .build()
+                .context("building the HTTP client")?,
+            worker_client: Arc::new(WorkerClient::new(settings.workers.node_token.clone())?),
+            routes: Arc::new(RouteCache::default()),
+            admission: Arc::new(Admission::new(redis.clone(), &settings.redis.key_prefix)),
+            run_queue: Arc::new(RunQueue::new(redis.clone(), &settings.redis.key_prefix)),
+            artifacts: Arc::new(ArtifactStore::from_settings(&settings.runs)?),
             openapi,
+            redis,
+            settings: Arc::new(settings),
         });
+        let router = routes.into_router(state.clone());
 
-        let router = api_router
-            .route_layer(from_fn_with_state(state.clone(), audit::middleware))
-            .merge(operations_router)
-            .merge(crate::workers::internal_router())
-            .merge(crate::templates::internal_router())
-            .merge(crate::usage::internal_router())
-            .route_layer(from_fn(observe::middleware))
-            .fallback(routes::fallback)
-            .method_not_allowed_fallback(routes::method_not_allowed)
-            .with_state(state.clone())
-            .layer(DefaultBodyLimit::max(
-                state.settings.server.body_limit_bytes,
-            ))
-            .layer(from_fn(request_id::middleware));
-
-        let mut background = Vec::new();
+        let mut background = crate::jobs::spawn_all(&state);
         background.push(tokio::spawn(
             api_key::run_invalidation_listener(redis_client, channel, keys)
                 .instrument(tracing::info_span!("key_invalidation")),
         ));
-        background.push(tokio::spawn(async move {
-            let mut interval = tokio::time::interval(LAST_USED_FLUSH_INTERVAL);
-            loop {
-                interval.tick().await;
-                if let Err(error) = last_used.flush(&db).await {
-                    tracing::warn!(error = %error, "writing API key last-used times failed");
-                }
-            }
-        }));
-
-        let reaper_state = state.clone();
         background.push(tokio::spawn(
-            async move {
-                let mut interval = tokio::time::interval(crate::sandboxes::REAPER_INTERVAL);
-                loop {
-                    interval.tick().await;
-                    if let Err(error) = crate::sandboxes::reap(&reaper_state).await {
-                        tracing::warn!(error = format!("{error:#}"), "the sandbox reaper failed");
-                    }
-                    if let Err(error) = crate::runs::reap(&reaper_state).await {
-                        tracing::warn!(error = format!("{error:#}"), "the run reaper failed");
-                    }
-                    if let Err(error) = crate::usage::charge_all(&reaper_state).await {
-                        tracing::warn!(error = format!("{error:#}"), "charging usage failed");
-                    }
-                    if let Err(error) = crate::credits::stop_at_caps(&reaper_state).await {
-                        tracing::warn!(
-                            error = format!("{error:#}"),
-                            "stopping at spend caps failed"
-                        );
-                    }
-                    if let Err(error) = crate::credits::stop_when_exhausted(&reaper_state).await {
-                        tracing::warn!(
-                            error = format!("{error:#}"),
-                            "stopping at zero credits failed"
-                        );
-                    }
-                }
-            }
-            .instrument(tracing::info_span!("sandbox_reaper")),
-        ));
-
-        background.push(tokio::spawn(
-            crate::runs::dispatch_forever(
+            crate::runs::dispatch::dispatch_forever(
                 state.clone(),
                 Arc::new(tokio::sync::Semaphore::new(
                     state.settings.runs.max_concurrent,

@@ -1,4 +1,5 @@
-//! Shared state of the HTTP handlers.
+//! What every request and job shares. It imports only leaf types (caches, clients, queues,
+//! settings), so any module may take an [`AppState`] without making an import cycle.
 
 use std::sync::Arc;
 
@@ -8,9 +9,13 @@ use sqlx::PgPool;
 use crate::auth::api_key::{Invalidator, KeyCache, LastUsed};
 use crate::auth::session::SessionKeys;
 use crate::config::Settings;
+use crate::credits::Admission;
 use crate::ratelimit::RateLimiter;
-use crate::sandboxes::Routes;
-use crate::workers::Workers;
+use crate::runs::queue::RunQueue;
+use crate::runs::store::ArtifactStore;
+use crate::sandboxes::route_cache::RouteCache;
+use crate::workers::client::WorkerClient;
+use crate::workers::registry::Workers;
 
 /// Cloned for every request by axum's extractors and middleware, so it is one `Arc`.
 #[derive(Clone)]
@@ -42,15 +47,19 @@ pub struct Services {
     pub sessions: Arc<SessionKeys>,
     pub rate_limiter: RateLimiter,
     pub metrics: PrometheusHandle,
-    /// Live workers (from Redis) and the HTTP client for their internal API.
+    /// Live workers (from Redis).
     pub workers: Arc<Workers>,
+    /// The client of outside services (Stripe).
+    pub http: reqwest::Client,
+    /// The client of the workers' internal API (and the node token).
+    pub worker_client: Arc<WorkerClient>,
     /// The fair run queue and the artifact store.
-    pub run_queue: Arc<crate::runs::RunQueue>,
-    pub artifacts: Arc<crate::runs::ArtifactStore>,
+    pub run_queue: Arc<RunQueue>,
+    pub artifacts: Arc<ArtifactStore>,
     /// Credit reservations in Redis.
-    pub admission: Arc<crate::credits::Admission>,
+    pub admission: Arc<Admission>,
     /// Cached sandbox → worker routes.
-    pub routes: Arc<Routes>,
+    pub routes: Arc<RouteCache>,
     /// The served OpenAPI document, rendered once at start-up.
     pub openapi: Arc<serde_json::Value>,
 }

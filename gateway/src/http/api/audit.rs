@@ -11,7 +11,7 @@ use utoipa_axum::routes;
 
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{ApiPath, ApiQuery};
+use crate::http::extract::{ApiPath, ApiQuery};
 use crate::state::AppState;
 
 const DEFAULT_LIMIT: i64 = 50;

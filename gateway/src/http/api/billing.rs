@@ -19,7 +19,7 @@ use uuid::Uuid;
 use crate::audit::RequestContext;
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{ApiJson, ApiQuery};
+use crate::http::extract::{ApiJson, ApiQuery};
 use crate::state::AppState;
 use crate::stripe::Stripe;
 
@@ -47,6 +47,7 @@ async fn checkout(
     context: RequestContext,
     ApiJson(request): ApiJson<CheckoutRequest>,
 ) -> ApiResult<(StatusCode, Json<CheckoutAnswer>)> {
+    let audit = context.action("billing.checkout");
     principal.require(Role::Admin)?;
     let settings = &state.settings.stripe;
     if settings.secret_key.is_none() {
@@ -63,7 +64,7 @@ async fn checkout(
         )));
     }
     let stripe = Stripe {
-        http: &state.workers.http,
+        http: &state.http,
         settings,
     };
     let team_name: String = sqlx::query_scalar("SELECT name FROM teams WHERE id = $1")
@@ -101,7 +102,7 @@ async fn checkout(
     .bind((request.credits * settings.unit_amount) as i64)
     .execute(&mut *transaction)
     .await?;
-    context
+    audit
         .record(
             &mut transaction,
             &principal,
@@ -127,9 +128,11 @@ async fn checkout(
     ))]
 async fn stripe_webhook(
     State(state): State<AppState>,
+    context: RequestContext,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> ApiResult<Json<serde_json::Value>> {
+    context.action("billing.stripe_webhook");
     let settings = &state.settings.stripe;
     let Some(secret) = &settings.webhook_secret else {
         return Err(ApiError::problem(

@@ -3,7 +3,7 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use chrono::{Duration, Utc};
 use sandbase_api::ErrorBody;
 use sandbase_api::billing::{AdminGrantAnswer, AdminGrantRequest};
@@ -13,33 +13,12 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{ApiJson, ApiPath};
+use crate::http::extract::{ApiJson, ApiPath};
+use crate::http::node_token::Operator;
 use crate::state::AppState;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(grant))
-}
-
-/// The node token, as `Authorization: Bearer …` or the node-token header.
-fn operator(state: &AppState, headers: &HeaderMap) -> ApiResult<()> {
-    let mut presented = headers.clone();
-    if let Some(token) = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .and_then(|token| token.parse().ok())
-    {
-        presented.insert(sandbase_api::internal::NODE_TOKEN_HEADER, token);
-    }
-    if state.workers.authenticates(&presented) {
-        Ok(())
-    } else {
-        Err(ApiError::problem(
-            StatusCode::UNAUTHORIZED,
-            "invalid_operator_token",
-            "operator routes take the node token (`Authorization: Bearer <workers.node_token>`)",
-        ))
-    }
 }
 
 /// Grant credits to a team (operator only: the node token). Idempotent with `idempotency_key`.
@@ -54,11 +33,10 @@ fn operator(state: &AppState, headers: &HeaderMap) -> ApiResult<()> {
     ))]
 async fn grant(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    _operator: Operator,
     ApiPath(team_id): ApiPath<Uuid>,
     ApiJson(request): ApiJson<AdminGrantRequest>,
 ) -> ApiResult<(StatusCode, Json<AdminGrantAnswer>)> {
-    operator(&state, &headers)?;
     let amount = Credits::parse(&request.credits)
         .filter(|amount| amount.0 > 0)
         .ok_or_else(|| {

@@ -4,19 +4,19 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use sandbase_api::{AddMemberRequest, ErrorBody, Member, MemberList, Role, UpdateMemberRequest};
-use sqlx::PgConnection;
+use sandbase_api::{AddMemberRequest, ErrorBody, Member, MemberList, UpdateMemberRequest};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use crate::accounts::{self, MEMBER_SELECT, MemberRow};
+use crate::accounts::{MEMBER_SELECT, MemberRow};
 use crate::audit::RequestContext;
 use crate::auth::Principal;
 use crate::auth::api_key::Invalidation;
-use crate::error::{ApiError, ApiResult};
-use crate::extract::{ApiJson, ApiPath};
+use crate::error::ApiResult;
+use crate::http::extract::{ApiJson, ApiPath};
 use crate::state::AppState;
+use crate::teams::{self, find_member};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -71,39 +71,18 @@ async fn add_member(
     context: RequestContext,
     ApiJson(request): ApiJson<AddMemberRequest>,
 ) -> ApiResult<(StatusCode, Json<Member>)> {
-    principal.require(Role::Admin)?;
-    if request.role == Role::Owner {
-        principal.require(Role::Owner)?;
-    }
-    let email = accounts::parse_email(&request.email)?;
+    let audit = context.action("member.add");
     let mut transaction = state.db.begin().await?;
-    lock_team(&mut transaction, principal.team_id).await?;
-    let user = accounts::find_user_by_email(&mut transaction, &email)
-        .await?
-        .ok_or(ApiError::NotFound("user"))?;
-    let inserted = sqlx::query(
-        "INSERT INTO team_members (team_id, user_id, role) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-    )
-    .bind(principal.team_id)
-    .bind(user.id)
-    .bind(request.role.as_str())
-    .execute(&mut *transaction)
-    .await?;
-    if inserted.rows_affected() == 0 {
-        return Err(ApiError::Conflict {
-            code: "already_member",
-            message: format!("{email} is already a member of this team"),
-        });
-    }
-    context
+    let member =
+        teams::add_member(&mut transaction, &principal, &request.email, request.role).await?;
+    audit
         .record(
             &mut transaction,
             &principal,
-            Some(format!("user:{}", user.id)),
+            Some(format!("user:{}", member.user_id)),
             serde_json::json!({ "role": request.role }),
         )
         .await?;
-    let member = find_member(&mut transaction, principal.team_id, user.id).await?;
     transaction.commit().await?;
     Ok((StatusCode::CREATED, Json(member.to_api())))
 }
@@ -126,44 +105,19 @@ async fn update_member(
     ApiPath(user_id): ApiPath<Uuid>,
     ApiJson(request): ApiJson<UpdateMemberRequest>,
 ) -> ApiResult<Json<Member>> {
-    principal.require(Role::Admin)?;
+    let audit = context.action("member.update");
     let mut transaction = state.db.begin().await?;
-    let current_role = lock_member(&mut transaction, principal.team_id, user_id).await?;
-    if current_role == Role::Owner || request.role == Role::Owner {
-        principal.require(Role::Owner)?;
-    }
-    if current_role == Role::Owner && request.role != Role::Owner {
-        ensure_not_last_owner(&mut transaction, principal.team_id).await?;
-    }
-    sqlx::query("UPDATE team_members SET role = $3 WHERE team_id = $1 AND user_id = $2")
-        .bind(principal.team_id)
-        .bind(user_id)
-        .bind(request.role.as_str())
-        .execute(&mut *transaction)
-        .await?;
-    let demoted = request.role.rank() < current_role.rank();
-    if demoted {
-        // A key never has more rights than the member who created it.
-        sqlx::query(
-            "UPDATE api_keys SET role = $3 WHERE team_id = $1 AND created_by = $2 \
-             AND revoked_at IS NULL AND role <> $3 \
-             AND (role = 'owner' OR ($3 = 'member' AND role = 'admin'))",
-        )
-        .bind(principal.team_id)
-        .bind(user_id)
-        .bind(request.role.as_str())
-        .execute(&mut *transaction)
-        .await?;
-    }
-    context
+    let change = teams::change_role(&mut transaction, &principal, user_id, request.role).await?;
+    let demoted = request.role.rank() < change.from.rank();
+    audit
         .record(
             &mut transaction,
             &principal,
             Some(format!("user:{user_id}")),
-            serde_json::json!({ "from": current_role, "to": request.role }),
+            serde_json::json!({ "from": change.from, "to": request.role }),
         )
         .await?;
-    let member = find_member(&mut transaction, principal.team_id, user_id).await?;
+    let member = change.member;
     transaction.commit().await?;
     if demoted {
         state
@@ -190,33 +144,11 @@ async fn remove_member(
     context: RequestContext,
     ApiPath(user_id): ApiPath<Uuid>,
 ) -> ApiResult<StatusCode> {
-    let leaving = principal.user_id() == Some(user_id);
-    if !leaving {
-        principal.require(Role::Admin)?;
-    }
+    let audit = context.action("member.remove");
     let mut transaction = state.db.begin().await?;
-    let current_role = lock_member(&mut transaction, principal.team_id, user_id).await?;
-    if current_role == Role::Owner {
-        if !leaving {
-            principal.require(Role::Owner)?;
-        }
-        ensure_not_last_owner(&mut transaction, principal.team_id).await?;
-    }
-    sqlx::query("DELETE FROM team_members WHERE team_id = $1 AND user_id = $2")
-        .bind(principal.team_id)
-        .bind(user_id)
-        .execute(&mut *transaction)
-        .await?;
-    let revoked = sqlx::query(
-        "UPDATE api_keys SET revoked_at = now() \
-         WHERE team_id = $1 AND created_by = $2 AND revoked_at IS NULL",
-    )
-    .bind(principal.team_id)
-    .bind(user_id)
-    .execute(&mut *transaction)
-    .await?
-    .rows_affected();
-    context
+    let (current_role, revoked) =
+        teams::remove_member(&mut transaction, &principal, user_id).await?;
+    audit
         .record(
             &mut transaction,
             &principal,
@@ -230,58 +162,4 @@ async fn remove_member(
         .publish(Invalidation::Team(principal.team_id))
         .await;
     Ok(StatusCode::NO_CONTENT)
-}
-
-async fn lock_team(connection: &mut PgConnection, team_id: Uuid) -> ApiResult<()> {
-    sqlx::query("SELECT id FROM teams WHERE id = $1 FOR UPDATE")
-        .bind(team_id)
-        .fetch_optional(&mut *connection)
-        .await?
-        .ok_or(ApiError::NotFound("team"))?;
-    Ok(())
-}
-
-/// Locks the team and returns the role of one of its members.
-async fn lock_member(
-    connection: &mut PgConnection,
-    team_id: Uuid,
-    user_id: Uuid,
-) -> ApiResult<Role> {
-    lock_team(&mut *connection, team_id).await?;
-    let member = find_member(connection, team_id, user_id).await?;
-    Ok(member
-        .role
-        .parse()
-        .map_err(|error: String| anyhow::anyhow!(error))?)
-}
-
-async fn find_member(
-    connection: &mut PgConnection,
-    team_id: Uuid,
-    user_id: Uuid,
-) -> ApiResult<MemberRow> {
-    sqlx::query_as(&format!(
-        "{MEMBER_SELECT} WHERE m.team_id = $1 AND m.user_id = $2"
-    ))
-    .bind(team_id)
-    .bind(user_id)
-    .fetch_optional(connection)
-    .await?
-    .ok_or(ApiError::NotFound("member"))
-}
-
-async fn ensure_not_last_owner(connection: &mut PgConnection, team_id: Uuid) -> ApiResult<()> {
-    let owners: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM team_members WHERE team_id = $1 AND role = 'owner'",
-    )
-    .bind(team_id)
-    .fetch_one(connection)
-    .await?;
-    if owners <= 1 {
-        return Err(ApiError::Conflict {
-            code: "last_owner",
-            message: "a team needs at least one owner: make someone else owner first".to_owned(),
-        });
-    }
-    Ok(())
 }

@@ -15,7 +15,7 @@ use crate::accounts;
 use crate::audit::RequestContext;
 use crate::auth::password;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::ApiJson;
+use crate::http::extract::ApiJson;
 use crate::state::AppState;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -36,6 +36,7 @@ async fn signup(
     context: RequestContext,
     ApiJson(request): ApiJson<SignupRequest>,
 ) -> ApiResult<(StatusCode, Json<SignupResponse>)> {
+    let audit = context.action("auth.signup");
     let email = accounts::parse_email(&request.email)?;
     let team_name = accounts::parse_name("team_name", &request.team_name)?;
     password::check_new(&request.password)?;
@@ -55,7 +56,7 @@ async fn signup(
         None,
     )
     .await?;
-    context
+    audit
         .record_as(
             &mut transaction,
             Some(team.id),
@@ -91,6 +92,7 @@ async fn login(
     context: RequestContext,
     ApiJson(request): ApiJson<LoginRequest>,
 ) -> ApiResult<Json<LoginResponse>> {
+    let audit = context.action("auth.login");
     if request.password.len() > password::MAX_LENGTH * 4 {
         return Err(ApiError::InvalidCredentials);
     }
@@ -113,7 +115,7 @@ async fn login(
         .1
         .parse()
         .map_err(|error: String| anyhow::anyhow!(error))?;
-    context
+    audit
         .record_as(
             &mut connection,
             Some(team_id),

@@ -12,12 +12,15 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use crate::audit::RequestContext;
+use super::worker_answer;
+use crate::audit::{Audit, RequestContext};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{ApiJson, ApiPath};
-use crate::sandboxes;
+use crate::http::extract::{ApiJson, ApiPath};
+use crate::sandboxes::forward::forward;
+use crate::sandboxes::{SandboxState, validate};
 use crate::state::AppState;
+use crate::workers::client::SandboxCall;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -41,7 +44,7 @@ async fn get_team_default(
     principal: Principal,
 ) -> ApiResult<Json<Option<EgressPolicy>>> {
     Ok(Json(
-        sandboxes::team_default_egress(&state, principal.team_id).await?,
+        crate::teams::default_egress(&state.db, principal.team_id).await?,
     ))
 }
 
@@ -60,6 +63,7 @@ async fn set_team_default(
     context: RequestContext,
     ApiJson(policy): ApiJson<EgressPolicy>,
 ) -> ApiResult<Json<EgressPolicy>> {
+    let audit = context.action("egress_policy.set_default");
     principal.require(Role::Admin)?;
     if policy.allow.is_empty() {
         return Err(ApiError::InvalidRequest(
@@ -67,8 +71,8 @@ async fn set_team_default(
                 .to_owned(),
         ));
     }
-    let policy = sandboxes::normalize_egress(&policy)?;
-    store_team_default(&state, &principal, &context, Some(&policy)).await?;
+    let policy = validate::normalize_egress(&policy)?;
+    store_team_default(&state, &principal, &audit, Some(&policy)).await?;
     Ok(Json(policy))
 }
 
@@ -84,8 +88,9 @@ async fn clear_team_default(
     principal: Principal,
     context: RequestContext,
 ) -> ApiResult<StatusCode> {
+    let audit = context.action("egress_policy.clear_default");
     principal.require(Role::Admin)?;
-    store_team_default(&state, &principal, &context, None).await?;
+    store_team_default(&state, &principal, &audit, None).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -94,7 +99,7 @@ async fn clear_team_default(
 async fn store_team_default(
     state: &AppState,
     principal: &Principal,
-    context: &RequestContext,
+    audit: &Audit,
     policy: Option<&EgressPolicy>,
 ) -> ApiResult<()> {
     let mut transaction = state.db.begin().await?;
@@ -107,7 +112,7 @@ async fn store_team_default(
         Some(policy) => serde_json::json!({ "allow": policy.allow, "deny": policy.deny }),
         None => serde_json::json!({}),
     };
-    context
+    audit
         .record(
             &mut transaction,
             principal,
@@ -119,7 +124,7 @@ async fn store_team_default(
     Ok(())
 }
 
-type PolicyRow = (Option<sqlx::types::Json<EgressPolicy>>, String);
+type PolicyRow = (Option<sqlx::types::Json<EgressPolicy>>, SandboxState);
 
 async fn policy_row(state: &AppState, team_id: Uuid, id: Uuid) -> ApiResult<PolicyRow> {
     sqlx::query_as("SELECT egress, state FROM sandboxes WHERE id = $1 AND team_id = $2")
@@ -173,31 +178,24 @@ async fn set_policy(
     ApiPath(id): ApiPath<Uuid>,
     ApiJson(policy): ApiJson<EgressPolicy>,
 ) -> ApiResult<Json<EgressPolicy>> {
+    let audit = context.action("sandbox.egress_policy");
     principal.require(Role::Member)?;
     let (current, sandbox_state) = policy_row(&state, principal.team_id, id).await?;
     if current.is_none() {
         return Err(not_enabled());
     }
-    if sandbox_state != "running" {
-        return Err(ApiError::Conflict {
-            code: "sandbox_not_running",
-            message: "the sandbox is not running".to_owned(),
-        });
+    if sandbox_state != SandboxState::Running {
+        return Err(ApiError::SandboxNotRunning(
+            "the sandbox is not running".to_owned(),
+        ));
     }
-    let policy = sandboxes::normalize_egress(&policy)?;
+    let policy = validate::normalize_egress(&policy)?;
     // The worker first: the database says what is in force.
-    let answer = sandboxes::forward(
+    let answer = forward(
         &state,
-        &principal,
+        principal.team_id,
         id,
-        reqwest::Method::PUT,
-        "egress-policy",
-        Some(
-            serde_json::to_vec(&policy)
-                .map_err(anyhow::Error::from)?
-                .into(),
-        ),
-        &[("content-type", "application/json")],
+        SandboxCall::SetEgressPolicy(policy.clone()),
     )
     .await?;
     if answer.status() != StatusCode::NO_CONTENT {
@@ -213,7 +211,7 @@ async fn set_policy(
         .bind(sqlx::types::Json(&policy))
         .execute(&mut *transaction)
         .await?;
-    context
+    audit
         .record(
             &mut transaction,
             &principal,
@@ -238,14 +236,6 @@ async fn flows(
     principal: Principal,
     ApiPath(id): ApiPath<Uuid>,
 ) -> ApiResult<Response> {
-    sandboxes::forward(
-        &state,
-        &principal,
-        id,
-        reqwest::Method::GET,
-        "egress",
-        None,
-        &[],
-    )
-    .await
+    let answer = forward(&state, principal.team_id, id, SandboxCall::EgressFlows).await?;
+    Ok(worker_answer(answer))
 }

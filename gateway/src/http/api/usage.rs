@@ -13,7 +13,7 @@ use utoipa_axum::routes;
 
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::ApiQuery;
+use crate::http::extract::ApiQuery;
 use crate::state::AppState;
 
 pub fn router() -> OpenApiRouter<AppState> {

@@ -12,8 +12,8 @@ use futures_util::StreamExt;
 use sandbase_api::internal::Exec;
 use sandbase_api::sandboxes::{
     BackgroundStarted, CreateSandboxRequest, DirectoryListing, ExecEvent, ExecRequest, ExecResult,
-    ExtendTimeoutRequest, FileInfo, Process, ProcessList, Sandbox, SandboxList, SandboxState,
-    SignalRequest, signal_number,
+    ExtendTimeoutRequest, FileInfo, Process, ProcessList, Sandbox, SandboxList, SignalRequest,
+    signal_number,
 };
 use sandbase_api::{ErrorBody, Role};
 use serde::Deserialize;
@@ -22,12 +22,16 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
+use super::worker_answer;
 use crate::audit::RequestContext;
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{ApiJson, ApiPath, ApiQuery};
-use crate::sandboxes::{self, SANDBOX_COLUMNS, SandboxRow};
+use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::sandboxes::forward::forward;
+use crate::sandboxes::lifecycle::{self, Destroyed};
+use crate::sandboxes::{NewSandbox, Owner, SandboxRow, placement, row, teardown, validate};
 use crate::state::AppState;
+use crate::workers::client::SandboxCall;
 
 /// Longest per-command timeout.
 const MAX_COMMAND_TIMEOUT_SECS: u64 = 24 * 3600;
@@ -61,16 +65,17 @@ async fn create_sandbox(
     context: RequestContext,
     ApiJson(mut request): ApiJson<CreateSandboxRequest>,
 ) -> ApiResult<(StatusCode, Json<Sandbox>)> {
+    let audit = context.action("sandbox.create");
     principal.require(Role::Member)?;
     if request.egress.is_none() {
-        request.egress = sandboxes::team_default_egress(&state, principal.team_id).await?;
+        request.egress = crate::teams::default_egress(&state.db, principal.team_id).await?;
     }
-    let placement = sandboxes::validate_create(request, &state.settings.sandboxes)?;
-    let created = sandboxes::create(
+    let sandbox = NewSandbox::parse(request, &state.settings.sandboxes)?;
+    let created = placement::create(
         &state,
-        sandboxes::Owner::of(&principal),
-        Some((&context, &principal)),
-        placement,
+        Owner::of(&principal),
+        Some((&audit, &principal)),
+        sandbox,
     )
     .await?;
     Ok((StatusCode::CREATED, Json(created.row.to_api())))
@@ -101,9 +106,8 @@ async fn list_sandboxes(
     let state_filter = match &query.state {
         Some(value) => Some(
             value
-                .parse::<SandboxState>()
-                .map_err(ApiError::InvalidRequest)?
-                .as_str(),
+                .parse::<crate::sandboxes::SandboxState>()
+                .map_err(ApiError::InvalidRequest)?,
         ),
         None => None,
     };
@@ -122,31 +126,16 @@ async fn list_sandboxes(
         };
         metadata.insert(name.to_owned(), serde_json::Value::String(value.clone()));
     }
-    let rows: Vec<SandboxRow> = sqlx::query_as(&format!(
-        "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE team_id = $1 \
-           AND ($2::text IS NULL OR state = $2) AND metadata @> $3 \
-         ORDER BY created_at DESC, id DESC LIMIT $4"
-    ))
-    .bind(principal.team_id)
-    .bind(state_filter)
-    .bind(serde_json::Value::Object(metadata))
-    .bind(limit)
-    .fetch_all(&state.db)
-    .await?;
+    let rows = row::list(&state.db, principal.team_id, state_filter, &metadata, limit).await?;
     Ok(Json(SandboxList {
         sandboxes: rows.iter().map(SandboxRow::to_api).collect(),
     }))
 }
 
 async fn fetch(state: &AppState, team_id: Uuid, id: Uuid) -> ApiResult<SandboxRow> {
-    sqlx::query_as(&format!(
-        "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = $1 AND team_id = $2"
-    ))
-    .bind(id)
-    .bind(team_id)
-    .fetch_optional(&state.db)
-    .await?
-    .ok_or(ApiError::NotFound("sandbox"))
+    row::fetch(&state.db, team_id, id)
+        .await?
+        .ok_or(ApiError::NotFound("sandbox"))
 }
 
 /// One sandbox of the team.
@@ -172,28 +161,15 @@ async fn destroy_sandbox(
     context: RequestContext,
     ApiPath(id): ApiPath<Uuid>,
 ) -> ApiResult<StatusCode> {
+    let audit = context.action("sandbox.destroy");
     principal.require(Role::Member)?;
     let mut transaction = state.db.begin().await?;
-    let row: Option<(String, Option<String>)> = sqlx::query_as(
-        "SELECT state, worker_id FROM sandboxes WHERE id = $1 AND team_id = $2 FOR UPDATE",
-    )
-    .bind(id)
-    .bind(principal.team_id)
-    .fetch_optional(&mut *transaction)
-    .await?;
-    let Some((current, worker_id)) = row else {
-        return Err(ApiError::NotFound("sandbox"));
+    let worker_id = match lifecycle::destroy(&mut transaction, principal.team_id, id).await? {
+        Destroyed::NotFound => return Err(ApiError::NotFound("sandbox")),
+        Destroyed::AlreadyStopped => return Ok(StatusCode::NO_CONTENT),
+        Destroyed::Stopped { worker_id } => worker_id,
     };
-    if current == "stopped" {
-        return Ok(StatusCode::NO_CONTENT);
-    }
-    sqlx::query(
-        "UPDATE sandboxes SET state = 'stopped', stop_reason = 'destroyed', stopped_at = now() WHERE id = $1",
-    )
-    .bind(id)
-    .execute(&mut *transaction)
-    .await?;
-    context
+    audit
         .record(
             &mut transaction,
             &principal,
@@ -204,7 +180,7 @@ async fn destroy_sandbox(
     transaction.commit().await?;
     state.routes.forget(id);
     if let Some(worker_id) = worker_id {
-        sandboxes::remove_on_worker(&state, &worker_id, id).await;
+        teardown::remove_on_worker(&state, &worker_id, id).await;
     }
     Ok(StatusCode::NO_CONTENT)
 }
@@ -225,28 +201,20 @@ async fn extend_timeout(
     ApiPath(id): ApiPath<Uuid>,
     ApiJson(request): ApiJson<ExtendTimeoutRequest>,
 ) -> ApiResult<Json<Sandbox>> {
+    let audit = context.action("sandbox.extend");
     principal.require(Role::Member)?;
     let timeout =
-        sandboxes::validate_timeout(Some(request.timeout_secs), &state.settings.sandboxes)?;
+        validate::validate_timeout(Some(request.timeout_secs), &state.settings.sandboxes)?;
     let mut transaction = state.db.begin().await?;
-    let row: Option<SandboxRow> = sqlx::query_as(&format!(
-        "UPDATE sandboxes SET expires_at = now() + make_interval(secs => $3) \
-         WHERE id = $1 AND team_id = $2 AND state = 'running' RETURNING {SANDBOX_COLUMNS}"
-    ))
-    .bind(id)
-    .bind(principal.team_id)
-    .bind(timeout as f64)
-    .fetch_optional(&mut *transaction)
-    .await?;
+    let row = lifecycle::extend(&mut transaction, principal.team_id, id, timeout).await?;
     let Some(row) = row else {
         let existing = fetch(&state, principal.team_id, id).await?;
-        return Err(ApiError::problem(
-            StatusCode::CONFLICT,
-            "sandbox_not_running",
-            format!("the sandbox is {}", existing.state),
-        ));
+        return Err(ApiError::SandboxNotRunning(format!(
+            "the sandbox is {}",
+            existing.state
+        )));
     };
-    context
+    audit
         .record(
             &mut transaction,
             &principal,
@@ -278,14 +246,16 @@ async fn extend_timeout(
 async fn exec(
     State(state): State<AppState>,
     principal: Principal,
+    context: RequestContext,
     ApiPath(id): ApiPath<Uuid>,
     ApiJson(request): ApiJson<ExecRequest>,
 ) -> ApiResult<Response> {
+    context.action("sandbox.exec");
     principal.require(Role::Member)?;
-    let argv = sandboxes::command_argv(request.cmd, request.command)?;
-    sandboxes::validate_env(&request.env)?;
+    let argv = validate::command_argv(request.cmd, request.command)?;
+    validate::validate_env(&request.env)?;
     if let Some(cwd) = &request.cwd {
-        sandboxes::validate_absolute("cwd", cwd)?;
+        validate::validate_absolute("cwd", cwd)?;
     }
     let timeout_ms = match request.timeout_secs {
         Some(0) => {
@@ -315,17 +285,14 @@ async fn exec(
         stream: request.stream,
         background: request.background,
     };
-    let body = serde_json::to_vec(&exec).map_err(anyhow::Error::from)?;
-    sandboxes::forward(
+    let answer = forward(
         &state,
-        &principal,
+        principal.team_id,
         id,
-        reqwest::Method::POST,
-        "exec",
-        Some(body.into()),
-        &[("content-type", "application/json")],
+        SandboxCall::Exec(Box::new(exec)),
     )
-    .await
+    .await?;
+    Ok(worker_answer(answer))
 }
 
 /// Background processes of the sandbox (without their output).
@@ -337,16 +304,8 @@ async fn list_processes(
     principal: Principal,
     ApiPath(id): ApiPath<Uuid>,
 ) -> ApiResult<Response> {
-    sandboxes::forward(
-        &state,
-        &principal,
-        id,
-        reqwest::Method::GET,
-        "processes",
-        None,
-        &[],
-    )
-    .await
+    let answer = forward(&state, principal.team_id, id, SandboxCall::Processes).await?;
+    Ok(worker_answer(answer))
 }
 
 /// A background process with its output so far (the last megabyte of each stream).
@@ -358,16 +317,8 @@ async fn get_process(
     principal: Principal,
     ApiPath((id, pid)): ApiPath<(Uuid, u32)>,
 ) -> ApiResult<Response> {
-    sandboxes::forward(
-        &state,
-        &principal,
-        id,
-        reqwest::Method::GET,
-        &format!("processes/{pid}"),
-        None,
-        &[],
-    )
-    .await
+    let answer = forward(&state, principal.team_id, id, SandboxCall::Process { pid }).await?;
+    Ok(worker_answer(answer))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -387,21 +338,21 @@ struct StdinQuery {
 async fn process_stdin(
     State(state): State<AppState>,
     principal: Principal,
+    context: RequestContext,
     ApiPath((id, pid)): ApiPath<(Uuid, u32)>,
     ApiQuery(query): ApiQuery<StdinQuery>,
     body: axum::body::Bytes,
 ) -> ApiResult<Response> {
+    context.action("sandbox.process.stdin");
     principal.require(Role::Member)?;
-    sandboxes::forward(
-        &state,
-        &principal,
-        id,
-        reqwest::Method::POST,
-        &format!("processes/{pid}/stdin?close={}", query.close),
-        Some(body.into()),
-        &[],
-    )
-    .await
+    let call = SandboxCall::ProcessStdin {
+        pid,
+        close: query.close,
+        body: body.into(),
+    };
+    Ok(worker_answer(
+        forward(&state, principal.team_id, id, call).await?,
+    ))
 }
 
 /// Send a signal to a background process (and the processes it started).
@@ -412,27 +363,21 @@ async fn process_stdin(
 async fn process_signal(
     State(state): State<AppState>,
     principal: Principal,
+    context: RequestContext,
     ApiPath((id, pid)): ApiPath<(Uuid, u32)>,
     ApiJson(request): ApiJson<SignalRequest>,
 ) -> ApiResult<Response> {
+    context.action("sandbox.process.signal");
     principal.require(Role::Member)?;
     let signal = signal_number(&request.signal).ok_or_else(|| {
         ApiError::InvalidRequest(
             "`signal`: a number from 1 to 64 or a name such as TERM, KILL, INT, HUP".to_owned(),
         )
     })?;
-    let body = serde_json::to_vec(&serde_json::json!({ "signal": signal }))
-        .map_err(anyhow::Error::from)?;
-    sandboxes::forward(
-        &state,
-        &principal,
-        id,
-        reqwest::Method::POST,
-        &format!("processes/{pid}/signal"),
-        Some(body.into()),
-        &[("content-type", "application/json")],
-    )
-    .await
+    let call = SandboxCall::ProcessSignal { pid, signal };
+    Ok(worker_answer(
+        forward(&state, principal.team_id, id, call).await?,
+    ))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -444,18 +389,6 @@ struct PathQuery {
     /// For `DELETE` of a directory: remove its contents too.
     #[serde(default)]
     recursive: bool,
-}
-
-fn path_suffix(route: &str, query: &PathQuery) -> String {
-    let mut encoded = String::new();
-    for byte in query.path.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'/' | b'-' | b'_' | b'.' | b'~') {
-            encoded.push(byte as char);
-        } else {
-            encoded.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    format!("{route}?path={encoded}&recursive={}", query.recursive)
 }
 
 /// A file's bytes, or a directory's entries as JSON. Paths are resolved inside the
@@ -475,16 +408,10 @@ async fn read_path(
     ApiPath(id): ApiPath<Uuid>,
     ApiQuery(query): ApiQuery<PathQuery>,
 ) -> ApiResult<Response> {
-    sandboxes::forward(
-        &state,
-        &principal,
-        id,
-        reqwest::Method::GET,
-        &path_suffix("files", &query),
-        None,
-        &[],
-    )
-    .await
+    let call = SandboxCall::ReadPath { path: query.path };
+    Ok(worker_answer(
+        forward(&state, principal.team_id, id, call).await?,
+    ))
 }
 
 /// The request body as an upload stream, refused beyond `limit` bytes.
@@ -523,23 +450,22 @@ fn upload_body(headers: &HeaderMap, body: Body, limit: u64) -> ApiResult<reqwest
 async fn write_file(
     State(state): State<AppState>,
     principal: Principal,
+    context: RequestContext,
     ApiPath(id): ApiPath<Uuid>,
     ApiQuery(query): ApiQuery<PathQuery>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
+    context.action("sandbox.file.write");
     principal.require(Role::Member)?;
-    let upload = upload_body(&headers, body, state.settings.sandboxes.upload_limit_bytes)?;
-    sandboxes::forward(
-        &state,
-        &principal,
-        id,
-        reqwest::Method::PUT,
-        &path_suffix("files", &query),
-        Some(upload),
-        &[],
-    )
-    .await
+    let body = upload_body(&headers, body, state.settings.sandboxes.upload_limit_bytes)?;
+    let call = SandboxCall::WriteFile {
+        path: query.path,
+        body,
+    };
+    Ok(worker_answer(
+        forward(&state, principal.team_id, id, call).await?,
+    ))
 }
 
 /// Remove a file, a link, or a directory (`recursive=true` for one that is not empty).
@@ -549,20 +475,19 @@ async fn write_file(
 async fn remove_path(
     State(state): State<AppState>,
     principal: Principal,
+    context: RequestContext,
     ApiPath(id): ApiPath<Uuid>,
     ApiQuery(query): ApiQuery<PathQuery>,
 ) -> ApiResult<Response> {
+    context.action("sandbox.file.remove");
     principal.require(Role::Member)?;
-    sandboxes::forward(
-        &state,
-        &principal,
-        id,
-        reqwest::Method::DELETE,
-        &path_suffix("files", &query),
-        None,
-        &[],
-    )
-    .await
+    let call = SandboxCall::RemovePath {
+        path: query.path,
+        recursive: query.recursive,
+    };
+    Ok(worker_answer(
+        forward(&state, principal.team_id, id, call).await?,
+    ))
 }
 
 /// A directory as a tar archive (links archived as links).
@@ -578,16 +503,10 @@ async fn archive_out(
     ApiPath(id): ApiPath<Uuid>,
     ApiQuery(query): ApiQuery<PathQuery>,
 ) -> ApiResult<Response> {
-    sandboxes::forward(
-        &state,
-        &principal,
-        id,
-        reqwest::Method::GET,
-        &path_suffix("archive", &query),
-        None,
-        &[],
-    )
-    .await
+    let call = SandboxCall::ArchiveOut { path: query.path };
+    Ok(worker_answer(
+        forward(&state, principal.team_id, id, call).await?,
+    ))
 }
 
 /// Unpack a tar archive (the body) into a directory, owned by the sandbox user. Entries
@@ -604,21 +523,20 @@ async fn archive_out(
 async fn archive_in(
     State(state): State<AppState>,
     principal: Principal,
+    context: RequestContext,
     ApiPath(id): ApiPath<Uuid>,
     ApiQuery(query): ApiQuery<PathQuery>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
+    context.action("sandbox.archive.write");
     principal.require(Role::Member)?;
-    let upload = upload_body(&headers, body, state.settings.sandboxes.upload_limit_bytes)?;
-    sandboxes::forward(
-        &state,
-        &principal,
-        id,
-        reqwest::Method::PUT,
-        &path_suffix("archive", &query),
-        Some(upload),
-        &[],
-    )
-    .await
+    let body = upload_body(&headers, body, state.settings.sandboxes.upload_limit_bytes)?;
+    let call = SandboxCall::ArchiveIn {
+        path: query.path,
+        body,
+    };
+    Ok(worker_answer(
+        forward(&state, principal.team_id, id, call).await?,
+    ))
 }

@@ -14,7 +14,7 @@ use crate::audit::RequestContext;
 use crate::auth::Principal;
 use crate::auth::api_key::Invalidation;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{ApiJson, ApiPath};
+use crate::http::extract::{ApiJson, ApiPath};
 use crate::state::AppState;
 
 /// Longest lifetime a key may be given.
@@ -79,6 +79,7 @@ async fn create_key(
     context: RequestContext,
     ApiJson(request): ApiJson<CreateApiKeyRequest>,
 ) -> ApiResult<(StatusCode, Json<CreatedApiKey>)> {
+    let audit = context.action("api_key.create");
     let name = accounts::parse_name("name", &request.name)?;
     let role = request.role.unwrap_or(principal.role);
     if !principal.role.at_least(role) {
@@ -116,7 +117,8 @@ async fn create_key(
             ));
         }
     }
-    let max_credits = crate::sandboxes::parse_cap("max_credits", request.max_credits.as_deref())?;
+    let max_credits =
+        crate::sandboxes::validate::parse_cap("max_credits", request.max_credits.as_deref())?;
     let mut transaction = state.db.begin().await?;
     let mut created = accounts::create_api_key(
         &mut transaction,
@@ -135,7 +137,7 @@ async fn create_key(
             .await?;
         created.key.max_credits_micro = Some(cap);
     }
-    context
+    audit
         .record(
             &mut transaction,
             &principal,
@@ -159,6 +161,7 @@ async fn revoke_key(
     context: RequestContext,
     ApiPath(id): ApiPath<Uuid>,
 ) -> ApiResult<StatusCode> {
+    let audit = context.action("api_key.revoke");
     let mut transaction = state.db.begin().await?;
     let row: Option<(String, Option<Uuid>)> = sqlx::query_as(
         "SELECT public_id, created_by FROM api_keys \
@@ -178,7 +181,7 @@ async fn revoke_key(
         .bind(principal.team_id)
         .execute(&mut *transaction)
         .await?;
-    context
+    audit
         .record(
             &mut transaction,
             &principal,

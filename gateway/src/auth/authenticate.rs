@@ -1,0 +1,137 @@
+//! Turning a bearer token into a [`Principal`]: API keys from the in-process cache (a hash
+//! lookup; PostgreSQL on a miss), session tokens checked against the membership on every
+//! request; then the caller's rate limit.
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use sandbase_api::Role;
+
+use super::api_key::{self, ApiKeyToken, KeyRecord};
+use super::session;
+use super::{Actor, Principal};
+use crate::error::ApiError;
+use crate::ratelimit::Decision;
+use crate::state::AppState;
+
+/// The caller behind an `Authorization` header (`Bearer <API key | session token>`).
+pub async fn authenticate(
+    header: Option<&http::HeaderValue>,
+    state: &AppState,
+) -> Result<Principal, ApiError> {
+    let header = header.ok_or(ApiError::Unauthenticated)?;
+    let value = header
+        .to_str()
+        .map_err(|_| ApiError::InvalidApiKey { team_id: None })?;
+    let token = value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .map(str::trim)
+        .ok_or(ApiError::Unauthenticated)?;
+    if token.starts_with("sb_") {
+        authenticate_api_key(token, state).await
+    } else if session::looks_like_jwt(token) {
+        authenticate_session(token, state).await
+    } else {
+        Err(ApiError::InvalidApiKey { team_id: None })
+    }
+}
+
+async fn authenticate_api_key(token: &str, state: &AppState) -> Result<Principal, ApiError> {
+    let token = ApiKeyToken::parse(token).ok_or(ApiError::InvalidApiKey { team_id: None })?;
+    let record = match state.keys.get(&token.public_id) {
+        Some(record) => record,
+        None => {
+            let epoch = state.keys.epoch();
+            let record = KeyRecord::load(&state.db, &token.public_id)
+                .await?
+                .ok_or(ApiError::InvalidApiKey { team_id: None })?;
+            state.keys.insert(epoch, Arc::new(record))
+        }
+    };
+    // Check the secret before saying anything about the key's state, so a guessed
+    // public id learns nothing.
+    if !token.matches(&record.secret_hash) {
+        return Err(ApiError::InvalidApiKey {
+            team_id: Some(record.team_id),
+        });
+    }
+    if record.revoked {
+        return Err(ApiError::ApiKeyRevoked {
+            team_id: record.team_id,
+        });
+    }
+    let now = Utc::now();
+    if record
+        .expires_at
+        .is_some_and(|expires_at| expires_at <= now)
+    {
+        return Err(ApiError::ApiKeyExpired {
+            team_id: record.team_id,
+        });
+    }
+    record.touch(&state.last_used, now);
+    Ok(Principal {
+        team_id: record.team_id,
+        role: record.role,
+        rate_limit: record.rate_limit,
+        actor: Actor::ApiKey(record),
+    })
+}
+
+async fn authenticate_session(token: &str, state: &AppState) -> Result<Principal, ApiError> {
+    let claims = state.sessions.verify(token, Utc::now())?;
+    // Sessions are checked against the membership on every request, so a removed member
+    // or a changed role takes effect at once. Dashboard traffic is light; API keys are the
+    // hot path and are cached.
+    let row: Option<(String, Option<i32>, Option<i32>)> = sqlx::query_as(
+        "SELECT m.role, t.rate_limit_per_sec, t.rate_limit_burst \
+         FROM team_members m JOIN teams t ON t.id = m.team_id \
+         WHERE m.team_id = $1 AND m.user_id = $2",
+    )
+    .bind(claims.team)
+    .bind(claims.sub)
+    .fetch_optional(&state.db)
+    .await?;
+    let (role, rate, burst) = row.ok_or(ApiError::InvalidSession)?;
+    let role: Role = role
+        .parse()
+        .map_err(|error: String| ApiError::Internal(anyhow::anyhow!(error)))?;
+    Ok(Principal {
+        team_id: claims.team,
+        role,
+        actor: Actor::User { id: claims.sub },
+        rate_limit: api_key::team_rate_limit(rate, burst),
+    })
+}
+
+/// Counts a request against the caller's rate limit.
+pub async fn rate_limit(principal: &Principal, state: &AppState) -> Result<(), ApiError> {
+    let defaults = state.settings.rate_limit;
+    let (subject, lease) = match &principal.actor {
+        Actor::ApiKey(record) => (format!("key:{}", record.public_id), Some(&record.lease)),
+        Actor::User { id } => (format!("user:{id}:{}", principal.team_id), None),
+    };
+    let (per_second, burst) = principal
+        .rate_limit
+        .unwrap_or((defaults.per_second, defaults.burst));
+    let mut redis = state.redis.clone();
+    match state
+        .rate_limiter
+        .check(&mut redis, &subject, lease, per_second, burst)
+        .await
+    {
+        Ok(Decision::Allowed) => Ok(()),
+        Ok(Decision::Limited { retry_after_secs }) => {
+            metrics::counter!("sandbase_rate_limited_total").increment(1);
+            Err(ApiError::RateLimited { retry_after_secs })
+        }
+        Err(error) => {
+            // Rate limiting protects capacity, not correctness: when Redis is unreachable,
+            // requests are served rather than all refused (readyz reports the outage).
+            metrics::counter!("sandbase_rate_limit_errors_total").increment(1);
+            tracing::warn!(error = %error, "rate limit check failed; admitting the request");
+            Ok(())
+        }
+    }
+}

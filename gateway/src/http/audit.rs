@@ -1,0 +1,143 @@
+//! The audit layer of the API routes: it prepares each request's [`AuditSlot`] (handlers
+//! receive it as a [`RequestContext`]), and after the handler writes the row of a failed
+//! mutation or a failed authentication.
+
+use std::net::{IpAddr, SocketAddr};
+
+use axum::extract::{ConnectInfo, FromRequestParts, MatchedPath, Request, State};
+use axum::http::request::Parts;
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::Response;
+
+use super::request_id::RequestId;
+use crate::audit::{AuditSlot, Entry, RequestContext, insert};
+use crate::error::ApiError;
+use crate::state::AppState;
+
+impl<S: Send + Sync> FromRequestParts<S> for RequestContext {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let slot = parts
+            .extensions
+            .get::<AuditSlot>()
+            .cloned()
+            .ok_or_else(|| {
+                ApiError::Internal(anyhow::anyhow!(
+                    "audit middleware is not installed on this route"
+                ))
+            })?;
+        Ok(RequestContext::new(slot))
+    }
+}
+
+/// Route layer: prepares the slot, and after the handler writes the row of a failed
+/// mutation or a failed authentication.
+pub async fn middleware(
+    State(state): State<AppState>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let slot = AuditSlot::new(
+        request.method().clone(),
+        request
+            .extensions()
+            .get::<MatchedPath>()
+            .map_or_else(String::new, |path| path.as_str().to_owned()),
+        request
+            .extensions()
+            .get::<RequestId>()
+            .map(|id| id.0.clone()),
+        client_ip(&request, state.settings.server.trust_forwarded_for),
+    );
+    request.extensions_mut().insert(slot.clone());
+
+    let response = next.run(request).await;
+
+    let status = response.status();
+    let entry = {
+        let slot_state = slot.lock();
+        if slot_state.written {
+            return response;
+        }
+        let method = &slot_state.method;
+        let mutating = !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
+        if let Some(team_id) = slot_state.authentication_failure {
+            Some((
+                Entry {
+                    team_id,
+                    actor_type: "anonymous",
+                    actor_id: None,
+                    action: "auth.failed".to_owned(),
+                    target: Some(format!("{method} {}", slot_state.route)),
+                    outcome: "denied",
+                    status_code: Some(status.as_u16()),
+                    details: serde_json::json!({}),
+                },
+                slot_state.request_id.clone(),
+                slot_state.source_ip,
+            ))
+        } else if mutating && status != StatusCode::TOO_MANY_REQUESTS && !status.is_success() {
+            // Rate-limited calls are counted in metrics, not written: a flood must not turn
+            // into a flood of Postgres writes.
+            let (team_id, actor_type, actor_id) = match &slot_state.principal {
+                Some(principal) => (
+                    Some(principal.team_id),
+                    principal.actor_type(),
+                    Some(principal.actor_id()),
+                ),
+                None => (None, "anonymous", None),
+            };
+            let outcome = if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
+                "denied"
+            } else {
+                "failure"
+            };
+            Some((
+                Entry {
+                    team_id,
+                    actor_type,
+                    actor_id,
+                    action: slot_state.action(),
+                    target: None,
+                    outcome,
+                    status_code: Some(status.as_u16()),
+                    details: serde_json::json!({}),
+                },
+                slot_state.request_id.clone(),
+                slot_state.source_ip,
+            ))
+        } else {
+            None
+        }
+    };
+    if let Some((entry, request_id, source_ip)) = entry {
+        let result = async {
+            let mut connection = state.db.acquire().await?;
+            insert(&mut connection, &entry, request_id.as_deref(), source_ip).await
+        }
+        .await;
+        if let Err(error) = result {
+            tracing::error!(error = %error, action = %entry.action, "writing an audit row failed");
+        }
+    }
+    response
+}
+
+fn client_ip(request: &Request, trust_forwarded_for: bool) -> Option<IpAddr> {
+    if trust_forwarded_for
+        && let Some(forwarded) = request
+            .headers()
+            .get("x-forwarded-for")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.split(',').next())
+            .and_then(|value| value.trim().parse().ok())
+    {
+        return Some(forwarded);
+    }
+    request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|info| info.0.ip())
+}

@@ -1,0 +1,31 @@
+//! Worker registration and heartbeats.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use sandbase_api::internal::{Heartbeat, HeartbeatReply, RegisterWorker};
+
+use crate::error::ApiResult;
+use crate::http::extract::ApiJson;
+use crate::http::node_token::NodeToken;
+use crate::state::AppState;
+use crate::workers::reconcile;
+
+/// A worker (re)starting: it hosts nothing, so whatever it hosted before is lost.
+pub async fn register(
+    State(state): State<AppState>,
+    _worker: NodeToken,
+    ApiJson(body): ApiJson<RegisterWorker>,
+) -> ApiResult<StatusCode> {
+    reconcile::register(&state, body).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A worker's periodic report; the answer lists sandboxes it should remove.
+pub async fn heartbeat(
+    State(state): State<AppState>,
+    _worker: NodeToken,
+    ApiJson(body): ApiJson<Heartbeat>,
+) -> ApiResult<Json<HeartbeatReply>> {
+    Ok(Json(reconcile::heartbeat(&state, body).await?))
+}

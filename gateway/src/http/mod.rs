@@ -1,0 +1,62 @@
+//! The HTTP layer, and the only module that knows axum: router assembly, extractors
+//! (`Principal`, `NodeToken`, `RequestContext`, JSON/query/path with API errors), the
+//! request-id, metrics and audit layers, how errors are answered, the public API's handlers
+//! (`api`) and the internal routes workers call (`internal`). Handlers extract, call the
+//! domain, and map the answer.
+
+pub mod api;
+pub mod audit;
+pub mod error;
+pub mod extract;
+pub mod internal;
+pub mod metrics;
+pub mod node_token;
+pub mod principal;
+pub mod request_id;
+
+use anyhow::Context;
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::middleware::{from_fn, from_fn_with_state};
+
+use crate::config::Settings;
+use crate::state::AppState;
+
+/// The routers of the public API and of the operational routes, before they get their
+/// state, and the OpenAPI document rendered from the same list.
+pub struct Routes {
+    api: Router<AppState>,
+    operations: Router<AppState>,
+    pub openapi: serde_json::Value,
+}
+
+impl Routes {
+    pub fn new(settings: &Settings) -> anyhow::Result<Routes> {
+        let (api, operations) = api::api_router(settings);
+        let (api, mut document) = api.split_for_parts();
+        let (operations, operations_document) = operations.split_for_parts();
+        document.merge(operations_document);
+        let openapi = serde_json::to_value(&document).context("rendering the OpenAPI document")?;
+        Ok(Routes {
+            api,
+            operations,
+            openapi,
+        })
+    }
+
+    /// The whole application: request id → body limit → metrics (route layer) → audit
+    /// (route layer, API routes only) → handlers.
+    pub fn into_router(self, state: AppState) -> Router {
+        let body_limit = state.settings.server.body_limit_bytes;
+        self.api
+            .route_layer(from_fn_with_state(state.clone(), audit::middleware))
+            .merge(self.operations)
+            .merge(internal::router())
+            .route_layer(from_fn(metrics::middleware))
+            .fallback(api::fallback)
+            .method_not_allowed_fallback(api::method_not_allowed)
+            .with_state(state)
+            .layer(DefaultBodyLimit::max(body_limit))
+            .layer(from_fn(request_id::middleware))
+    }
+}

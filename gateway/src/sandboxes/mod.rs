@@ -1,0 +1,15 @@
+//! Sandboxes: what callers may ask for (`validate`), the one place their state changes
+//! (`lifecycle`), placement on a worker (`placement`), data-plane calls passed to that
+//! worker (`forward`), the sandbox → worker route cache (`route_cache`), and removal after
+//! a stop (`teardown`).
+
+pub mod forward;
+pub mod lifecycle;
+pub mod placement;
+pub mod route_cache;
+pub mod row;
+pub mod teardown;
+pub mod validate;
+
+pub use row::{Created, Owner, SANDBOX_COLUMNS, SandboxRow, SandboxState, StopReason};
+pub use validate::NewSandbox;

@@ -1,0 +1,187 @@
+//! Creating a sandbox: its first minute reserved against the team's credits (and the key's
+//! cap), a row first (so nothing can exist on a worker without one), then the best worker
+//! that has room; a worker that is full passes it to the next.
+
+use http::StatusCode;
+use sandbase_api::internal::{CreateSandbox, WorkerStatus};
+use uuid::Uuid;
+
+use super::lifecycle::{self, NewRow};
+use super::route_cache::Route;
+use super::row::{Created, Owner};
+use super::validate::NewSandbox;
+use crate::auth::Principal;
+use crate::credits::Admitted;
+use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
+
+/// Who asked for the sandbox, for its audit row (`None`: the system, for a run).
+pub type Requester<'a> = Option<(&'a crate::audit::Audit, &'a Principal)>;
+
+pub async fn create(
+    state: &AppState,
+    owner: Owner,
+    audit: Requester<'_>,
+    sandbox: NewSandbox,
+) -> ApiResult<Created> {
+    // No worker or no template: refused before anything is reserved.
+    state
+        .workers
+        .candidates_with(sandbox.template.as_str(), &sandbox.mounts)
+        .await?;
+    let id = Uuid::now_v7();
+    // The first minute (or the sandbox's cap, when lower) is reserved before anything
+    // starts, against the team's credits and the key's cap; refused when either is spent.
+    let first_minute =
+        crate::credits::price_per_second(sandbox.resources, &state.settings.billing) * 60;
+    let first_minute = sandbox
+        .max_credits
+        .map_or(first_minute, |cap| first_minute.min(cap));
+    if first_minute > 0 {
+        reserve(state, owner, id, first_minute).await?;
+    }
+    let created = place(state, owner, audit, sandbox, id).await;
+    if created.is_err() && first_minute > 0 {
+        let _ = state
+            .admission
+            .release(owner.team_id, owner.api_key_id, id, first_minute)
+            .await;
+    }
+    created
+}
+
+async fn reserve(state: &AppState, owner: Owner, id: Uuid, amount: i64) -> ApiResult<()> {
+    let admitted = state
+        .admission
+        .reserve(
+            &state.db,
+            owner.team_id,
+            owner.api_key_id,
+            id,
+            amount,
+            60_000,
+        )
+        .await
+        .map_err(|error| ApiError::Unavailable(format!("credit admission: {error:#}")))?;
+    match admitted {
+        Admitted::Yes => Ok(()),
+        Admitted::InsufficientCredits => Err(ApiError::problem(
+            StatusCode::PAYMENT_REQUIRED,
+            "insufficient_credits",
+            "the team's credits do not cover this sandbox's first minute; buy credits or ask an admin",
+        )),
+        Admitted::KeyCapReached => Err(ApiError::problem(
+            StatusCode::PAYMENT_REQUIRED,
+            "spend_cap_reached",
+            "this API key's spend cap (`max_credits`) does not cover this sandbox's first minute",
+        )),
+    }
+}
+
+async fn place(
+    state: &AppState,
+    owner: Owner,
+    audit: Requester<'_>,
+    sandbox: NewSandbox,
+    id: Uuid,
+) -> ApiResult<Created> {
+    let candidates = state
+        .workers
+        .candidates_with(sandbox.template.as_str(), &sandbox.mounts)
+        .await?;
+    // Decrypted only for the worker's request (unknown names refused before anything is
+    // written), and wiped once it has been sent.
+    let credentials =
+        crate::secrets::unseal_for_sandbox(state, owner.team_id, &sandbox.credentials).await?;
+    let mut connection = state.db.acquire().await?;
+    lifecycle::insert_creating(
+        &mut connection,
+        NewRow {
+            id,
+            owner,
+            sandbox: &sandbox,
+        },
+    )
+    .await?;
+    drop(connection);
+    let mut request = CreateSandbox {
+        id,
+        template: sandbox.template.into_string(),
+        resources: sandbox.resources,
+        env: sandbox.env,
+        cwd: sandbox.cwd,
+        mounts: sandbox.mounts,
+        egress: sandbox.egress,
+        credentials,
+    };
+    let placed = send_create(state, &request, candidates, owner, audit).await;
+    for credential in &mut request.credentials {
+        zeroize::Zeroize::zeroize(&mut credential.value);
+    }
+    placed
+}
+
+async fn send_create(
+    state: &AppState,
+    request: &CreateSandbox,
+    candidates: Vec<WorkerStatus>,
+    owner: Owner,
+    audit: Requester<'_>,
+) -> ApiResult<Created> {
+    let id = request.id;
+    let mut last_problem = None;
+    for worker in candidates {
+        let mut connection = state.db.acquire().await?;
+        lifecycle::assign_worker(&mut connection, id, &worker.id).await?;
+        drop(connection);
+        state.workers.placed(&worker.id);
+        match state
+            .worker_client
+            .create_sandbox(&worker.url, request)
+            .await
+        {
+            Ok(()) => {
+                let mut transaction = state.db.begin().await?;
+                let row = lifecycle::mark_running(&mut transaction, id).await?;
+                if let Some((context, principal)) = audit {
+                    context
+                        .record(
+                            &mut transaction,
+                            principal,
+                            Some(format!("sandbox:{id}")),
+                            serde_json::json!({
+                                "template": row.template,
+                                "worker": worker.id,
+                                "resources": request.resources,
+                            }),
+                        )
+                        .await?;
+                }
+                transaction.commit().await?;
+                state.routes.insert(
+                    id,
+                    Route {
+                        team_id: owner.team_id,
+                        worker_id: worker.id,
+                    },
+                );
+                return Ok(Created {
+                    row,
+                    worker_url: worker.url,
+                });
+            }
+            Err(error) if error.is_at_capacity() => last_problem = Some(error),
+            Err(error) => {
+                last_problem = Some(error);
+                break;
+            }
+        }
+    }
+    // Nothing runs: the row is marked failed.
+    let mut connection = state.db.acquire().await?;
+    lifecycle::mark_failed(&mut connection, id).await?;
+    Err(match last_problem {
+        Some(error) if !error.is_at_capacity() => ApiError::Worker(error),
+        _ => ApiError::NoCapacity,
+    })
+}

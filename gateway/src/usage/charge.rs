@@ -1,0 +1,345 @@
+//! Charges out: a charger turns what was written into ledger debits in batches. A sandbox
+//! is charged for how far its highest counters moved past what was charged before (so a
+//! resent or late sample adds nothing), events at the price table's price. Each charged row
+//! names the debit that charged it and each debit names its usage, so every charge is
+//! traceable both ways.
+
+use std::collections::BTreeMap;
+
+use sandbase_billing::{Credits, Debit};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::config::BillingSettings;
+use crate::sandboxes::SandboxState;
+use crate::state::AppState;
+
+/// Most rows one charging pass takes.
+const CHARGE_BATCH: i64 = 20_000;
+
+/// What one charging pass booked: (team, API key, amount) per debit, for the admission
+/// cache to follow once the pass has committed.
+pub type Charged = Vec<(Uuid, Option<Uuid>, i64)>;
+
+/// Micro-credits due for a sandbox's counters, from zero: charges are differences of this,
+/// so rounding never accumulates.
+fn runtime_due(per_second: i64, cpu_second_micro: u64, uptime_ms: i64, cpu_usec: i64) -> i64 {
+    let wall = (per_second.max(0) as u128 * uptime_ms.max(0) as u128).div_ceil(1000);
+    let cpu = (u128::from(cpu_second_micro) * cpu_usec.max(0) as u128).div_ceil(1_000_000);
+    i64::try_from(wall + cpu).unwrap_or(i64::MAX)
+}
+
+#[derive(sqlx::FromRow)]
+struct Metered {
+    id: Uuid,
+    team_id: Uuid,
+    api_key_id: Option<Uuid>,
+    cpu_millis: i32,
+    memory_mb: i32,
+    sampled_seq: i64,
+    sampled_ms: i64,
+    sampled_cpu_usec: i64,
+    metered_seq: i64,
+    metered_ms: i64,
+    metered_cpu_usec: i64,
+}
+
+/// Charging passes of all gateways take turns (a transaction-scoped advisory lock).
+const CHARGE_LOCK: i64 = 0x5342_5553_4147_4531;
+
+/// Charges everything waiting, a batch at a time.
+pub async fn charge_all(state: &AppState) -> anyhow::Result<()> {
+    while charge(state).await? >= CHARGE_BATCH as usize {}
+    Ok(())
+}
+
+/// Folds reported samples into their sandboxes' highest counters, then charges sandboxes
+/// whose counters moved at least `billing.charge_every_secs` of wall or CPU time past what
+/// was charged — or at all, once they stopped, reported their last sample, or have a spend
+/// cap — and every reported event. Returns how many rows it took (a full batch means more
+/// are waiting).
+pub async fn charge(state: &AppState) -> anyhow::Result<usize> {
+    let billing = &state.settings.billing;
+    let mut transaction = state.db.begin().await?;
+    let (turn,): (bool,) = sqlx::query_as("SELECT pg_try_advisory_xact_lock($1)")
+        .bind(CHARGE_LOCK)
+        .fetch_one(&mut *transaction)
+        .await?;
+    if !turn {
+        return Ok(0);
+    }
+    let mut charged: Charged = Vec::new();
+    let samples = fold_samples(&mut transaction).await?;
+    charge_runtime(&mut transaction, billing, &mut charged).await?;
+    let events = charge_events(&mut transaction, billing, &mut charged).await?;
+    transaction.commit().await?;
+    for (team_id, api_key_id, amount) in charged {
+        state.admission.charged(team_id, api_key_id, amount).await?;
+    }
+    Ok(samples.max(events))
+}
+
+/// Samples: one statement folds a batch into the highest counters per sandbox. Returns how
+/// many samples it took.
+async fn fold_samples(transaction: &mut PgConnection) -> Result<usize, sqlx::Error> {
+    let (taken,): (i64,) = sqlx::query_as(
+        "WITH picked AS ( \
+             UPDATE usage_samples u SET processed = true \
+             FROM (SELECT id FROM usage_samples WHERE NOT processed ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) p \
+             WHERE u.id = p.id RETURNING u.sandbox_id, u.seq, u.uptime_ms, u.cpu_usec, u.final), \
+         highest AS ( \
+             SELECT sandbox_id, max(seq) AS seq, max(uptime_ms) AS ms, max(cpu_usec) AS cpu, bool_or(final) AS last \
+             FROM picked GROUP BY sandbox_id), \
+         folded AS ( \
+             UPDATE sandboxes s SET sampled_seq = greatest(s.sampled_seq, h.seq), \
+                 sampled_ms = greatest(s.sampled_ms, h.ms), \
+                 sampled_cpu_usec = greatest(s.sampled_cpu_usec, h.cpu), \
+                 sampled_final = s.sampled_final OR h.last \
+             FROM highest h WHERE s.id = h.sandbox_id RETURNING s.id) \
+         SELECT (SELECT count(*) FROM picked) + 0 * (SELECT count(*) FROM folded)",
+    )
+    .bind(CHARGE_BATCH)
+    .fetch_one(transaction)
+    .await?;
+    Ok(taken as usize)
+}
+
+/// Runtime: every sandbox whose counters moved far enough (or that stopped, or has a cap)
+/// is charged for how far they moved past what was charged.
+async fn charge_runtime(
+    transaction: &mut PgConnection,
+    billing: &BillingSettings,
+    charged: &mut Charged,
+) -> Result<(), sqlx::Error> {
+    let due: Vec<Metered> = sqlx::query_as(
+        "SELECT id, team_id, api_key_id, cpu_millis, memory_mb, sampled_seq, sampled_ms, sampled_cpu_usec, \
+                metered_seq, metered_ms, metered_cpu_usec \
+         FROM sandboxes \
+         WHERE (sampled_ms <> metered_ms OR sampled_cpu_usec <> metered_cpu_usec OR sampled_final <> metered_final) \
+           AND (state <> $2 OR sampled_final OR max_credits IS NOT NULL \
+                OR sampled_ms - metered_ms >= $1 OR sampled_cpu_usec - metered_cpu_usec >= $1 * 1000) \
+         ORDER BY id LIMIT 5000 FOR NO KEY UPDATE",
+    )
+    .bind(billing.charge_every_secs as i64 * 1000)
+    .bind(SandboxState::Running)
+    .fetch_all(&mut *transaction)
+    .await?;
+    for row in due {
+        let booked_amount = charge_sandbox(&mut *transaction, billing, &row).await?;
+        if booked_amount > 0 {
+            charged.push((row.team_id, row.api_key_id, booked_amount));
+        }
+        sqlx::query(
+            "UPDATE sandboxes SET metered_seq = sampled_seq, metered_ms = sampled_ms, \
+               metered_cpu_usec = sampled_cpu_usec, metered_final = sampled_final, \
+               spent_micro = spent_micro + $2 WHERE id = $1",
+        )
+        .bind(row.id)
+        .bind(booked_amount)
+        .execute(&mut *transaction)
+        .await?;
+        add_key_spend(&mut *transaction, row.api_key_id, booked_amount).await?;
+    }
+    Ok(())
+}
+
+/// Debits one sandbox's runtime since its last charge; returns what was booked (0 when
+/// nothing was due, or the debit was booked before).
+async fn charge_sandbox(
+    transaction: &mut PgConnection,
+    billing: &BillingSettings,
+    row: &Metered,
+) -> Result<i64, sqlx::Error> {
+    let resources = sandbase_api::sandboxes::Resources {
+        cpu_millis: row.cpu_millis as u32,
+        memory_mb: row.memory_mb as u32,
+        disk_mb: 0,
+        pids: 0,
+    };
+    let per_second = crate::credits::price_per_second(resources, billing);
+    let (uptime_ms, cpu_usec) = (row.sampled_ms, row.sampled_cpu_usec);
+    let amount = runtime_due(per_second, billing.cpu_second_micro, uptime_ms, cpu_usec)
+        - runtime_due(
+            per_second,
+            billing.cpu_second_micro,
+            row.metered_ms,
+            row.metered_cpu_usec,
+        );
+    if amount <= 0 {
+        return Ok(0);
+    }
+    let booked = sandbase_billing::debit(
+        transaction,
+        Debit {
+            team_id: row.team_id,
+            amount: Credits(amount),
+            idempotency_key: format!("runtime:{}:{uptime_ms}:{cpu_usec}", row.id),
+            description: "sandbox runtime".to_owned(),
+            details: serde_json::json!({
+                "kind": "runtime",
+                "sandbox": row.id,
+                // The samples this charge covers, by sequence number.
+                "samples": [row.metered_seq + 1, row.sampled_seq],
+                "milliseconds": uptime_ms - row.metered_ms,
+                "cpu_usec": cpu_usec - row.metered_cpu_usec,
+                "vcpu_millis": row.cpu_millis,
+                "memory_mb": row.memory_mb,
+                "price_per_second_micro": per_second,
+                "cpu_second_micro": billing.cpu_second_micro,
+            }),
+        },
+    )
+    .await?;
+    Ok(if booked.is_some() { amount } else { 0 })
+}
+
+/// Events: summed per team, sandbox, key, kind and subject, then priced. Returns how many
+/// events it took.
+async fn charge_events(
+    transaction: &mut PgConnection,
+    billing: &BillingSettings,
+    charged: &mut Charged,
+) -> Result<usize, sqlx::Error> {
+    type EventRow = (i64, Uuid, Option<Uuid>, Option<Uuid>, String, String, i64);
+    let events: Vec<EventRow> =
+        sqlx::query_as(
+            "UPDATE usage_events u SET processed = true \
+             FROM (SELECT id FROM usage_events WHERE NOT processed ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) p \
+             WHERE u.id = p.id \
+             RETURNING u.id, u.team_id, u.sandbox_id, u.api_key_id, u.kind, u.subject, u.quantity",
+        )
+        .bind(CHARGE_BATCH)
+        .fetch_all(&mut *transaction)
+        .await?;
+    let taken = events.len();
+    let mut groups: BTreeMap<EventGroup, (i64, Vec<i64>)> = BTreeMap::new();
+    for (id, team, sandbox, key, kind, subject, quantity) in events {
+        let group = groups
+            .entry(EventGroup {
+                team_id: team,
+                sandbox,
+                api_key_id: key,
+                kind,
+                subject,
+            })
+            .or_default();
+        group.0 = group.0.saturating_add(quantity);
+        group.1.push(id);
+    }
+    for (group, (quantity, ids)) in groups {
+        if let Some(amount) =
+            charge_group(&mut *transaction, billing, &group, quantity, &ids).await?
+        {
+            charged.push((group.team_id, group.api_key_id, amount));
+        }
+    }
+    Ok(taken)
+}
+
+/// Events charged together.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct EventGroup {
+    team_id: Uuid,
+    sandbox: Option<Uuid>,
+    api_key_id: Option<Uuid>,
+    kind: String,
+    subject: String,
+}
+
+/// Debits one group of events; returns the amount when it was booked now.
+async fn charge_group(
+    transaction: &mut PgConnection,
+    billing: &BillingSettings,
+    group: &EventGroup,
+    quantity: i64,
+    ids: &[i64],
+) -> Result<Option<i64>, sqlx::Error> {
+    let EventGroup {
+        team_id,
+        sandbox,
+        api_key_id,
+        kind,
+        subject,
+    } = group;
+    // Prices may change between report and charge; a kind priced out since is free.
+    let Some((amount, price)) = billing.price_of(kind, subject, quantity) else {
+        return Ok(None);
+    };
+    if amount <= 0 {
+        return Ok(None);
+    }
+    let (first, last) = (ids[0], ids[ids.len() - 1]);
+    let booked = sandbase_billing::debit(
+        &mut *transaction,
+        Debit {
+            team_id: *team_id,
+            amount: Credits(amount),
+            idempotency_key: format!("usage:{kind}:{first}:{last}:{}", ids.len()),
+            description: kind.replace('_', " "),
+            details: serde_json::json!({
+                "kind": kind,
+                "subject": subject,
+                "sandbox": sandbox,
+                "quantity": quantity,
+                "events": ids.len(),
+                "price_micro": price.micro,
+                "price_per": price.per,
+            }),
+        },
+    )
+    .await?;
+    let Some(booked) = booked else {
+        return Ok(None);
+    };
+    if let Some(sandbox) = sandbox {
+        sqlx::query("UPDATE sandboxes SET spent_micro = spent_micro + $2 WHERE id = $1")
+            .bind(sandbox)
+            .bind(amount)
+            .execute(&mut *transaction)
+            .await?;
+    }
+    add_key_spend(&mut *transaction, *api_key_id, amount).await?;
+    sqlx::query("UPDATE usage_events SET transaction_id = $2 WHERE id = ANY($1)")
+        .bind(ids)
+        .bind(booked.transaction_id)
+        .execute(&mut *transaction)
+        .await?;
+    Ok(Some(amount))
+}
+
+async fn add_key_spend(
+    transaction: &mut sqlx::PgConnection,
+    api_key_id: Option<Uuid>,
+    amount: i64,
+) -> Result<(), sqlx::Error> {
+    if let (Some(key), true) = (api_key_id, amount > 0) {
+        sqlx::query("UPDATE api_keys SET spent_micro = spent_micro + $2 WHERE id = $1")
+            .bind(key)
+            .bind(amount)
+            .execute(transaction)
+            .await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runtime_due;
+
+    #[test]
+    fn charges_are_differences_so_rounding_does_not_add_up() {
+        // 15 micro-credits a second, charged every 333 ms: the sum of the differences is
+        // the price of the whole, not 3 × the rounded-up thirds.
+        let mut total = 0;
+        let mut previous = 0;
+        for step in 1..=30 {
+            let now = runtime_due(15, 0, step * 333, 0);
+            total += now - previous;
+            previous = now;
+        }
+        assert_eq!(total, runtime_due(15, 0, 9990, 0));
+        assert_eq!(total, 150);
+        // CPU time: 5 micro-credits a CPU-second, 1.5 s → 8 (rounded up once).
+        assert_eq!(runtime_due(0, 5, 0, 1_500_000), 8);
+    }
+}

@@ -1,0 +1,536 @@
+//! The typed client of the workers' internal API: the only place that builds `/internal/v1/…`
+//! URLs, encodes their query parameters, carries the node token and sets timeouts on calls
+//! to a worker. Worker refusals come back as [`WorkerError`] with the worker's own code when
+//! the public API passes it on.
+
+use std::time::Duration;
+
+use http::StatusCode;
+use sandbase_api::ErrorBody;
+use sandbase_api::internal::{CreateSandbox, Exec, NODE_TOKEN_HEADER, PullTemplate, paths};
+use sandbase_api::sandboxes::{EgressPolicy, ExecResult, TemplateName};
+use secrecy::{ExposeSecret, SecretString};
+use uuid::Uuid;
+
+/// Creating a sandbox includes starting it (and, cold, waiting for its agent).
+const CREATE_TIMEOUT: Duration = Duration::from_secs(60);
+const REMOVE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Building a template from an uploaded archive.
+const IMPORT_TIMEOUT: Duration = Duration::from_secs(1800);
+/// Pulling an image from a registry, layer by layer.
+const PULL_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// The worker's error codes the public API passes on; any other is `worker_error` (502).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerCode {
+    SandboxNotFound,
+    ProcessNotFound,
+    AtCapacity,
+    TemplateNotFound,
+    TemplateExists,
+    VolumeNotFound,
+    InvalidRequest,
+    PathNotFound,
+    PermissionDenied,
+    AlreadyExists,
+    NotADirectory,
+    IsADirectory,
+    DirectoryNotEmpty,
+    DiskFull,
+    SpawnFailed,
+    SandboxIoError,
+}
+
+impl WorkerCode {
+    const ALL: [WorkerCode; 16] = [
+        WorkerCode::SandboxNotFound,
+        WorkerCode::ProcessNotFound,
+        WorkerCode::AtCapacity,
+        WorkerCode::TemplateNotFound,
+        WorkerCode::TemplateExists,
+        WorkerCode::VolumeNotFound,
+        WorkerCode::InvalidRequest,
+        WorkerCode::PathNotFound,
+        WorkerCode::PermissionDenied,
+        WorkerCode::AlreadyExists,
+        WorkerCode::NotADirectory,
+        WorkerCode::IsADirectory,
+        WorkerCode::DirectoryNotEmpty,
+        WorkerCode::DiskFull,
+        WorkerCode::SpawnFailed,
+        WorkerCode::SandboxIoError,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerCode::SandboxNotFound => "sandbox_not_found",
+            WorkerCode::ProcessNotFound => "process_not_found",
+            WorkerCode::AtCapacity => "at_capacity",
+            WorkerCode::TemplateNotFound => "template_not_found",
+            WorkerCode::TemplateExists => "template_exists",
+            WorkerCode::VolumeNotFound => "volume_not_found",
+            WorkerCode::InvalidRequest => "invalid_request",
+            WorkerCode::PathNotFound => "path_not_found",
+            WorkerCode::PermissionDenied => "permission_denied",
+            WorkerCode::AlreadyExists => "already_exists",
+            WorkerCode::NotADirectory => "not_a_directory",
+            WorkerCode::IsADirectory => "is_a_directory",
+            WorkerCode::DirectoryNotEmpty => "directory_not_empty",
+            WorkerCode::DiskFull => "disk_full",
+            WorkerCode::SpawnFailed => "spawn_failed",
+            WorkerCode::SandboxIoError => "sandbox_io_error",
+        }
+    }
+
+    fn parse(code: &str) -> Option<WorkerCode> {
+        WorkerCode::ALL
+            .into_iter()
+            .find(|known| known.as_str() == code)
+    }
+}
+
+/// A call to a worker that did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The worker refused with a code the public API passes on, at the worker's status.
+    #[error("{message}")]
+    Refused {
+        status: StatusCode,
+        code: WorkerCode,
+        message: String,
+    },
+    /// 502 `worker_error`: any other error answer (or the worker refused our node token).
+    #[error("{0}")]
+    Failed(String),
+    /// 502 `worker_unreachable`: no answer.
+    #[error("{0}")]
+    Unreachable(String),
+}
+
+impl WorkerError {
+    pub fn status_code(&self) -> StatusCode {
+        match self {
+            WorkerError::Refused { status, .. } => *status,
+            WorkerError::Failed(_) | WorkerError::Unreachable(_) => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            WorkerError::Refused { code, .. } => code.as_str(),
+            WorkerError::Failed(_) => "worker_error",
+            WorkerError::Unreachable(_) => "worker_unreachable",
+        }
+    }
+
+    /// Whether the worker said it is full (the next worker may have room).
+    pub fn is_at_capacity(&self) -> bool {
+        matches!(
+            self,
+            WorkerError::Refused {
+                code: WorkerCode::AtCapacity,
+                ..
+            }
+        )
+    }
+
+    /// Whether the worker does not have the sandbox (any more).
+    pub fn is_sandbox_not_found(&self) -> bool {
+        matches!(
+            self,
+            WorkerError::Refused {
+                code: WorkerCode::SandboxNotFound,
+                ..
+            }
+        )
+    }
+
+    /// A worker's error answer, with the worker's code when the public API passes it on.
+    pub async fn from_answer(answer: reqwest::Response) -> WorkerError {
+        let status =
+            StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+        let Ok(body) = answer.json::<ErrorBody>().await else {
+            return WorkerError::Failed("the worker answered with an error".to_owned());
+        };
+        if status == StatusCode::UNAUTHORIZED {
+            tracing::error!("a worker refused this gateway's node token");
+            return WorkerError::Failed("the worker refused the gateway".to_owned());
+        }
+        match WorkerCode::parse(&body.error.code) {
+            Some(code) => WorkerError::Refused {
+                status,
+                code,
+                message: body.error.message,
+            },
+            None => WorkerError::Failed(body.error.message),
+        }
+    }
+}
+
+/// A data-plane call on a sandbox, passed to its worker as it is (the answer streamed back).
+pub enum SandboxCall {
+    Exec(Box<Exec>),
+    Processes,
+    Process {
+        pid: u32,
+    },
+    ProcessStdin {
+        pid: u32,
+        close: bool,
+        body: reqwest::Body,
+    },
+    ProcessSignal {
+        pid: u32,
+        signal: i32,
+    },
+    ReadPath {
+        path: String,
+    },
+    WriteFile {
+        path: String,
+        body: reqwest::Body,
+    },
+    RemovePath {
+        path: String,
+        recursive: bool,
+    },
+    ArchiveOut {
+        path: String,
+    },
+    ArchiveIn {
+        path: String,
+        body: reqwest::Body,
+    },
+    SetEgressPolicy(EgressPolicy),
+    EgressFlows,
+}
+
+/// A successful answer of a worker to a [`SandboxCall`], still to be read.
+pub struct WorkerAnswer(reqwest::Response);
+
+impl WorkerAnswer {
+    /// Headers of a worker's answer the public API passes on.
+    pub const PASSED_ON_HEADERS: [&'static str; 2] = ["content-type", "x-sandbase-file-size"];
+
+    pub fn status(&self) -> StatusCode {
+        StatusCode::from_u16(self.0.status().as_u16()).unwrap_or(StatusCode::OK)
+    }
+
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.0.headers().get(name).map(|value| value.as_bytes())
+    }
+
+    pub fn into_response(self) -> reqwest::Response {
+        self.0
+    }
+}
+
+/// Who owns what an archive upload unpacks.
+#[derive(Debug, Clone, Copy)]
+pub enum ArchiveOwner {
+    /// The sandbox's user (what callers get).
+    User,
+    /// The sandbox's root: read-only to the command (a run's inputs).
+    Root,
+}
+
+/// The HTTP client of every worker, carrying this deployment's node token.
+pub struct WorkerClient {
+    http: reqwest::Client,
+    token: Option<SecretString>,
+}
+
+impl WorkerClient {
+    pub fn new(token: Option<SecretString>) -> anyhow::Result<WorkerClient> {
+        Ok(WorkerClient {
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(2))
+                .pool_idle_timeout(Duration::from_secs(60))
+                .build()?,
+            token,
+        })
+    }
+
+    /// Whether `presented` is this deployment's node token (never, without one). The one
+    /// check of the node token, for workers' calls and the operator's.
+    pub fn accepts(&self, presented: &[u8]) -> bool {
+        use subtle::ConstantTimeEq;
+        let Some(token) = &self.token else {
+            return false;
+        };
+        bool::from(presented.ct_eq(token.expose_secret().as_bytes()))
+    }
+
+    fn request(
+        &self,
+        method: reqwest::Method,
+        worker_url: &str,
+        path: &str,
+    ) -> reqwest::RequestBuilder {
+        let token = self
+            .token
+            .as_ref()
+            .map_or("", |token| token.expose_secret());
+        self.http
+            .request(method, format!("{worker_url}{path}"))
+            .header(NODE_TOKEN_HEADER, token)
+    }
+
+    async fn send(
+        request: reqwest::RequestBuilder,
+        what: &str,
+    ) -> Result<reqwest::Response, WorkerError> {
+        let answer = request.send().await.map_err(|error| {
+            tracing::warn!(error = %error, "calling a worker ({what}) failed");
+            WorkerError::Unreachable(format!("the worker did not answer ({what})"))
+        })?;
+        if answer.status().is_success() {
+            Ok(answer)
+        } else {
+            Err(WorkerError::from_answer(answer).await)
+        }
+    }
+
+    /// Starts a sandbox on a worker.
+    pub async fn create_sandbox(
+        &self,
+        worker_url: &str,
+        request: &CreateSandbox,
+    ) -> Result<(), WorkerError> {
+        let call = self
+            .request(reqwest::Method::POST, worker_url, paths::SANDBOXES)
+            .timeout(CREATE_TIMEOUT)
+            .json(request);
+        Self::send(call, "creating a sandbox").await.map(drop)
+    }
+
+    /// Removes a sandbox and everything of it from its worker.
+    pub async fn remove_sandbox(&self, worker_url: &str, id: Uuid) -> Result<(), WorkerError> {
+        let call = self
+            .request(
+                reqwest::Method::DELETE,
+                worker_url,
+                &paths::sandbox(&id.to_string()),
+            )
+            .timeout(REMOVE_TIMEOUT);
+        Self::send(call, "removing a sandbox").await.map(drop)
+    }
+
+    /// A data-plane call, answered as a stream (no timeout: commands and downloads take
+    /// as long as they take; the caller's disconnect ends them).
+    pub async fn sandbox_call(
+        &self,
+        worker_url: &str,
+        id: Uuid,
+        call: SandboxCall,
+    ) -> Result<WorkerAnswer, WorkerError> {
+        let id = id.to_string();
+        let request = match call {
+            SandboxCall::Exec(exec) => self
+                .request(
+                    reqwest::Method::POST,
+                    worker_url,
+                    &paths::sandbox_part(&id, "exec"),
+                )
+                .json(&exec),
+            SandboxCall::Processes => self.request(
+                reqwest::Method::GET,
+                worker_url,
+                &paths::sandbox_part(&id, "processes"),
+            ),
+            SandboxCall::Process { pid } => self.request(
+                reqwest::Method::GET,
+                worker_url,
+                &paths::process(&id, &pid.to_string()),
+            ),
+            SandboxCall::ProcessStdin { pid, close, body } => self
+                .request(
+                    reqwest::Method::POST,
+                    worker_url,
+                    &paths::process_part(&id, &pid.to_string(), "stdin"),
+                )
+                .query(&[("close", close)])
+                .body(body),
+            SandboxCall::ProcessSignal { pid, signal } => self
+                .request(
+                    reqwest::Method::POST,
+                    worker_url,
+                    &paths::process_part(&id, &pid.to_string(), "signal"),
+                )
+                .json(&serde_json::json!({ "signal": signal })),
+            SandboxCall::ReadPath { path } => self
+                .request(
+                    reqwest::Method::GET,
+                    worker_url,
+                    &paths::sandbox_part(&id, "files"),
+                )
+                .query(&[("path", path.as_str())]),
+            SandboxCall::WriteFile { path, body } => self
+                .request(
+                    reqwest::Method::PUT,
+                    worker_url,
+                    &paths::sandbox_part(&id, "files"),
+                )
+                .query(&[("path", path.as_str())])
+                .body(body),
+            SandboxCall::RemovePath { path, recursive } => self
+                .request(
+                    reqwest::Method::DELETE,
+                    worker_url,
+                    &paths::sandbox_part(&id, "files"),
+                )
+                .query(&[
+                    ("path", path.as_str()),
+                    ("recursive", if recursive { "true" } else { "false" }),
+                ]),
+            SandboxCall::ArchiveOut { path } => self
+                .request(
+                    reqwest::Method::GET,
+                    worker_url,
+                    &paths::sandbox_part(&id, "archive"),
+                )
+                .query(&[("path", path.as_str())]),
+            SandboxCall::ArchiveIn { path, body } => self
+                .request(
+                    reqwest::Method::PUT,
+                    worker_url,
+                    &paths::sandbox_part(&id, "archive"),
+                )
+                .query(&[("path", path.as_str())])
+                .body(body),
+            SandboxCall::SetEgressPolicy(policy) => self
+                .request(
+                    reqwest::Method::PUT,
+                    worker_url,
+                    &paths::sandbox_part(&id, "egress-policy"),
+                )
+                .json(&policy),
+            SandboxCall::EgressFlows => self.request(
+                reqwest::Method::GET,
+                worker_url,
+                &paths::sandbox_part(&id, "egress"),
+            ),
+        };
+        Self::send(request, "a sandbox call")
+            .await
+            .map(WorkerAnswer)
+    }
+
+    /// Unpacks a tar archive into `path` of a sandbox, owned by `owner`.
+    pub async fn put_archive(
+        &self,
+        worker_url: &str,
+        id: Uuid,
+        path: &str,
+        owner: ArchiveOwner,
+        archive: Vec<u8>,
+    ) -> Result<(), WorkerError> {
+        let mut request = self
+            .request(
+                reqwest::Method::PUT,
+                worker_url,
+                &paths::sandbox_part(&id.to_string(), "archive"),
+            )
+            .query(&[("path", path)])
+            .body(archive);
+        if let ArchiveOwner::Root = owner {
+            request = request.header("x-sandbase-owner", "root");
+        }
+        Self::send(request, "unpacking an archive").await.map(drop)
+    }
+
+    /// Runs a command to its end and returns its result.
+    pub async fn exec(
+        &self,
+        worker_url: &str,
+        id: Uuid,
+        exec: &Exec,
+    ) -> Result<ExecResult, WorkerError> {
+        let request = self
+            .request(
+                reqwest::Method::POST,
+                worker_url,
+                &paths::sandbox_part(&id.to_string(), "exec"),
+            )
+            .json(exec);
+        let answer = Self::send(request, "running a command").await?;
+        answer
+            .json()
+            .await
+            .map_err(|error| WorkerError::Failed(format!("reading a command's result: {error}")))
+    }
+
+    /// A directory of a sandbox as a tar stream, or `None` when it does not exist.
+    pub async fn get_archive(
+        &self,
+        worker_url: &str,
+        id: Uuid,
+        path: &str,
+    ) -> Result<Option<reqwest::Response>, WorkerError> {
+        let request = self
+            .request(
+                reqwest::Method::GET,
+                worker_url,
+                &paths::sandbox_part(&id.to_string(), "archive"),
+            )
+            .query(&[("path", path)]);
+        match Self::send(request, "archiving a directory").await {
+            Ok(answer) => Ok(Some(answer)),
+            Err(WorkerError::Unreachable(message)) => Err(WorkerError::Unreachable(message)),
+            Err(WorkerError::Refused { .. } | WorkerError::Failed(_)) => Ok(None),
+        }
+    }
+
+    /// Builds template `name` on a worker from an image archive or a root file system
+    /// tarball (`format`: `image` or `rootfs`).
+    pub async fn import_template(
+        &self,
+        worker_url: &str,
+        name: &TemplateName,
+        format: &str,
+        archive: bytes::Bytes,
+    ) -> Result<(), WorkerError> {
+        let request = self
+            .request(
+                reqwest::Method::PUT,
+                worker_url,
+                &paths::template(name.as_str()),
+            )
+            .query(&[("format", format)])
+            .timeout(IMPORT_TIMEOUT)
+            .body(archive);
+        Self::send(request, "importing a template").await.map(drop)
+    }
+
+    /// Pulls an image into template `name` on a worker; the answer is its NDJSON progress.
+    pub async fn pull_template(
+        &self,
+        worker_url: &str,
+        name: &TemplateName,
+        pull: &PullTemplate,
+    ) -> Result<reqwest::Response, WorkerError> {
+        let request = self
+            .request(
+                reqwest::Method::POST,
+                worker_url,
+                &paths::template_pull(name.as_str()),
+            )
+            .timeout(PULL_TIMEOUT)
+            .json(pull);
+        Self::send(request, "pulling a template").await
+    }
+
+    /// Removes template `name` from a worker.
+    pub async fn remove_template(
+        &self,
+        worker_url: &str,
+        name: &TemplateName,
+    ) -> Result<(), WorkerError> {
+        let request = self.request(
+            reqwest::Method::DELETE,
+            worker_url,
+            &paths::template(name.as_str()),
+        );
+        Self::send(request, "removing a template").await.map(drop)
+    }
+}
