@@ -10,6 +10,7 @@ mod output;
 mod sandbox;
 mod secret;
 mod serve;
+mod signal;
 mod telemetry;
 mod template;
 mod worker;

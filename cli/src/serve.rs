@@ -144,7 +144,9 @@ pub fn server(args: ServerArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async move {
         let application = Application::build(settings).await?;
         tracing::info!(address = %application.local_addr(), "gateway listening");
-        application.run_until_stopped(shutdown_signal()).await
+        application
+            .run_until_stopped(crate::signal::shutdown_signal())
+            .await
     })?;
     Ok(ExitCode::SUCCESS)
 }
@@ -213,7 +215,7 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
             );
             println!();
         }
-        shutdown_signal().await;
+        crate::signal::shutdown_signal().await;
         if let Some(running) = worker {
             running.stop().await;
         }
@@ -345,30 +347,6 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()
         .context("starting the async runtime")
-}
-
-pub async fn shutdown_signal() {
-    let interrupt = async {
-        if let Err(error) = tokio::signal::ctrl_c().await {
-            tracing::error!(error = %error, "listening for ctrl-c failed");
-            std::future::pending::<()>().await;
-        }
-    };
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(error) => {
-                tracing::error!(error = %error, "listening for SIGTERM failed");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        () = interrupt => {}
-        () = terminate => {}
-    }
 }
 
 /// What dev mode remembers between starts.

@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::Subcommand;
 use futures_util::StreamExt;
 use reqwest::Method;
+use sandbase_api::internal::paths;
 use serde_json::{Value, json};
 
 use crate::GlobalArgs;
@@ -120,7 +121,7 @@ pub async fn run(global: &GlobalArgs, command: TemplateCommand) -> anyhow::Resul
             let response = client
                 .operator(
                     Method::PUT,
-                    &format!("/internal/v1/templates/{name}?format={format}"),
+                    &format!("{}?format={format}", paths::template(&name)),
                     &operator.node_token,
                     "application/x-tar",
                     reqwest::Body::wrap_stream(chunks),
@@ -147,7 +148,7 @@ pub async fn run(global: &GlobalArgs, command: TemplateCommand) -> anyhow::Resul
             let response = client
                 .operator(
                     Method::POST,
-                    &format!("/internal/v1/templates/{name}/pull"),
+                    &paths::template_pull(&name),
                     &operator.node_token,
                     "application/json",
                     serde_json::to_vec(&body)?.into(),
@@ -159,7 +160,7 @@ pub async fn run(global: &GlobalArgs, command: TemplateCommand) -> anyhow::Resul
             let response = client
                 .operator(
                     Method::DELETE,
-                    &format!("/internal/v1/templates/{name}"),
+                    &paths::template(&name),
                     &operator.node_token,
                     "application/json",
                     reqwest::Body::from(Vec::new()),

@@ -246,7 +246,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
             let running = service::start(config).await?;
             tracing::info!(address = %running.local_addr(), "worker listening");
             eprintln!("worker listening on {}", running.local_addr());
-            crate::serve::shutdown_signal().await;
+            crate::signal::shutdown_signal().await;
             tracing::info!("worker stopping: destroying its sandboxes");
             running.stop().await;
             Ok::<(), anyhow::Error>(())

@@ -14,9 +14,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
 use sandbase_agent::protocol::{self, AgentError, ExitInfo, Owner};
-use sandbase_api::internal::{CreateSandbox, Exec, NODE_TOKEN_HEADER};
+use sandbase_api::internal::{CreateSandbox, Exec, NODE_TOKEN_HEADER, paths};
 use sandbase_api::sandboxes::{
-    BackgroundStarted, DirectoryListing, ExecEvent, ExecResult, FileInfo, ProcessList,
+    BackgroundStarted, DirectoryListing, ExecEvent, ExecResult, FileInfo, ProcessList, TemplateName,
 };
 use sandbase_api::{ErrorBody, ErrorDetail};
 use serde::Deserialize;
@@ -43,41 +43,38 @@ pub fn router(node: Arc<Node>, token: &str) -> Router {
         token: Arc::from(token),
     };
     Router::new()
-        .route("/internal/v1/health", get(health))
-        .route("/internal/v1/sandboxes", post(create).get(list))
+        .route(paths::HEALTH, get(health))
+        .route(paths::SANDBOXES, post(create).get(list))
+        .route(&paths::sandbox("{id}"), axum::routing::delete(destroy))
+        .route(&paths::sandbox_part("{id}", "exec"), post(exec))
+        .route(&paths::sandbox_part("{id}", "processes"), get(processes))
         .route(
-            "/internal/v1/sandboxes/{id}",
-            axum::routing::delete(destroy),
-        )
-        .route("/internal/v1/sandboxes/{id}/exec", post(exec))
-        .route("/internal/v1/sandboxes/{id}/processes", get(processes))
-        .route(
-            "/internal/v1/sandboxes/{id}/egress-policy",
+            &paths::sandbox_part("{id}", "egress-policy"),
             axum::routing::put(set_egress_policy),
         )
-        .route("/internal/v1/sandboxes/{id}/egress", get(egress_flows))
-        .route("/internal/v1/sandboxes/{id}/processes/{pid}", get(process))
+        .route(&paths::sandbox_part("{id}", "egress"), get(egress_flows))
+        .route(&paths::process("{id}", "{pid}"), get(process))
         .route(
-            "/internal/v1/sandboxes/{id}/processes/{pid}/stdin",
+            &paths::process_part("{id}", "{pid}", "stdin"),
             post(process_stdin),
         )
         .route(
-            "/internal/v1/sandboxes/{id}/processes/{pid}/signal",
+            &paths::process_part("{id}", "{pid}", "signal"),
             post(process_signal),
         )
         .route(
-            "/internal/v1/sandboxes/{id}/files",
+            &paths::sandbox_part("{id}", "files"),
             get(read_path).put(write_file).delete(remove_path),
         )
         .route(
-            "/internal/v1/sandboxes/{id}/archive",
+            &paths::sandbox_part("{id}", "archive"),
             get(archive_out).put(archive_in),
         )
         .route(
-            "/internal/v1/templates/{name}",
+            &paths::template("{name}"),
             axum::routing::put(import_template).delete(remove_template),
         )
-        .route("/internal/v1/templates/{name}/pull", post(pull_template))
+        .route(&paths::template_pull("{name}"), post(pull_template))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .with_state(state)
 }
@@ -733,24 +730,11 @@ async fn archive_in(
     Ok(Json(file_info(name_of(&path), stat)))
 }
 
-/// Template names: lowercase letters, digits, `.`, `_`, `-`; 1 to 64 characters.
-pub fn valid_template_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-'))
-        && !name.starts_with('.')
-}
-
+/// Template names follow the one rule of [`TemplateName`].
 fn check_template_name(name: &str) -> Result<(), NodeError> {
-    if valid_template_name(name) {
-        Ok(())
-    } else {
-        Err(NodeError::Invalid(
-            "a template name has 1 to 64 lowercase letters, digits, `.`, `_` or `-`".to_owned(),
-        ))
-    }
+    TemplateName::parse(name)
+        .map(drop)
+        .map_err(NodeError::Invalid)
 }
 
 #[derive(Deserialize)]

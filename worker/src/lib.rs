@@ -14,6 +14,7 @@ pub mod node;
 pub mod pool;
 pub mod registration;
 pub mod registry;
+pub mod reporter;
 pub mod sandboxes;
 pub mod service;
 pub mod spec;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use sandbase_api::internal::{Heartbeat, HeartbeatReply, NODE_TOKEN_HEADER, RegisterWorker};
+use sandbase_api::internal::{Heartbeat, HeartbeatReply, NODE_TOKEN_HEADER, RegisterWorker, paths};
 
 use crate::node::Node;
 
@@ -41,7 +41,7 @@ impl GatewayLink {
             volumes: node.volume_infos(),
         };
         let answer = client
-            .post(format!("{}/internal/v1/workers/register", self.gateway_url))
+            .post(format!("{}{}", self.gateway_url, paths::WORKER_REGISTER))
             .header(NODE_TOKEN_HEADER, &self.node_token)
             .json(&body)
             .send()
@@ -71,10 +71,7 @@ impl GatewayLink {
             sandboxes: node.ids(),
         };
         let answer = client
-            .post(format!(
-                "{}/internal/v1/workers/heartbeat",
-                self.gateway_url
-            ))
+            .post(format!("{}{}", self.gateway_url, paths::WORKER_HEARTBEAT))
             .header(NODE_TOKEN_HEADER, &self.node_token)
             .json(&body)
             .send()

@@ -47,7 +47,7 @@ pub struct RunningService {
     server: JoinHandle<()>,
     link: JoinHandle<()>,
     reporter: JoinHandle<()>,
-    usage: crate::usage::Reporter,
+    usage: crate::reporter::Reporter,
     stop: tokio::sync::watch::Sender<bool>,
 }
 
@@ -104,7 +104,7 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<RunningService> {
             .unwrap_or_else(|| format!("http://{local_addr}")),
         heartbeat_interval: config.heartbeat_interval,
     };
-    let usage = crate::usage::Reporter {
+    let usage = crate::reporter::Reporter {
         gateway_url: link.gateway_url.clone(),
         node_token: config.node_token.clone(),
         worker_id: config.worker_id.clone(),

@@ -9,15 +9,12 @@ use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::Context;
 use chrono::Utc;
-use sandbase_api::internal::{NODE_TOKEN_HEADER, UsageEvent, UsageReport, UsageSample};
+use sandbase_api::internal::{UsageEvent, UsageSample};
 use uuid::Uuid;
 
-/// Most samples in one report.
-const REPORT_CHUNK: usize = 2000;
 /// Most last samples kept while the gateway is unreachable (the oldest go first).
 const MAX_LAST_SAMPLES: usize = 100_000;
 /// Most events kept while the gateway is unreachable (the oldest go first).
@@ -170,7 +167,7 @@ impl Outbox {
         pending.events.push_back(event);
     }
 
-    fn take(&self) -> Vec<UsageSample> {
+    pub fn take(&self) -> Vec<UsageSample> {
         let mut pending = self.lock();
         let mut samples: Vec<UsageSample> = pending.newest.drain().map(|(_, s)| s).collect();
         samples.append(&mut pending.last);
@@ -186,11 +183,11 @@ impl Outbox {
         pending.audit.push_back(event);
     }
 
-    fn take_audit(&self) -> Vec<sandbase_api::internal::NodeAuditEvent> {
+    pub fn take_audit(&self) -> Vec<sandbase_api::internal::NodeAuditEvent> {
         self.lock().audit.drain(..).collect()
     }
 
-    fn put_back_audit(&self, audit: Vec<sandbase_api::internal::NodeAuditEvent>) {
+    pub fn put_back_audit(&self, audit: Vec<sandbase_api::internal::NodeAuditEvent>) {
         let mut pending = self.lock();
         for event in audit.into_iter().rev() {
             pending.audit.push_front(event);
@@ -200,17 +197,17 @@ impl Outbox {
         }
     }
 
-    fn take_events(&self) -> Vec<UsageEvent> {
+    pub fn take_events(&self) -> Vec<UsageEvent> {
         self.lock().events.drain(..).collect()
     }
 
-    fn put_back(&self, samples: Vec<UsageSample>) {
+    pub fn put_back(&self, samples: Vec<UsageSample>) {
         for sample in samples {
             self.push(sample);
         }
     }
 
-    fn put_back_events(&self, events: Vec<UsageEvent>) {
+    pub fn put_back_events(&self, events: Vec<UsageEvent>) {
         let mut pending = self.lock();
         for event in events.into_iter().rev() {
             pending.events.push_front(event);
@@ -227,118 +224,6 @@ impl Outbox {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-}
-
-/// Where and how reports go.
-#[derive(Debug, Clone)]
-pub struct Reporter {
-    pub gateway_url: String,
-    pub node_token: String,
-    pub worker_id: String,
-    pub interval: Duration,
-}
-
-impl Reporter {
-    /// Sends everything in the outbox; what the gateway did not acknowledge goes back in.
-    pub async fn flush(&self, client: &reqwest::Client, outbox: &Outbox) -> anyhow::Result<()> {
-        let mut samples = outbox.take();
-        while !samples.is_empty() {
-            let rest = samples.split_off(samples.len().min(REPORT_CHUNK));
-            let chunk = std::mem::replace(&mut samples, rest);
-            if let Err(error) = self.send(client, &chunk, &[], &[]).await {
-                outbox.put_back(chunk);
-                outbox.put_back(samples);
-                return Err(error);
-            }
-        }
-        let mut events = outbox.take_events();
-        while !events.is_empty() {
-            let rest = events.split_off(events.len().min(REPORT_CHUNK));
-            let chunk = std::mem::replace(&mut events, rest);
-            if let Err(error) = self.send(client, &[], &chunk, &[]).await {
-                events.splice(0..0, chunk);
-                outbox.put_back_events(events);
-                return Err(error);
-            }
-        }
-        let mut audit = outbox.take_audit();
-        while !audit.is_empty() {
-            let rest = audit.split_off(audit.len().min(REPORT_CHUNK));
-            let chunk = std::mem::replace(&mut audit, rest);
-            if let Err(error) = self.send(client, &[], &[], &chunk).await {
-                audit.splice(0..0, chunk);
-                outbox.put_back_audit(audit);
-                return Err(error);
-            }
-        }
-        Ok(())
-    }
-
-    async fn send(
-        &self,
-        client: &reqwest::Client,
-        samples: &[UsageSample],
-        events: &[UsageEvent],
-        audit: &[sandbase_api::internal::NodeAuditEvent],
-    ) -> anyhow::Result<()> {
-        let answer = client
-            .post(format!("{}/internal/v1/usage", self.gateway_url))
-            .header(NODE_TOKEN_HEADER, &self.node_token)
-            .json(&UsageReport {
-                worker: self.worker_id.clone(),
-                samples: samples.to_vec(),
-                events: events.to_vec(),
-                audit: audit.to_vec(),
-            })
-            .send()
-            .await
-            .context("reporting usage")?;
-        let status = answer.status();
-        if status.is_client_error() && status != reqwest::StatusCode::UNAUTHORIZED {
-            // A report the gateway refuses as invalid would be refused forever.
-            let body = answer.text().await.unwrap_or_default();
-            tracing::error!(%status, body, "the gateway refused usage samples; dropped");
-            return Ok(());
-        }
-        anyhow::ensure!(status.is_success(), "the gateway refused usage: {status}");
-        Ok(())
-    }
-
-    /// Samples every hosted sandbox each interval (and sends at once when a sandbox was
-    /// destroyed) until `stop` resolves.
-    pub async fn run(
-        self,
-        node: std::sync::Arc<crate::node::Node>,
-        stop: impl std::future::Future<Output = ()>,
-    ) {
-        let client = match reqwest::Client::builder()
-            .timeout(Duration::from_secs(15))
-            .build()
-        {
-            Ok(client) => client,
-            Err(error) => {
-                tracing::error!(error = %error, "no HTTP client for usage reports");
-                return;
-            }
-        };
-        tokio::pin!(stop);
-        let mut tick = tokio::time::interval(self.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = &mut stop => return,
-                _ = tick.tick() => node.sample_all(),
-                () = node.usage().wake.notified() => {}
-            }
-            if let Err(error) = self.flush(&client, node.usage()).await {
-                tracing::warn!(
-                    error = format!("{error:#}"),
-                    pending = node.usage().len(),
-                    "usage report failed; kept for the next"
-                );
-            }
-        }
     }
 }
 
@@ -363,7 +248,7 @@ mod tests {
         let before = cpu_usec(&counter).expect("readable");
         let start = std::time::Instant::now();
         let mut x = 0u64;
-        while start.elapsed() < Duration::from_millis(50) {
+        while start.elapsed() < std::time::Duration::from_millis(50) {
             x = std::hint::black_box(x.wrapping_add(1));
         }
         assert!(cpu_usec(&counter).unwrap() >= before + 20_000);

@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod node_token;
 pub mod principal;
 pub mod request_id;
+pub mod worker_answer;
 
 use anyhow::Context;
 use axum::Router;

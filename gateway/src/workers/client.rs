@@ -1,5 +1,5 @@
-//! The typed client of the workers' internal API: the only place that builds `/internal/v1/…`
-//! URLs, encodes their query parameters, carries the node token and sets timeouts on calls
+//! The typed client of the workers' internal API: the only place that builds its URLs (from
+//! the api crate's `paths`), encodes their query parameters, carries the node token and sets timeouts on calls
 //! to a worker. Worker refusals come back as [`WorkerError`] with the worker's own code when
 //! the public API passes it on.
 

@@ -433,7 +433,7 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
         .body;
     assert_eq!(row["egress"], Value::Null, "{row}");
     let audited = app
-        .count("SELECT count(*) FROM audit_events WHERE action LIKE '%egress-policy%' AND target LIKE 'team:%'")
+        .count("SELECT count(*) FROM audit_events WHERE action = 'egress_policy.set_default' AND target LIKE 'team:%'")
         .await;
     assert_eq!(audited, 1);
     let cleared = app.delete("/v1/egress-policy", token).await;

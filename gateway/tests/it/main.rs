@@ -4,6 +4,7 @@
 
 mod accounts;
 mod api_keys;
+mod architecture;
 mod audit;
 mod bad_input;
 mod billing;

@@ -12,11 +12,11 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::worker_answer;
 use crate::audit::{Audit, RequestContext};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::http::extract::{ApiJson, ApiPath};
+use crate::http::worker_answer::worker_answer;
 use crate::sandboxes::forward::forward;
 use crate::sandboxes::{SandboxState, validate};
 use crate::state::AppState;

@@ -17,9 +17,7 @@ mod templates;
 mod usage;
 
 use axum::Json;
-use axum::body::Body;
-use axum::http::{HeaderName, HeaderValue, Uri};
-use axum::response::{IntoResponse, Response};
+use axum::http::Uri;
 use utoipa::openapi::OpenApi as OpenApiDocument;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -28,7 +26,6 @@ use utoipa_axum::routes;
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::workers::client::WorkerAnswer;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -107,22 +104,4 @@ pub async fn fallback(uri: Uri) -> ApiError {
 
 pub async fn method_not_allowed() -> ApiError {
     ApiError::MethodNotAllowed
-}
-
-/// A worker's answer passed on as it is: status, content type, file size and a streamed body.
-pub fn worker_answer(answer: WorkerAnswer) -> Response {
-    let status = answer.status();
-    let passed_on: Vec<(HeaderName, HeaderValue)> = WorkerAnswer::PASSED_ON_HEADERS
-        .iter()
-        .filter_map(|name| {
-            let value = HeaderValue::from_bytes(answer.header(name)?).ok()?;
-            Some((HeaderName::from_static(name), value))
-        })
-        .collect();
-    let mut response = Body::from_stream(answer.into_response().bytes_stream()).into_response();
-    *response.status_mut() = status;
-    for (name, value) in passed_on {
-        response.headers_mut().insert(name, value);
-    }
-    response
 }

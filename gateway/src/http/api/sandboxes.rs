@@ -22,11 +22,11 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::worker_answer;
 use crate::audit::RequestContext;
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::http::worker_answer::worker_answer;
 use crate::sandboxes::forward::forward;
 use crate::sandboxes::lifecycle::{self, Destroyed};
 use crate::sandboxes::{NewSandbox, Owner, SandboxRow, placement, row, teardown, validate};
