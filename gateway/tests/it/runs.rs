@@ -145,6 +145,53 @@ async fn a_run_takes_inputs_runs_and_keeps_its_outputs() {
     app.get(&format!("/v1/runs/{quiet}/artifacts"), token)
         .await
         .assert_error(404, "no_artifact");
+    // An outputs directory whose name holds what a query string would split on: the
+    // worker is asked for exactly that directory (the parameter is encoded, not pasted).
+    let odd = "/work/out dir&path=/etc#x?y=1";
+    let answer = app
+        .post(
+            "/v1/runs",
+            token,
+            json!({ "command": format!("echo odd > '{odd}/file.txt'"), "outputs": odd }),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::ACCEPTED, "{}", answer.body);
+    let odd_run = answer.body["id"].as_str().unwrap().to_owned();
+    let run = finished(&app, token, &odd_run).await;
+    assert_eq!(
+        (run["state"].as_str(), run["exit_code"].as_i64()),
+        (Some("completed"), Some(0)),
+        "{run}"
+    );
+    let (status, archive, _) = raw(
+        &app,
+        Method::GET,
+        &format!("/v1/runs/{odd_run}/artifacts"),
+        token,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let listing = Command::new("tar")
+        .args(["-tf", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut tar| {
+            use std::io::Write;
+            tar.stdin.take().unwrap().write_all(&archive)?;
+            tar.wait_with_output()
+        })
+        .unwrap();
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    assert!(
+        listing.lines().any(|entry| entry.ends_with("file.txt")),
+        "{listing}"
+    );
+    assert!(
+        !listing.contains("passwd"),
+        "the archive is of /etc: {listing}"
+    );
     std::fs::remove_dir_all(&scratch).unwrap();
     worker.clean_up().await;
 }

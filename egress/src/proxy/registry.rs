@@ -1,0 +1,146 @@
+//! The sandboxes the proxy serves, by source address, and how it resolves names.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, RwLock};
+
+use tokio::sync::Semaphore;
+
+use crate::credentials::Credential;
+use crate::policy::Policy;
+use crate::tls::Authority;
+
+/// A sandbox as the proxy knows it: who it is and what it may reach (changed at run time
+/// with [`Registry::set_policy`]; effective for new connections).
+pub struct Entry {
+    pub sandbox: String,
+    policy: RwLock<Arc<Policy>>,
+    pub(super) connections: Semaphore,
+    pub(super) interception: Option<Arc<Interception>>,
+}
+
+/// A sandbox's credentials and the CA its intercepted connections are signed by; both live
+/// only here, in memory (values zeroed when the sandbox is removed).
+pub struct Interception {
+    pub credentials: Vec<Credential>,
+    pub authority: Authority,
+}
+
+impl Interception {
+    /// Whether TLS to `host:port` is opened: a credential is bound to it, or the sandbox holds
+    /// placeholders that must not leave for other HTTPS hosts.
+    pub(super) fn wants(&self, host: &str, port: u16) -> bool {
+        self.credentials
+            .iter()
+            .any(|credential| credential.binds(host, port))
+            || (port == 443
+                && self
+                    .credentials
+                    .iter()
+                    .any(|credential| credential.placeholder().is_some()))
+    }
+
+    /// The credential whose placeholder is in `bytes` (plain HTTP: no host may get one).
+    pub(super) fn placeholder_in(&self, bytes: &[u8]) -> Option<&str> {
+        self.credentials
+            .iter()
+            .find(|credential| {
+                credential.placeholder().is_some_and(|placeholder| {
+                    bytes
+                        .windows(placeholder.len())
+                        .any(|window| window == placeholder.as_bytes())
+                })
+            })
+            .map(|credential| credential.name.as_str())
+    }
+}
+
+/// Sandboxes by source address.
+#[derive(Default)]
+pub struct Registry {
+    entries: RwLock<HashMap<IpAddr, Arc<Entry>>>,
+}
+
+impl Registry {
+    pub fn add(
+        &self,
+        address: IpAddr,
+        sandbox: &str,
+        policy: Policy,
+        max_connections: usize,
+        interception: Option<Arc<Interception>>,
+    ) {
+        let entry = Arc::new(Entry {
+            sandbox: sandbox.to_owned(),
+            policy: RwLock::new(Arc::new(policy)),
+            connections: Semaphore::new(max_connections),
+            interception,
+        });
+        self.write().insert(address, entry);
+    }
+
+    pub fn remove(&self, address: IpAddr) {
+        self.write().remove(&address);
+    }
+
+    /// Replaces a sandbox's policy; `false` when the address is not registered.
+    pub fn set_policy(&self, address: IpAddr, policy: Policy) -> bool {
+        let Some(entry) = self.get(address) else {
+            return false;
+        };
+        *entry
+            .policy
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(policy);
+        true
+    }
+
+    pub fn get(&self, address: IpAddr) -> Option<Arc<Entry>> {
+        self.entries
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&address)
+            .cloned()
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<IpAddr, Arc<Entry>>> {
+        self.entries
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Entry {
+    pub(crate) fn policy(&self) -> Arc<Policy> {
+        Arc::clone(
+            &self
+                .policy
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
+    }
+}
+
+/// How names are resolved: the system's resolver, or — for tests that need upstreams on
+/// addresses they control — an explicit table. Either way every address then passes the
+/// same SSRF guard.
+#[derive(Debug, Clone)]
+pub enum Resolver {
+    System,
+    Fixed(HashMap<String, Vec<IpAddr>>),
+}
+
+impl Resolver {
+    pub(crate) async fn resolve(&self, host: &str, port: u16) -> std::io::Result<Vec<IpAddr>> {
+        match self {
+            Resolver::System => Ok(tokio::net::lookup_host((host, port))
+                .await?
+                .map(|address| address.ip())
+                .collect()),
+            Resolver::Fixed(table) => table
+                .get(host)
+                .cloned()
+                .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no such name")),
+        }
+    }
+}
