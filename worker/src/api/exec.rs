@@ -1,0 +1,344 @@
+//! Commands: whole results, NDJSON streams, background processes with stdin and signals.
+
+use std::convert::Infallible;
+use std::time::Instant;
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use sandbase_agent::protocol::{self, ExitInfo};
+use sandbase_api::ErrorDetail;
+use sandbase_api::internal::Exec;
+use sandbase_api::sandboxes::{BackgroundStarted, ExecEvent, ExecResult, ProcessList};
+use serde::Deserialize;
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use crate::agent_client::{self, Refused};
+use crate::node::NodeError;
+
+use super::support::{ApiState, SYNC_OUTPUT_LIMIT};
+
+pub(super) async fn exec(
+    State(state): State<ApiState>,
+    Path(id): Path<Uuid>,
+    Json(exec): Json<Exec>,
+) -> Result<Response, NodeError> {
+    let hosted = state.node.get(id)?;
+    if exec.background {
+        let pid = hosted
+            .start_background(&exec, state.node.process_output_limit())
+            .await?;
+        return Ok((StatusCode::CREATED, Json(BackgroundStarted { pid })).into_response());
+    }
+    let request = hosted.exec_request(&exec)?;
+    let started = Instant::now();
+    let stdin = exec.stdin.map(String::into_bytes);
+    let mut events = hosted.agent.exec(request, stdin).await?;
+    // The first event says whether the command started at all.
+    let pid = match events.recv().await {
+        Some(Ok(agent_client::ExecEvent::Started { pid })) => pid,
+        Some(Err(failure)) => return command_not_started(failure, exec.stream, started),
+        other => {
+            return Err(NodeError::Internal(anyhow::anyhow!(
+                "unexpected first event {other:?}"
+            )));
+        }
+    };
+    if exec.stream {
+        return Ok(stream_events(pid, events));
+    }
+    collect_events(events, started)
+        .await
+        .map(|result| Json(result).into_response())
+}
+
+/// A command the agent could not start (not found, not executable) answers like a shell
+/// would: exit code 127 (126 when it could not be run) and the reason on stderr.
+pub(super) fn command_not_started(
+    failure: anyhow::Error,
+    stream: bool,
+    started: Instant,
+) -> Result<Response, NodeError> {
+    let refusal = match failure.downcast::<Refused>() {
+        Ok(Refused(refusal)) => refusal,
+        Err(other) => return Err(NodeError::from(other)),
+    };
+    let exit_code = if refusal.kind == "not_found" {
+        127
+    } else {
+        126
+    };
+    let stderr = format!("{}\n", refusal.message);
+    let duration_ms = started.elapsed().as_millis() as u64;
+    if stream {
+        let lines = [
+            ExecEvent::Stderr { stderr },
+            ExecEvent::Exit {
+                exit_code,
+                signal: None,
+                timed_out: false,
+                duration_ms,
+            },
+        ];
+        let body: String = lines.iter().map(ndjson_line).collect();
+        return Ok(ndjson_response(Body::from(body)));
+    }
+    Ok(Json(ExecResult {
+        exit_code,
+        stderr,
+        duration_ms,
+        ..Default::default()
+    })
+    .into_response())
+}
+
+pub(super) async fn collect_events(
+    mut events: mpsc::Receiver<anyhow::Result<agent_client::ExecEvent>>,
+    started: Instant,
+) -> Result<ExecResult, NodeError> {
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let mut truncated = false;
+    let mut append = |into: &mut Vec<u8>, bytes: Vec<u8>| {
+        let room = SYNC_OUTPUT_LIMIT.saturating_sub(into.len());
+        if bytes.len() > room {
+            truncated = true;
+        }
+        into.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    };
+    while let Some(event) = events.recv().await {
+        match event? {
+            agent_client::ExecEvent::Started { .. } => {}
+            agent_client::ExecEvent::Stdout(bytes) => append(&mut stdout, bytes),
+            agent_client::ExecEvent::Stderr(bytes) => append(&mut stderr, bytes),
+            agent_client::ExecEvent::Exit(exit) => {
+                return Ok(result_of(exit, stdout, stderr, truncated, started));
+            }
+        }
+    }
+    Err(NodeError::Internal(anyhow::anyhow!(
+        "the command's events ended without an exit"
+    )))
+}
+
+pub(super) fn result_of(
+    exit: ExitInfo,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    truncated: bool,
+    started: Instant,
+) -> ExecResult {
+    ExecResult {
+        exit_code: exit.code,
+        signal: exit.signal,
+        timed_out: exit.timed_out,
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+        truncated,
+        duration_ms: started.elapsed().as_millis() as u64,
+    }
+}
+
+pub(super) fn ndjson_line(event: &ExecEvent) -> String {
+    let mut line = serde_json::to_string(event).unwrap_or_else(|_| "{}".to_owned());
+    line.push('\n');
+    line
+}
+
+pub(super) fn ndjson_response(body: Body) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "application/x-ndjson"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// The command's events as NDJSON lines, flushed as they come.
+pub(super) fn stream_events(
+    pid: u32,
+    events: mpsc::Receiver<anyhow::Result<agent_client::ExecEvent>>,
+) -> Response {
+    struct Streaming {
+        events: mpsc::Receiver<anyhow::Result<agent_client::ExecEvent>>,
+        stdout: Utf8Carry,
+        stderr: Utf8Carry,
+        done: bool,
+    }
+    let state = Streaming {
+        events,
+        stdout: Utf8Carry::default(),
+        stderr: Utf8Carry::default(),
+        done: false,
+    };
+    let first = futures_util::stream::once(async move {
+        Ok::<_, Infallible>(Bytes::from(ndjson_line(&ExecEvent::Started { pid })))
+    });
+    let lines = futures_util::stream::unfold(state, |mut state| async move {
+        if state.done {
+            return None;
+        }
+        let line = match state.events.recv().await {
+            Some(Ok(agent_client::ExecEvent::Started { pid })) => {
+                ndjson_line(&ExecEvent::Started { pid })
+            }
+            Some(Ok(agent_client::ExecEvent::Stdout(bytes))) => ndjson_line(&ExecEvent::Stdout {
+                stdout: state.stdout.push(&bytes),
+            }),
+            Some(Ok(agent_client::ExecEvent::Stderr(bytes))) => ndjson_line(&ExecEvent::Stderr {
+                stderr: state.stderr.push(&bytes),
+            }),
+            Some(Ok(agent_client::ExecEvent::Exit(exit))) => {
+                state.done = true;
+                let mut lines = String::new();
+                for (rest, is_stdout) in [
+                    (state.stdout.finish(), true),
+                    (state.stderr.finish(), false),
+                ] {
+                    if !rest.is_empty() {
+                        lines.push_str(&ndjson_line(&if is_stdout {
+                            ExecEvent::Stdout { stdout: rest }
+                        } else {
+                            ExecEvent::Stderr { stderr: rest }
+                        }));
+                    }
+                }
+                lines.push_str(&ndjson_line(&ExecEvent::Exit {
+                    exit_code: exit.code,
+                    signal: exit.signal,
+                    timed_out: exit.timed_out,
+                    duration_ms: exit.duration_ms,
+                }));
+                lines
+            }
+            Some(Err(failure)) => {
+                state.done = true;
+                tracing::warn!(error = format!("{failure:#}"), "a streamed command failed");
+                ndjson_line(&ExecEvent::Error {
+                    error: ErrorDetail {
+                        code: "exec_failed".to_owned(),
+                        message: "the command's output stream broke".to_owned(),
+                        request_id: None,
+                    },
+                })
+            }
+            None => return None,
+        };
+        Some((Ok::<_, Infallible>(Bytes::from(line)), state))
+    });
+    ndjson_response(Body::from_stream(first.chain(lines)))
+}
+
+/// Turns chunks of bytes into text without splitting a UTF-8 character across chunks.
+#[derive(Default)]
+pub(super) struct Utf8Carry {
+    pending: Vec<u8>,
+}
+
+impl Utf8Carry {
+    fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
+        let complete = match std::str::from_utf8(&self.pending) {
+            Ok(_) => self.pending.len(),
+            // An incomplete character at the end waits for the next chunk.
+            Err(error) if error.error_len().is_none() => error.valid_up_to(),
+            Err(_) => self.pending.len(),
+        };
+        let ready: Vec<u8> = self.pending.drain(..complete).collect();
+        String::from_utf8_lossy(&ready).into_owned()
+    }
+
+    fn finish(&mut self) -> String {
+        let rest = std::mem::take(&mut self.pending);
+        String::from_utf8_lossy(&rest).into_owned()
+    }
+}
+
+pub(super) async fn processes(
+    State(state): State<ApiState>,
+    Path(id): Path<Uuid>,
+) -> Result<Json<ProcessList>, NodeError> {
+    let hosted = state.node.get(id)?;
+    Ok(Json(ProcessList {
+        processes: hosted
+            .processes()
+            .iter()
+            .map(|process| process.describe(false))
+            .collect(),
+    }))
+}
+
+pub(super) async fn process(
+    State(state): State<ApiState>,
+    Path((id, pid)): Path<(Uuid, u32)>,
+) -> Result<Response, NodeError> {
+    let process = state.node.get(id)?.process(pid)?;
+    Ok(Json(process.describe(true)).into_response())
+}
+
+#[derive(Deserialize)]
+pub(super) struct StdinQuery {
+    #[serde(default)]
+    close: bool,
+}
+
+pub(super) async fn process_stdin(
+    State(state): State<ApiState>,
+    Path((id, pid)): Path<(Uuid, u32)>,
+    Query(query): Query<StdinQuery>,
+    body: Bytes,
+) -> Result<StatusCode, NodeError> {
+    let process = state.node.get(id)?.process(pid)?;
+    process.send_stdin(&body, query.close).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+pub(super) struct SignalBody {
+    signal: i32,
+}
+
+pub(super) async fn process_signal(
+    State(state): State<ApiState>,
+    Path((id, pid)): Path<(Uuid, u32)>,
+    Json(body): Json<SignalBody>,
+) -> Result<StatusCode, NodeError> {
+    let hosted = state.node.get(id)?;
+    let process = hosted.process(pid)?;
+    if !process.running() {
+        return Err(NodeError::Invalid(format!("process {pid} has exited")));
+    }
+    hosted
+        .agent
+        .simple(&protocol::Request::Signal {
+            pid,
+            signal: body.signal,
+        })
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn characters_are_never_split_across_chunks() {
+        let text = "héllo wörld ✓";
+        let bytes = text.as_bytes();
+        for split in 0..bytes.len() {
+            let mut carry = Utf8Carry::default();
+            let mut out = carry.push(&bytes[..split]);
+            out.push_str(&carry.push(&bytes[split..]));
+            out.push_str(&carry.finish());
+            assert_eq!(out, text, "split at {split}");
+        }
+        let mut carry = Utf8Carry::default();
+        assert_eq!(carry.push(&[0xff, b'a']), "\u{fffd}a");
+    }
+}
