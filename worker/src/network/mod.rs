@@ -18,7 +18,7 @@
 //! Meanwhile sandboxes reach nothing: the firewall still admits them only to the proxy's
 //! ports, where nothing listens.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -28,23 +28,21 @@ use std::time::Duration;
 use anyhow::Context;
 use sandbase_egress::Policy;
 use sandbase_egress::credentials::{CredentialSpec, Injection, placeholder_for};
-use sandbase_egress::process::{
-    Envelope, InterceptionSpec, Order, ProcessConfig, Registration, Report,
-};
+use sandbase_egress::process::{Envelope, InterceptionSpec, Order, ProcessConfig, Registration};
 use sandbase_egress::proxy::{Flow, Resolver};
 use sandbase_egress::tls::Authority;
-use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
 use tokio::process::Command;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
-use zeroize::Zeroizing;
 
-/// The nftables table SandBase owns.
-pub const TABLE: &str = "sandbase";
-/// Host-side links are named `sbh<slot>`; the sandbox side `sbs<slot>` before it moves.
-const HOST_PREFIX: &str = "sbh";
-/// Flow records kept per sandbox.
-const FLOWS_KEPT: usize = 1000;
+mod firewall;
+mod flows;
+mod supervisor;
+
+use firewall::HOST_PREFIX;
+pub use firewall::TABLE;
+use flows::FlowBook;
+use supervisor::{ProxyProcess, Supervisor};
 
 #[derive(Debug, Clone)]
 pub struct EgressConfig {
@@ -219,15 +217,9 @@ pub struct Network {
     /// The proxy process's pid; 0 while there is none.
     proxy_pid: Arc<AtomicU32>,
     slots: Mutex<BTreeSet<u32>>,
-    flows: Arc<Mutex<HashMap<String, VecDeque<Flow>>>>,
-    /// Bytes of allowed connections, waiting to be reported as `egress_bytes` usage.
-    usage: Arc<Mutex<Vec<sandbase_api::internal::UsageEvent>>>,
-    /// Refusals waiting to go to the audit log.
-    audit: Arc<Mutex<Vec<sandbase_api::internal::NodeAuditEvent>>>,
+    /// Flow records, and the usage and audit events made of them.
+    book: Arc<FlowBook>,
 }
-
-/// Refusals kept for the audit log while they wait to be reported.
-const AUDIT_KEPT: usize = 10_000;
 
 async fn run(program: &str, args: &[&str]) -> anyhow::Result<()> {
     let output = Command::new(program)
@@ -267,55 +259,8 @@ async fn node_addresses_now() -> Vec<IpAddr> {
 impl Network {
     /// Installs the firewall table and starts the proxy on the pool's addresses.
     pub async fn start(config: EgressConfig) -> anyhow::Result<Arc<Network>> {
-        let pool = format!("{}/16", config.pool);
-        let (http_port, tls_port, dns_port) = (
-            config.proxy_port + 1,
-            config.proxy_port + 2,
-            config.proxy_port + 3,
-        );
-        // Redirected connections arrive at the host-side address of the sandbox's link, on
-        // the transparent ports: the input chain sees those.
-        let ruleset = format!(
-            "table inet {TABLE}\n\
-             delete table inet {TABLE}\n\
-             table inet {TABLE} {{\n\
-               chain prerouting {{\n\
-                 type nat hook prerouting priority dstnat; policy accept;\n\
-                 iifname \"{HOST_PREFIX}*\" tcp dport 80 redirect to :{http_port}\n\
-                 iifname \"{HOST_PREFIX}*\" tcp dport 443 redirect to :{tls_port}\n\
-                 iifname \"{HOST_PREFIX}*\" udp dport 53 redirect to :{dns_port}\n\
-               }}\n\
-               chain input {{\n\
-                 type filter hook input priority -10; policy accept;\n\
-                 iifname \"{HOST_PREFIX}*\" ip daddr {pool} tcp dport {{ {port}, {http_port}, {tls_port} }} ct state new,established accept\n\
-                 iifname \"{HOST_PREFIX}*\" ip daddr {pool} udp dport {dns_port} accept\n\
-                 iifname \"{HOST_PREFIX}*\" ct state established,related accept\n\
-                 iifname \"{HOST_PREFIX}*\" counter drop\n\
-               }}\n\
-               chain forward {{\n\
-                 type filter hook forward priority -10; policy accept;\n\
-                 iifname \"{HOST_PREFIX}*\" counter drop\n\
-                 oifname \"{HOST_PREFIX}*\" counter drop\n\
-               }}\n\
-             }}\n",
-            port = config.proxy_port
-        );
-        let mut child = tokio::process::Command::new("nft")
-            .args(["-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .context("running nft (is nftables installed?)")?;
-        if let Some(mut stdin) = child.stdin.take() {
-            tokio::io::AsyncWriteExt::write_all(&mut stdin, ruleset.as_bytes()).await?;
-        }
-        let output = child.wait_with_output().await?;
-        anyhow::ensure!(
-            output.status.success(),
-            "installing the egress firewall: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-        let (sender, mut receiver) = mpsc::channel::<Flow>(4096);
+        firewall::install(&firewall::ruleset(config.pool, config.proxy_port)).await?;
+        let (sender, receiver) = mpsc::channel::<Flow>(4096);
         let mut node_addresses = config.node_addresses.clone();
         node_addresses.extend(node_addresses_now().await);
         let extra_ca = match &config.extra_ca {
@@ -366,68 +311,8 @@ impl Network {
             }
             .run(first),
         );
-        let flows: Arc<Mutex<HashMap<String, VecDeque<Flow>>>> = Arc::default();
-        let usage: Arc<Mutex<Vec<sandbase_api::internal::UsageEvent>>> = Arc::default();
-        let audit: Arc<Mutex<Vec<sandbase_api::internal::NodeAuditEvent>>> = Arc::default();
-        let kept = Arc::clone(&flows);
-        let metered = Arc::clone(&usage);
-        let audited = Arc::clone(&audit);
-        // Event keys: unique per worker run (its start time) and connection.
-        let run = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|elapsed| elapsed.as_nanos())
-            .unwrap_or_default();
-        tokio::spawn(async move {
-            let mut counter = 0u64;
-            while let Some(flow) = receiver.recv().await {
-                if let (Ok(sandbox), sandbase_egress::proxy::Decision::Denied(why)) =
-                    (flow.sandbox.parse::<Uuid>(), &flow.decision)
-                {
-                    counter += 1;
-                    let (action, mut details) = match &flow.leak {
-                        Some(credential) => (
-                            "sandbox.credential_leak_blocked",
-                            serde_json::json!({ "credential": credential }),
-                        ),
-                        None => ("sandbox.egress_denied", serde_json::json!({})),
-                    };
-                    details["host"] = flow.host.clone().into();
-                    details["port"] = flow.port.into();
-                    details["mode"] = flow.mode.clone().into();
-                    details["reason"] = why.clone().into();
-                    let mut audit = audited.lock().unwrap_or_else(|p| p.into_inner());
-                    if audit.len() < AUDIT_KEPT {
-                        audit.push(sandbase_api::internal::NodeAuditEvent {
-                            key: format!("egress:{run}:{counter}"),
-                            sandbox,
-                            action: action.to_owned(),
-                            details,
-                            occurred_at: flow.started_at.into(),
-                        });
-                    }
-                }
-                let bytes = flow.bytes_up + flow.bytes_down;
-                if let (Ok(sandbox), true) = (flow.sandbox.parse::<Uuid>(), bytes > 0) {
-                    counter += 1;
-                    metered.lock().unwrap_or_else(|p| p.into_inner()).push(
-                        sandbase_api::internal::UsageEvent {
-                            key: format!("egress:{run}:{counter}"),
-                            sandbox,
-                            kind: "egress_bytes".to_owned(),
-                            subject: String::new(),
-                            quantity: bytes,
-                            occurred_at: flow.started_at.into(),
-                        },
-                    );
-                }
-                let mut flows = kept.lock().unwrap_or_else(|p| p.into_inner());
-                let list = flows.entry(flow.sandbox.clone()).or_default();
-                if list.len() >= FLOWS_KEPT {
-                    list.pop_front();
-                }
-                list.push_back(flow);
-            }
-        });
+        let book = Arc::new(FlowBook::default());
+        tokio::spawn(Arc::clone(&book).keep(receiver));
         Ok(Arc::new(Network {
             config,
             registrations,
@@ -435,9 +320,7 @@ impl Network {
             next_order: AtomicU64::new(1),
             proxy_pid,
             slots: Mutex::new(BTreeSet::new()),
-            flows,
-            usage,
-            audit,
+            book,
         }))
     }
 
@@ -653,212 +536,16 @@ impl Network {
 
     /// Egress usage not handed to the usage outbox yet.
     pub fn take_usage(&self) -> Vec<sandbase_api::internal::UsageEvent> {
-        std::mem::take(&mut *self.usage.lock().unwrap_or_else(|p| p.into_inner()))
+        self.book.take_usage()
     }
 
     /// Refusals not handed to the usage outbox yet.
     pub fn take_audit(&self) -> Vec<sandbase_api::internal::NodeAuditEvent> {
-        std::mem::take(&mut *self.audit.lock().unwrap_or_else(|p| p.into_inner()))
+        self.book.take_audit()
     }
 
     /// The sandbox's recent connections, oldest first.
     pub fn flows(&self, sandbox: Uuid) -> Vec<Flow> {
-        self.flows
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&sandbox.to_string())
-            .map(|list| list.iter().cloned().collect())
-            .unwrap_or_default()
-    }
-}
-
-/// A running proxy process: its orders go in, its reports come out.
-struct ProxyProcess {
-    child: tokio::process::Child,
-    input: tokio::process::ChildStdin,
-    output: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
-    pid: u32,
-}
-
-impl ProxyProcess {
-    /// Starts one and waits until it listens.
-    async fn start(program: &std::path::Path, config: &ProcessConfig) -> anyhow::Result<Self> {
-        let mut child = Command::new(program)
-            .arg("egress-proxy")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting the egress proxy ({})", program.display()))?;
-        if let Some(log) = child.stderr.take() {
-            tokio::spawn(relay_log(log));
-        }
-        let mut input = child.stdin.take().context("the proxy's standard input")?;
-        let output = child.stdout.take().context("the proxy's standard output")?;
-        let mut line = serde_json::to_vec(config)?;
-        line.push(b'\n');
-        input.write_all(&line).await?;
-        input.flush().await?;
-        let mut output = tokio::io::BufReader::new(output).lines();
-        let first = tokio::time::timeout(Duration::from_secs(30), output.next_line()).await;
-        match first {
-            Ok(Ok(Some(line))) => match serde_json::from_str::<Report>(&line) {
-                Ok(Report::Ready { pid }) => Ok(ProxyProcess {
-                    child,
-                    input,
-                    output,
-                    pid,
-                }),
-                _ => anyhow::bail!("the egress proxy said something unexpected: {line}"),
-            },
-            _ => {
-                let _ = child.start_kill();
-                let status = child.wait().await.ok();
-                anyhow::bail!(
-                    "the egress proxy did not start (exit: {})",
-                    status.map(|status| status.to_string()).unwrap_or_default()
-                )
-            }
-        }
-    }
-
-    async fn send(&mut self, envelope: &Envelope) -> std::io::Result<()> {
-        // The line may hold credential values: zeroed once written.
-        let mut line = Zeroizing::new(serde_json::to_vec(envelope).map_err(std::io::Error::other)?);
-        line.push(b'\n');
-        self.input.write_all(&line).await?;
-        self.input.flush().await
-    }
-}
-
-/// The proxy's log lines (`LEVEL target: message fields`), logged as the worker's own under
-/// the `egress_proxy` target, until the process closes its standard error.
-async fn relay_log(log: tokio::process::ChildStderr) {
-    let mut lines = tokio::io::BufReader::new(log).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        let line = line.trim_start();
-        let (level, rest) = line.split_once(' ').unwrap_or(("", line));
-        let rest = rest.trim_start();
-        match level {
-            "ERROR" => tracing::error!(target: "egress_proxy", "{rest}"),
-            "WARN" => tracing::warn!(target: "egress_proxy", "{rest}"),
-            "INFO" => tracing::info!(target: "egress_proxy", "{rest}"),
-            "DEBUG" => tracing::debug!(target: "egress_proxy", "{rest}"),
-            "TRACE" => tracing::trace!(target: "egress_proxy", "{rest}"),
-            // Not the proxy's logger (a panic, the C library): worth a look.
-            _ => tracing::warn!(target: "egress_proxy", "{line}"),
-        }
-    }
-}
-
-/// Keeps a proxy process running and in step with the registrations.
-struct Supervisor {
-    program: PathBuf,
-    process: ProcessConfig,
-    restart_delay: Duration,
-    registrations: Arc<Mutex<HashMap<IpAddr, Registration>>>,
-    orders: mpsc::UnboundedReceiver<(Envelope, Option<oneshot::Sender<()>>)>,
-    flows: mpsc::Sender<Flow>,
-    pid: Arc<AtomicU32>,
-}
-
-impl Supervisor {
-    /// Until the network is dropped (its order queue closes).
-    async fn run(mut self, first: ProxyProcess) {
-        let mut running = Some(first);
-        loop {
-            let mut process = match running.take() {
-                Some(process) => process,
-                None => match ProxyProcess::start(&self.program, &self.process).await {
-                    Ok(mut process) => {
-                        if self.replay(&mut process).await.is_err() {
-                            self.pause().await;
-                            continue;
-                        }
-                        tracing::info!(pid = process.pid, "the egress proxy is back");
-                        process
-                    }
-                    Err(error) => {
-                        tracing::error!(
-                            error = format!("{error:#}"),
-                            "restarting the egress proxy"
-                        );
-                        if self.pause().await {
-                            return;
-                        }
-                        continue;
-                    }
-                },
-            };
-            self.pid.store(process.pid, Ordering::Relaxed);
-            let mut waiting: HashMap<u64, oneshot::Sender<()>> = HashMap::new();
-            loop {
-                tokio::select! {
-                    order = self.orders.recv() => {
-                        let Some((envelope, done)) = order else {
-                            // The network is gone: so is its proxy (killed on drop).
-                            self.pid.store(0, Ordering::Relaxed);
-                            return;
-                        };
-                        if process.send(&envelope).await.is_err() {
-                            break;
-                        }
-                        if let Some(done) = done {
-                            waiting.insert(envelope.id, done);
-                        }
-                    }
-                    line = process.output.next_line() => {
-                        let Ok(Some(line)) = line else { break };
-                        match serde_json::from_str::<Report>(&line) {
-                            Ok(Report::Done { id }) => {
-                                if let Some(done) = waiting.remove(&id) {
-                                    let _ = done.send(());
-                                }
-                            }
-                            Ok(Report::Flow { flow }) => {
-                                let _ = self.flows.try_send(*flow);
-                            }
-                            Ok(Report::Ready { .. }) | Err(_) => {}
-                        }
-                    }
-                }
-            }
-            self.pid.store(0, Ordering::Relaxed);
-            let _ = process.child.start_kill();
-            let status = process.child.wait().await;
-            tracing::error!(
-                status = ?status,
-                "the egress proxy exited: sandboxes reach nothing until another one runs"
-            );
-            if self.pause().await {
-                return;
-            }
-        }
-    }
-
-    /// Everything registered, to a new process.
-    async fn replay(&self, process: &mut ProxyProcess) -> std::io::Result<()> {
-        let registrations: Vec<Registration> = self
-            .registrations
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
-        for registration in registrations {
-            let envelope = Envelope {
-                id: 0,
-                order: Order::Add(Box::new(registration)),
-            };
-            process.send(&envelope).await?;
-        }
-        Ok(())
-    }
-
-    /// Waits out the restart delay; `true` when the network is gone meanwhile.
-    async fn pause(&self) -> bool {
-        tokio::time::sleep(self.restart_delay).await;
-        self.orders.is_closed()
+        self.book.flows(sandbox)
     }
 }
