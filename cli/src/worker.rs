@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use sandbase_worker::node::NodeConfig;
-use sandbase_worker::sandboxes::WorkerConfig;
+use sandbase_worker::runtime::RuntimeConfig;
 use sandbase_worker::service::{self, ServiceConfig, TemplateSource};
 use sandbase_worker::spec::Limits;
 
@@ -144,7 +144,7 @@ impl NodeArgs {
         let mut templates = vec![("busybox".to_owned(), TemplateSource::Busybox)];
         templates.extend(tarball_templates(&self.templates_dir)?);
         Ok(ServiceConfig {
-            worker: WorkerConfig {
+            worker: RuntimeConfig {
                 containerd_socket: self.containerd_socket.clone(),
                 namespace: self.namespace.clone(),
                 agent_binary: agent,

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use sandbase_gateway::{Application, testing};
 use sandbase_worker::node::NodeConfig;
-use sandbase_worker::sandboxes::WorkerConfig;
+use sandbase_worker::runtime::RuntimeConfig;
 use sandbase_worker::service::{self, ServiceConfig, TemplateSource};
 use sandbase_worker::spec::Limits;
 use serde_json::{Value, json};
@@ -146,7 +146,7 @@ fn main() -> anyhow::Result<()> {
         let namespace = format!("sandbase-bench-{}", uuid::Uuid::new_v4().simple());
         let run_dir = std::env::temp_dir().join(format!("sandbase-bench-run-{}", uuid::Uuid::new_v4().simple()));
         let config = ServiceConfig {
-            worker: WorkerConfig {
+            worker: RuntimeConfig {
                 containerd_socket: PathBuf::from(&socket),
                 namespace: namespace.clone(),
                 agent_binary: PathBuf::from(std::env::var("SANDBASE_AGENT_BINARY")?),

@@ -1,6 +1,6 @@
 //! Sandbox start and command latency against raw containerd, in the same run.
 //!
-//! - start: `Worker::create` (copy-on-write snapshot of the template, container, task,
+//! - start: `Runtime::create` (copy-on-write snapshot of the template, container, task,
 //!   agent listening) + one command + destroy, against `ctr run --rm` of the same busybox
 //!   root file system running the same command (containerd's own client, its ~20 ms start-up
 //!   included, as anyone timing `ctr` sees it).
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use sandbase_agent::protocol::{ExecRequest, Reply, Request, read_frame, write_json};
 use sandbase_worker::pool::WarmPool;
-use sandbase_worker::sandboxes::{Worker, WorkerConfig};
+use sandbase_worker::runtime::{Runtime, RuntimeConfig};
 use sandbase_worker::spec::Limits;
 use sandbase_worker::templates;
 
@@ -97,14 +97,14 @@ async fn main() -> anyhow::Result<()> {
     let namespace = format!("sandbase-bench-{unique}");
     let base = 3_000_000;
     let work = std::env::temp_dir().join(format!("sandbase-bench-{unique}"));
-    let config = WorkerConfig {
+    let config = RuntimeConfig {
         containerd_socket: PathBuf::from(socket_path()),
         namespace: namespace.clone(),
         agent_binary: PathBuf::from(std::env::var("SANDBASE_AGENT_BINARY")?),
         run_dir: work.join("run"),
         id_base: base,
     };
-    let (worker, _) = Worker::start(config).await?;
+    let (worker, _) = Runtime::start(config).await?;
     worker
         .containerd()
         .build_template("busybox", |rootfs| templates::busybox(rootfs, base))

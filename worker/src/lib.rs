@@ -8,6 +8,8 @@
 pub mod agent_client;
 pub mod api;
 pub mod containerd;
+pub mod error;
+pub mod exec;
 pub mod images;
 pub mod network;
 pub mod node;
@@ -15,7 +17,7 @@ pub mod pool;
 pub mod registration;
 pub mod registry;
 pub mod reporter;
-pub mod sandboxes;
+pub mod runtime;
 pub mod service;
 pub mod spec;
 pub mod templates;

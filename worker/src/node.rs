@@ -1,20 +1,20 @@
 //! The node: the sandboxes this worker hosts for the gateway, keyed by the gateway's ids,
 //! with their warm pools, capacity, defaults and background processes.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use chrono::{DateTime, Utc};
-use sandbase_agent::protocol::{ExecRequest, ExitInfo, Owner};
-use sandbase_api::internal::{CreateSandbox, Exec, TemplateInfo};
-use sandbase_api::sandboxes::{Process, Resources, RunAs};
+use sandbase_api::internal::{CreateSandbox, TemplateInfo};
+use sandbase_api::sandboxes::Resources;
 use uuid::Uuid;
 
-use crate::agent_client::{AgentClient, ExecEvent, Refused, Stdin};
+use crate::agent_client::AgentClient;
+pub use crate::error::NodeError;
+use crate::exec::{Hosted, user};
 use crate::pool::WarmPool;
-use crate::sandboxes::{Sandbox, Worker};
-use crate::spec::{Limits, SANDBOX_USER, WORK_DIR};
+use crate::runtime::{Runtime, Sandbox};
+use crate::spec::{Limits, WORK_DIR};
 
 /// What the node is configured with.
 #[derive(Debug, Clone)]
@@ -34,7 +34,7 @@ pub struct NodeConfig {
 }
 
 pub struct Node {
-    worker: Arc<Worker>,
+    runtime: Arc<Runtime>,
     config: NodeConfig,
     pools: HashMap<String, Arc<WarmPool>>,
     hosted: RwLock<HashMap<Uuid, Arc<Hosted>>>,
@@ -45,74 +45,10 @@ pub struct Node {
     network: Option<Arc<crate::network::Network>>,
 }
 
-/// A sandbox hosted for the gateway.
-pub struct Hosted {
-    pub id: Uuid,
-    pub sandbox: Sandbox,
-    pub agent: AgentClient,
-    pub template: String,
-    env: BTreeMap<String, String>,
-    cwd: String,
-    processes: Mutex<HashMap<u32, Arc<Background>>>,
-    meter: crate::usage::Meter,
-    /// Its link to the egress proxy, when it has egress.
-    pub link: Option<crate::network::Attached>,
-}
-
-/// A command started in the background: its output so far, its exit, its open stdin.
-pub struct Background {
-    pub pid: u32,
-    pub argv: Vec<String>,
-    pub started_at: DateTime<Utc>,
-    state: Mutex<BackgroundState>,
-    stdin: tokio::sync::Mutex<Option<Stdin>>,
-}
-
-#[derive(Default)]
-struct BackgroundState {
-    stdout: VecDeque<u8>,
-    stderr: VecDeque<u8>,
-    exit: Option<ExitInfo>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum NodeError {
-    #[error("no such sandbox on this worker")]
-    SandboxNotFound,
-    #[error("no such process in this sandbox")]
-    ProcessNotFound,
-    #[error("this worker is at capacity")]
-    AtCapacity,
-    #[error("template `{0}` is not on this worker")]
-    TemplateNotFound(String),
-    #[error("a sandbox with this id already exists")]
-    Exists,
-    #[error("template `{0}` exists already on this worker")]
-    TemplateExists(String),
-    #[error("{0}")]
-    Invalid(String),
-    #[error(transparent)]
-    Refused(#[from] Refused),
-    #[error(transparent)]
-    Internal(anyhow::Error),
-}
-
-impl From<anyhow::Error> for NodeError {
-    fn from(error: anyhow::Error) -> Self {
-        match error.downcast::<Refused>() {
-            Ok(refused) => NodeError::Refused(refused),
-            Err(error) => NodeError::Internal(error),
-        }
-    }
-}
-
-/// The default search path of commands.
-const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
 impl Node {
     /// Starts the warm pools; the worker has already removed what a predecessor left.
     pub fn start(
-        worker: Arc<Worker>,
+        runtime: Arc<Runtime>,
         config: NodeConfig,
         network: Option<Arc<crate::network::Network>>,
     ) -> Arc<Node> {
@@ -123,12 +59,12 @@ impl Node {
             .map(|(template, size)| {
                 (
                     template.clone(),
-                    WarmPool::start(Arc::clone(&worker), template, config.default_limits, *size),
+                    WarmPool::start(Arc::clone(&runtime), template, config.default_limits, *size),
                 )
             })
             .collect();
         Arc::new(Node {
-            worker,
+            runtime,
             config,
             pools,
             hosted: RwLock::new(HashMap::new()),
@@ -138,8 +74,8 @@ impl Node {
         })
     }
 
-    pub fn worker(&self) -> &Arc<Worker> {
-        &self.worker
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.runtime
     }
 
     pub fn capacity(&self) -> usize {
@@ -160,7 +96,7 @@ impl Node {
     /// The templates this node has, with their warm sandboxes.
     pub async fn templates(&self) -> anyhow::Result<Vec<TemplateInfo>> {
         let mut templates: Vec<TemplateInfo> = self
-            .worker
+            .runtime
             .containerd()
             .templates()
             .await?
@@ -191,20 +127,20 @@ impl Node {
         } else {
             // Mounts are fixed at start: no warm sandbox has them.
             if !self
-                .worker
+                .runtime
                 .containerd()
                 .template_exists(&request.template)
                 .await?
             {
                 return Err(NodeError::TemplateNotFound(request.template));
             }
-            self.worker
+            self.runtime
                 .create_with_volumes(&request.template, limits, volumes)
                 .await?
         };
         // The team's time starts now (a warm sandbox's wait is not theirs).
         let pid = self
-            .worker
+            .runtime
             .containerd()
             .task_pid(&sandbox.id)
             .await
@@ -216,7 +152,7 @@ impl Node {
         let link = match (&request.egress, &self.network) {
             (None, _) => None,
             (Some(_), None) => {
-                let _ = self.worker.destroy(&sandbox.id).await;
+                let _ = self.runtime.destroy(&sandbox.id).await;
                 return Err(NodeError::Invalid(
                     "this worker has no egress network (sandbase worker --egress-pool)".to_owned(),
                 ));
@@ -245,7 +181,7 @@ impl Node {
                         Some(attached)
                     }
                     Err(error) => {
-                        let _ = self.worker.destroy(&sandbox.id).await;
+                        let _ = self.runtime.destroy(&sandbox.id).await;
                         return Err(error);
                     }
                 }
@@ -341,7 +277,7 @@ impl Node {
                 return Ok(sandbox);
             }
             match self
-                .worker
+                .runtime
                 .containerd()
                 .update_limits(&sandbox.id, limits)
                 .await
@@ -352,14 +288,14 @@ impl Node {
                         error = format!("{error:#}"),
                         "resizing a warm sandbox failed; starting one"
                     );
-                    self.worker.destroy(&sandbox.id).await?;
+                    self.runtime.destroy(&sandbox.id).await?;
                 }
             }
         }
-        if !self.worker.containerd().template_exists(template).await? {
+        if !self.runtime.containerd().template_exists(template).await? {
             return Err(NodeError::TemplateNotFound(template.to_owned()));
         }
-        Ok(self.worker.create(template, limits).await?)
+        Ok(self.runtime.create(template, limits).await?)
     }
 
     /// Undoes a sandbox whose creation failed after it got its link.
@@ -367,7 +303,7 @@ impl Node {
         if let (Some(network), Some(link)) = (&self.network, &hosted.link) {
             network.detach(link).await;
         }
-        let _ = self.worker.destroy(&hosted.sandbox.id).await;
+        let _ = self.runtime.destroy(&hosted.sandbox.id).await;
     }
 
     /// Destroys a hosted sandbox; unknown ids are not an error (destroy is idempotent).
@@ -381,7 +317,7 @@ impl Node {
         if let (Some(network), Some(link)) = (&self.network, &hosted.link) {
             network.detach(link).await;
         }
-        self.worker.destroy(&hosted.sandbox.id).await?;
+        self.runtime.destroy(&hosted.sandbox.id).await?;
         Ok(true)
     }
 
@@ -432,12 +368,12 @@ impl Node {
         name: &str,
         populate: impl FnOnce(&std::path::Path, u32) -> anyhow::Result<()> + Send,
     ) -> Result<(), NodeError> {
-        if self.worker.containerd().template_exists(name).await? {
+        if self.runtime.containerd().template_exists(name).await? {
             return Err(NodeError::TemplateExists(name.to_owned()));
         }
-        let base = self.worker.config().id_base;
+        let base = self.runtime.config().id_base;
         let built = self
-            .worker
+            .runtime
             .containerd()
             .build_template(name, move |rootfs| {
                 tokio::task::block_in_place(|| populate(rootfs, base))
@@ -457,13 +393,13 @@ impl Node {
 
     /// Removes a template (refused while sandboxes started from it exist).
     pub async fn remove_template(&self, name: &str) -> Result<(), NodeError> {
-        if !self.worker.containerd().template_exists(name).await? {
+        if !self.runtime.containerd().template_exists(name).await? {
             return Err(NodeError::TemplateNotFound(name.to_owned()));
         }
         if let Some(pool) = self.pools.get(name) {
             pool.close().await?;
         }
-        self.worker
+        self.runtime
             .containerd()
             .remove_template(name)
             .await
@@ -550,182 +486,4 @@ pub fn limits_of(resources: Resources) -> Limits {
         disk_mb: resources.disk_mb,
         pids: resources.pids,
     }
-}
-
-fn user() -> Owner {
-    Owner {
-        uid: SANDBOX_USER,
-        gid: SANDBOX_USER,
-    }
-}
-
-impl Hosted {
-    /// The agent request for `exec`: the sandbox's environment and working directory under
-    /// the command's own, as the sandbox user unless root was asked for.
-    pub fn exec_request(&self, exec: &Exec) -> Result<ExecRequest, NodeError> {
-        if exec.argv.is_empty() {
-            return Err(NodeError::Invalid("the command is empty".to_owned()));
-        }
-        let (user, home, name) = match exec.user {
-            RunAs::User => (Some(user()), WORK_DIR, "user"),
-            RunAs::Root => (None, "/root", "root"),
-        };
-        let mut env: BTreeMap<String, String> = [
-            ("PATH", PATH),
-            ("HOME", home),
-            ("USER", name),
-            ("LANG", "C.UTF-8"),
-        ]
-        .into_iter()
-        .map(|(key, value)| (key.to_owned(), value.to_owned()))
-        .collect();
-        env.extend(self.env.clone());
-        env.extend(exec.env.clone());
-        Ok(ExecRequest {
-            argv: exec.argv.clone(),
-            env,
-            cwd: Some(exec.cwd.clone().unwrap_or_else(|| self.cwd.clone())),
-            user,
-            timeout_ms: exec.timeout_ms,
-            stdin: false,
-        })
-    }
-
-    /// Starts `exec` in the background with its standard input open.
-    pub async fn start_background(
-        self: &Arc<Self>,
-        exec: &Exec,
-        output_limit: usize,
-    ) -> Result<u32, NodeError> {
-        let request = self.exec_request(exec)?;
-        let initial = exec.stdin.clone().map(String::into_bytes);
-        let (mut events, stdin) = self.agent.start(request, initial, true).await?;
-        let pid = match events.recv().await {
-            Some(Ok(ExecEvent::Started { pid })) => pid,
-            Some(Err(error)) => return Err(error.into()),
-            other => {
-                return Err(NodeError::Internal(anyhow::anyhow!(
-                    "unexpected first event {other:?}"
-                )));
-            }
-        };
-        let process = Arc::new(Background {
-            pid,
-            argv: exec.argv.clone(),
-            started_at: Utc::now(),
-            state: Mutex::new(BackgroundState::default()),
-            stdin: tokio::sync::Mutex::new(stdin),
-        });
-        self.lock_processes().insert(pid, Arc::clone(&process));
-        tokio::spawn(async move {
-            while let Some(event) = events.recv().await {
-                let mut state = process.lock();
-                match event {
-                    Ok(ExecEvent::Stdout(bytes)) => {
-                        keep_tail(&mut state.stdout, &bytes, output_limit)
-                    }
-                    Ok(ExecEvent::Stderr(bytes)) => {
-                        keep_tail(&mut state.stderr, &bytes, output_limit)
-                    }
-                    Ok(ExecEvent::Exit(exit)) => state.exit = Some(exit),
-                    Ok(ExecEvent::Started { .. }) => {}
-                    Err(error) => {
-                        tracing::debug!(
-                            error = format!("{error:#}"),
-                            "background process stream ended"
-                        );
-                        state.exit.get_or_insert(ExitInfo {
-                            code: -1,
-                            signal: None,
-                            timed_out: false,
-                            duration_ms: 0,
-                        });
-                    }
-                }
-            }
-            // The command is over: close its input.
-            process.stdin.lock().await.take();
-        });
-        Ok(pid)
-    }
-
-    pub fn process(&self, pid: u32) -> Result<Arc<Background>, NodeError> {
-        self.lock_processes()
-            .get(&pid)
-            .cloned()
-            .ok_or(NodeError::ProcessNotFound)
-    }
-
-    pub fn processes(&self) -> Vec<Arc<Background>> {
-        let mut processes: Vec<_> = self.lock_processes().values().cloned().collect();
-        processes.sort_by_key(|process| process.started_at);
-        processes
-    }
-
-    fn lock_processes(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Arc<Background>>> {
-        self.processes
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-impl Background {
-    /// The process as the API shows it, with its output when `with_output`.
-    pub fn describe(&self, with_output: bool) -> Process {
-        let state = self.lock();
-        let text = |bytes: &VecDeque<u8>| {
-            if with_output {
-                let (front, back) = bytes.as_slices();
-                let mut joined = Vec::with_capacity(bytes.len());
-                joined.extend_from_slice(front);
-                joined.extend_from_slice(back);
-                String::from_utf8_lossy(&joined).into_owned()
-            } else {
-                String::new()
-            }
-        };
-        Process {
-            pid: self.pid,
-            cmd: self.argv.clone(),
-            running: state.exit.is_none(),
-            exit_code: state.exit.map(|exit| exit.code),
-            started_at: self.started_at,
-            stdout: text(&state.stdout),
-            stderr: text(&state.stderr),
-        }
-    }
-
-    pub fn running(&self) -> bool {
-        self.lock().exit.is_none()
-    }
-
-    /// Writes to the process's standard input; `close` ends it afterwards.
-    pub async fn send_stdin(&self, bytes: &[u8], close: bool) -> Result<(), NodeError> {
-        let mut stdin = self.stdin.lock().await;
-        let Some(open) = stdin.as_mut() else {
-            return Err(NodeError::Invalid(
-                "the process's standard input is closed".to_owned(),
-            ));
-        };
-        if !bytes.is_empty() {
-            open.write(bytes).await?;
-        }
-        if close && let Some(open) = stdin.take() {
-            open.close().await?;
-        }
-        Ok(())
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BackgroundState> {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-/// Appends `bytes`, dropping the oldest so at most `limit` remain.
-fn keep_tail(buffer: &mut VecDeque<u8>, bytes: &[u8], limit: usize) {
-    buffer.extend(bytes);
-    let excess = buffer.len().saturating_sub(limit);
-    buffer.drain(..excess);
 }

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::sandboxes::{Sandbox, Worker};
+use crate::runtime::{Runtime, Sandbox};
 use crate::spec::Limits;
 
 pub struct WarmPool {
-    worker: Arc<Worker>,
+    worker: Arc<Runtime>,
     template: String,
     limits: Limits,
     size: usize,
@@ -31,7 +31,7 @@ const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
 impl WarmPool {
     /// Creates the pool and starts filling it in the background.
     pub fn start(
-        worker: Arc<Worker>,
+        worker: Arc<Runtime>,
         template: &str,
         limits: Limits,
         size: usize,

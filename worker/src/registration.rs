@@ -121,7 +121,7 @@ impl GatewayLink {
                 }
                 beats = beats.wrapping_add(1);
                 if beats.is_multiple_of(ORPHAN_SWEEP_EVERY) {
-                    match node.worker().remove_orphans().await {
+                    match node.runtime().remove_orphans().await {
                         Ok(0) => {}
                         Ok(removed) => tracing::warn!(removed, "removed orphaned sandboxes"),
                         Err(error) => {

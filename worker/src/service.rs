@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 
 use crate::node::{Node, NodeConfig};
 use crate::registration::GatewayLink;
-use crate::sandboxes::{Worker, WorkerConfig};
+use crate::runtime::{Runtime, RuntimeConfig};
 
 /// Where a template comes from when the worker builds it at start-up.
 #[derive(Debug, Clone)]
@@ -26,7 +26,7 @@ pub enum TemplateSource {
 
 #[derive(Debug, Clone)]
 pub struct ServiceConfig {
-    pub worker: WorkerConfig,
+    pub worker: RuntimeConfig,
     pub node: NodeConfig,
     pub listen: SocketAddr,
     /// The URL the gateway should call; `http://<bound address>` when absent.
@@ -53,7 +53,7 @@ pub struct RunningService {
 
 /// Starts the worker service; it runs until [`RunningService::stop`].
 pub async fn start(config: ServiceConfig) -> anyhow::Result<RunningService> {
-    let (worker, removed) = Worker::start(config.worker.clone()).await?;
+    let (worker, removed) = Runtime::start(config.worker.clone()).await?;
     if removed > 0 {
         tracing::warn!(removed, "removed sandboxes a previous worker left behind");
     }
@@ -131,7 +131,7 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<RunningService> {
 
 /// Builds `name` from `source` unless this namespace has it already.
 pub async fn ensure_template(
-    worker: &Worker,
+    worker: &Runtime,
     name: &str,
     source: &TemplateSource,
 ) -> anyhow::Result<()> {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::{Method, StatusCode};
 use sandbase_worker::node::NodeConfig;
-use sandbase_worker::sandboxes::WorkerConfig;
+use sandbase_worker::runtime::RuntimeConfig;
 use sandbase_worker::service::{self, RunningService, ServiceConfig, TemplateSource};
 use sandbase_worker::spec::Limits;
 use serde_json::{Value, json};
@@ -55,7 +55,7 @@ pub fn worker_config(app: &TestApp, id: &str, capacity: usize, warm: usize) -> S
     let unique = Uuid::new_v4().simple().to_string();
     let slot = u32::from_str_radix(&unique[..4], 16).unwrap() % 1000;
     ServiceConfig {
-        worker: WorkerConfig {
+        worker: RuntimeConfig {
             containerd_socket: PathBuf::from(
                 std::env::var("SANDBASE_CONTAINERD_SOCKET")
                     .unwrap_or_else(|_| "/run/sandbase/containerd.sock".to_owned()),

@@ -13,7 +13,8 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use crate::node::{Hosted, NodeError};
+use crate::exec::Hosted;
+use crate::node::NodeError;
 use crate::spec::{SANDBOX_USER, WORK_DIR};
 
 use super::support::ApiState;

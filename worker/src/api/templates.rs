@@ -109,7 +109,7 @@ pub(super) async fn pull_template(
         .map_err(|error| NodeError::Invalid(format!("{error:#}")))?;
     if state
         .node
-        .worker()
+        .runtime()
         .containerd()
         .template_exists(&name)
         .await?

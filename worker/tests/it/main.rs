@@ -467,9 +467,9 @@ async fn containerd_runs_a_sandbox_and_destroy_removes_every_trace() {
 }
 
 /// A worker of its own: a fresh containerd namespace, run directory and id range.
-fn worker_config() -> sandbase_worker::sandboxes::WorkerConfig {
+fn worker_config() -> sandbase_worker::runtime::RuntimeConfig {
     let unique = rand_suffix();
-    sandbase_worker::sandboxes::WorkerConfig {
+    sandbase_worker::runtime::RuntimeConfig {
         containerd_socket: PathBuf::from(socket_path()),
         namespace: format!("sandbase-test-{unique}"),
         agent_binary: PathBuf::from(
@@ -481,7 +481,7 @@ fn worker_config() -> sandbase_worker::sandboxes::WorkerConfig {
 }
 
 /// Removes a test worker's template snapshot and run directory (its sandboxes are gone).
-fn clean_up(config: &sandbase_worker::sandboxes::WorkerConfig, template: &str) {
+fn clean_up(config: &sandbase_worker::runtime::RuntimeConfig, template: &str) {
     run(Command::new("ctr").args([
         "--address",
         &socket_path(),
@@ -502,11 +502,11 @@ fn socket_path() -> String {
 /// A worker that crashed leaves sandboxes running; the next one to start removes them all.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restarted_worker_removes_what_the_previous_one_left() {
-    use sandbase_worker::sandboxes::Worker;
+    use sandbase_worker::runtime::Runtime;
 
     let config = worker_config();
     let (base, run_dir) = (config.id_base, config.run_dir.clone());
-    let (worker, removed) = Worker::start(config.clone()).await.unwrap();
+    let (worker, removed) = Runtime::start(config.clone()).await.unwrap();
     assert_eq!(removed, 0);
     worker
         .containerd()
@@ -530,7 +530,7 @@ async fn a_restarted_worker_removes_what_the_previous_one_left() {
 
     // The worker goes away without destroying anything, as in a crash.
     drop(worker);
-    let (worker, removed) = Worker::start(config).await.unwrap();
+    let (worker, removed) = Runtime::start(config).await.unwrap();
     assert_eq!(removed, 2);
     assert!(worker.containerd().sandbox_ids().await.unwrap().is_empty());
     assert!(
@@ -570,11 +570,11 @@ async fn a_restarted_worker_removes_what_the_previous_one_left() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_warm_pool_hands_out_started_sandboxes_and_refills() {
     use sandbase_worker::pool::WarmPool;
-    use sandbase_worker::sandboxes::Worker;
+    use sandbase_worker::runtime::Runtime;
 
     let config = worker_config();
     let base = config.id_base;
-    let (worker, _) = Worker::start(config.clone()).await.unwrap();
+    let (worker, _) = Runtime::start(config.clone()).await.unwrap();
     worker
         .containerd()
         .build_template("busybox", |rootfs| {
@@ -641,11 +641,11 @@ async fn a_warm_pool_hands_out_started_sandboxes_and_refills() {
 async fn the_agent_client_streams_commands_and_moves_files() {
     use sandbase_agent::protocol::{ExecRequest, Owner};
     use sandbase_worker::agent_client::{AgentClient, ExecEvent, Refused};
-    use sandbase_worker::sandboxes::Worker;
+    use sandbase_worker::runtime::Runtime;
 
     let config = worker_config();
     let base = config.id_base;
-    let (worker, _) = Worker::start(config.clone()).await.unwrap();
+    let (worker, _) = Runtime::start(config.clone()).await.unwrap();
     worker
         .containerd()
         .build_template("busybox", |rootfs| {
@@ -807,7 +807,7 @@ async fn the_agent_client_streams_commands_and_moves_files() {
 async fn the_base_template_runs_python_pip_git_and_curl_as_the_user() {
     use sandbase_agent::protocol::{ExecRequest, Owner};
     use sandbase_worker::agent_client::AgentClient;
-    use sandbase_worker::sandboxes::Worker;
+    use sandbase_worker::runtime::Runtime;
 
     let tarball = PathBuf::from(
         std::env::var("SANDBASE_BASE_TARBALL")
@@ -815,7 +815,7 @@ async fn the_base_template_runs_python_pip_git_and_curl_as_the_user() {
     );
     let config = worker_config();
     let base = config.id_base;
-    let (worker, _) = Worker::start(config.clone()).await.unwrap();
+    let (worker, _) = Runtime::start(config.clone()).await.unwrap();
     worker
         .containerd()
         .build_template("base", |rootfs| {

@@ -1,5 +1,7 @@
-//! The sandboxes of this node: create from a template, destroy, and on start-up remove
-//! whatever a previous run of the worker left behind (it may have crashed mid-sandbox).
+//! The node's container runtime ([`Runtime`]): sandboxes created from a template on
+//! containerd, destroyed, and on start-up whatever a previous run of the worker left behind
+//! removed (it may have crashed mid-sandbox). It knows containers, not the gateway's ids:
+//! `node::Node` keeps the sandboxes hosted for the gateway on top of it.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -12,7 +14,7 @@ use crate::containerd::Containerd;
 use crate::spec::{Limits, SandboxSpec, oci_spec};
 
 #[derive(Debug, Clone)]
-pub struct WorkerConfig {
+pub struct RuntimeConfig {
     pub containerd_socket: PathBuf,
     /// containerd namespace holding this worker's containers and snapshots.
     pub namespace: String,
@@ -25,9 +27,9 @@ pub struct WorkerConfig {
     pub id_base: u32,
 }
 
-pub struct Worker {
+pub struct Runtime {
     containerd: Containerd,
-    config: WorkerConfig,
+    config: RuntimeConfig,
     /// Every sandbox this worker started (or is starting) and has not destroyed: anything
     /// else of ours on the node is an orphan.
     live: Mutex<HashSet<String>>,
@@ -43,17 +45,17 @@ pub struct Sandbox {
 /// How long a new sandbox's agent may take to listen.
 const AGENT_START_TIMEOUT: Duration = Duration::from_secs(10);
 
-impl Worker {
+impl Runtime {
     /// Connects to containerd and removes every sandbox a previous run left behind;
     /// returns the worker and how many sandboxes it removed.
-    pub async fn start(config: WorkerConfig) -> anyhow::Result<(Worker, usize)> {
+    pub async fn start(config: RuntimeConfig) -> anyhow::Result<(Runtime, usize)> {
         let containerd = Containerd::connect(&config.containerd_socket, &config.namespace).await?;
         std::fs::create_dir_all(&config.run_dir)
             .with_context(|| format!("creating {}", config.run_dir.display()))?;
         let resolv_conf = config.run_dir.join("resolv.conf");
         std::fs::write(&resolv_conf, crate::spec::RESOLV_CONF)
             .with_context(|| format!("writing {}", resolv_conf.display()))?;
-        let worker = Worker {
+        let worker = Runtime {
             containerd,
             config,
             live: Mutex::new(HashSet::new()),
@@ -66,7 +68,7 @@ impl Worker {
         &self.containerd
     }
 
-    pub fn config(&self) -> &WorkerConfig {
+    pub fn config(&self) -> &RuntimeConfig {
         &self.config
     }
 
@@ -75,7 +77,7 @@ impl Worker {
         self.create_with_volumes(template, limits, Vec::new()).await
     }
 
-    /// Like [`Worker::create`], with host directories bind-mounted in (host path, path in
+    /// Like [`Runtime::create`], with host directories bind-mounted in (host path, path in
     /// the sandbox, read-only).
     pub async fn create_with_volumes(
         &self,

@@ -1,0 +1,34 @@
+//! What the node's operations refuse with; the API maps each to a status and code.
+
+use crate::agent_client::Refused;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("no such sandbox on this worker")]
+    SandboxNotFound,
+    #[error("no such process in this sandbox")]
+    ProcessNotFound,
+    #[error("this worker is at capacity")]
+    AtCapacity,
+    #[error("template `{0}` is not on this worker")]
+    TemplateNotFound(String),
+    #[error("a sandbox with this id already exists")]
+    Exists,
+    #[error("template `{0}` exists already on this worker")]
+    TemplateExists(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Refused(#[from] Refused),
+    #[error(transparent)]
+    Internal(anyhow::Error),
+}
+
+impl From<anyhow::Error> for NodeError {
+    fn from(error: anyhow::Error) -> Self {
+        match error.downcast::<Refused>() {
+            Ok(refused) => NodeError::Refused(refused),
+            Err(error) => NodeError::Internal(error),
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! What runs in a hosted sandbox: the agent request for a command (environment, working
+//! directory, user), background processes with bounded output buffers and open stdin.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Utc};
+use sandbase_agent::protocol::{ExecRequest, ExitInfo, Owner};
+use sandbase_api::internal::Exec;
+use sandbase_api::sandboxes::{Process, RunAs};
+use uuid::Uuid;
+
+use crate::agent_client::{AgentClient, ExecEvent, Stdin};
+use crate::runtime::Sandbox;
+use crate::spec::{SANDBOX_USER, WORK_DIR};
+
+use crate::error::NodeError;
+use crate::network::Attached;
+
+/// A sandbox hosted for the gateway.
+pub struct Hosted {
+    pub id: Uuid,
+    pub sandbox: Sandbox,
+    pub agent: AgentClient,
+    pub template: String,
+    pub(crate) env: BTreeMap<String, String>,
+    pub(crate) cwd: String,
+    pub(crate) processes: Mutex<HashMap<u32, Arc<Background>>>,
+    pub(crate) meter: crate::usage::Meter,
+    /// Its link to the egress proxy, when it has egress.
+    pub link: Option<Attached>,
+}
+
+/// The default search path of commands.
+const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+pub(crate) fn user() -> Owner {
+    Owner {
+        uid: SANDBOX_USER,
+        gid: SANDBOX_USER,
+    }
+}
+
+/// A command started in the background: its output so far, its exit, its open stdin.
+pub struct Background {
+    pub pid: u32,
+    pub argv: Vec<String>,
+    pub started_at: DateTime<Utc>,
+    state: Mutex<BackgroundState>,
+    stdin: tokio::sync::Mutex<Option<Stdin>>,
+}
+
+#[derive(Default)]
+struct BackgroundState {
+    stdout: VecDeque<u8>,
+    stderr: VecDeque<u8>,
+    exit: Option<ExitInfo>,
+}
+
+impl Hosted {
+    /// The agent request for `exec`: the sandbox's environment and working directory under
+    /// the command's own, as the sandbox user unless root was asked for.
+    pub fn exec_request(&self, exec: &Exec) -> Result<ExecRequest, NodeError> {
+        if exec.argv.is_empty() {
+            return Err(NodeError::Invalid("the command is empty".to_owned()));
+        }
+        let (user, home, name) = match exec.user {
+            RunAs::User => (Some(user()), WORK_DIR, "user"),
+            RunAs::Root => (None, "/root", "root"),
+        };
+        let mut env: BTreeMap<String, String> = [
+            ("PATH", PATH),
+            ("HOME", home),
+            ("USER", name),
+            ("LANG", "C.UTF-8"),
+        ]
+        .into_iter()
+        .map(|(key, value)| (key.to_owned(), value.to_owned()))
+        .collect();
+        env.extend(self.env.clone());
+        env.extend(exec.env.clone());
+        Ok(ExecRequest {
+            argv: exec.argv.clone(),
+            env,
+            cwd: Some(exec.cwd.clone().unwrap_or_else(|| self.cwd.clone())),
+            user,
+            timeout_ms: exec.timeout_ms,
+            stdin: false,
+        })
+    }
+
+    /// Starts `exec` in the background with its standard input open.
+    pub async fn start_background(
+        self: &Arc<Self>,
+        exec: &Exec,
+        output_limit: usize,
+    ) -> Result<u32, NodeError> {
+        let request = self.exec_request(exec)?;
+        let initial = exec.stdin.clone().map(String::into_bytes);
+        let (mut events, stdin) = self.agent.start(request, initial, true).await?;
+        let pid = match events.recv().await {
+            Some(Ok(ExecEvent::Started { pid })) => pid,
+            Some(Err(error)) => return Err(error.into()),
+            other => {
+                return Err(NodeError::Internal(anyhow::anyhow!(
+                    "unexpected first event {other:?}"
+                )));
+            }
+        };
+        let process = Arc::new(Background {
+            pid,
+            argv: exec.argv.clone(),
+            started_at: Utc::now(),
+            state: Mutex::new(BackgroundState::default()),
+            stdin: tokio::sync::Mutex::new(stdin),
+        });
+        self.lock_processes().insert(pid, Arc::clone(&process));
+        tokio::spawn(async move {
+            while let Some(event) = events.recv().await {
+                let mut state = process.lock();
+                match event {
+                    Ok(ExecEvent::Stdout(bytes)) => {
+                        keep_tail(&mut state.stdout, &bytes, output_limit)
+                    }
+                    Ok(ExecEvent::Stderr(bytes)) => {
+                        keep_tail(&mut state.stderr, &bytes, output_limit)
+                    }
+                    Ok(ExecEvent::Exit(exit)) => state.exit = Some(exit),
+                    Ok(ExecEvent::Started { .. }) => {}
+                    Err(error) => {
+                        tracing::debug!(
+                            error = format!("{error:#}"),
+                            "background process stream ended"
+                        );
+                        state.exit.get_or_insert(ExitInfo {
+                            code: -1,
+                            signal: None,
+                            timed_out: false,
+                            duration_ms: 0,
+                        });
+                    }
+                }
+            }
+            // The command is over: close its input.
+            process.stdin.lock().await.take();
+        });
+        Ok(pid)
+    }
+
+    pub fn process(&self, pid: u32) -> Result<Arc<Background>, NodeError> {
+        self.lock_processes()
+            .get(&pid)
+            .cloned()
+            .ok_or(NodeError::ProcessNotFound)
+    }
+
+    pub fn processes(&self) -> Vec<Arc<Background>> {
+        let mut processes: Vec<_> = self.lock_processes().values().cloned().collect();
+        processes.sort_by_key(|process| process.started_at);
+        processes
+    }
+
+    pub(crate) fn lock_processes(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<u32, Arc<Background>>> {
+        self.processes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Background {
+    /// The process as the API shows it, with its output when `with_output`.
+    pub fn describe(&self, with_output: bool) -> Process {
+        let state = self.lock();
+        let text = |bytes: &VecDeque<u8>| {
+            if with_output {
+                let (front, back) = bytes.as_slices();
+                let mut joined = Vec::with_capacity(bytes.len());
+                joined.extend_from_slice(front);
+                joined.extend_from_slice(back);
+                String::from_utf8_lossy(&joined).into_owned()
+            } else {
+                String::new()
+            }
+        };
+        Process {
+            pid: self.pid,
+            cmd: self.argv.clone(),
+            running: state.exit.is_none(),
+            exit_code: state.exit.map(|exit| exit.code),
+            started_at: self.started_at,
+            stdout: text(&state.stdout),
+            stderr: text(&state.stderr),
+        }
+    }
+
+    pub fn running(&self) -> bool {
+        self.lock().exit.is_none()
+    }
+
+    /// Writes to the process's standard input; `close` ends it afterwards.
+    pub async fn send_stdin(&self, bytes: &[u8], close: bool) -> Result<(), NodeError> {
+        let mut stdin = self.stdin.lock().await;
+        let Some(open) = stdin.as_mut() else {
+            return Err(NodeError::Invalid(
+                "the process's standard input is closed".to_owned(),
+            ));
+        };
+        if !bytes.is_empty() {
+            open.write(bytes).await?;
+        }
+        if close && let Some(open) = stdin.take() {
+            open.close().await?;
+        }
+        Ok(())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BackgroundState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Appends `bytes`, dropping the oldest so at most `limit` remain.
+fn keep_tail(buffer: &mut VecDeque<u8>, bytes: &[u8], limit: usize) {
+    buffer.extend(bytes);
+    let excess = buffer.len().saturating_sub(limit);
+    buffer.drain(..excess);
+}
