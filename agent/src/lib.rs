@@ -5,5 +5,9 @@
 //! namespaces, so every path it resolves is a path of the sandbox, never of the host.
 //! `protocol` is the wire format, shared with the worker.
 
+mod exec;
+mod files;
 pub mod protocol;
+mod reaper;
+mod reply;
 pub mod server;
