@@ -1,6 +1,18 @@
-//! Human output: aligned tables and short timestamps.
+//! Output: the API's JSON with `--json`, else a human form (aligned tables, short
+//! timestamps).
 
 use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+/// Prints `value` as the API's JSON when `json` is asked for, else in its human form.
+pub fn emit<T: Serialize>(json: bool, value: &T, human: impl FnOnce(&T)) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(value)?);
+    } else {
+        human(value);
+    }
+    Ok(())
+}
 
 /// Prints rows under headers, each column as wide as its widest cell.
 pub fn table(headers: &[&str], rows: &[Vec<String>]) {

@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use crate::GlobalArgs;
 use crate::client::Client;
-use crate::output::{optional_time, table, time};
+use crate::output::{emit, optional_time, table, time};
 
 #[derive(Subcommand)]
 pub enum SandboxCommand {
@@ -156,83 +156,18 @@ fn parse_pair(value: &str) -> Result<(String, String), String> {
 pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> anyhow::Result<ExitCode> {
     let client = Client::new(global)?;
     client.require_token()?;
+    let json = global.json;
     match command {
-        SandboxCommand::Create(args) => {
-            let request = CreateSandboxRequest {
-                template: args.template,
-                env: args.env.into_iter().collect(),
-                cwd: None,
-                timeout_secs: args.timeout,
-                resources: ResourcesRequest {
-                    cpu: args.cpu,
-                    memory_mb: args.memory,
-                    disk_mb: args.disk,
-                    pids: None,
-                },
-                metadata: args.metadata.into_iter().collect(),
-                max_credits: args.max_credits,
-                egress: args.egress.policy(),
-                mounts: args.mounts,
-                credentials: args.egress.credentials.clone(),
-            };
-            let sandbox: Sandbox = client.post("/v1/sandboxes", &request).await?;
-            if global.json {
-                println!("{}", serde_json::to_string_pretty(&sandbox)?);
-            } else {
-                println!("{}", sandbox.id);
-            }
-        }
+        SandboxCommand::Create(args) => create(&client, json, args).await?,
         SandboxCommand::Ls { state } => {
             let query: Vec<(&str, String)> =
                 state.into_iter().map(|state| ("state", state)).collect();
             let list: SandboxList = client.get("/v1/sandboxes", &query).await?;
-            if global.json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
-            } else {
-                let rows: Vec<Vec<String>> = list
-                    .sandboxes
-                    .iter()
-                    .map(|sandbox| {
-                        vec![
-                            sandbox.id.to_string(),
-                            sandbox.template.clone(),
-                            state_text(sandbox),
-                            time(&sandbox.created_at),
-                            time(&sandbox.expires_at),
-                        ]
-                    })
-                    .collect();
-                table(&["ID", "TEMPLATE", "STATE", "CREATED", "EXPIRES"], &rows);
-            }
+            emit(json, &list, print_list)?;
         }
         SandboxCommand::Get { id } => {
             let sandbox: Sandbox = client.get(&format!("/v1/sandboxes/{id}"), &[]).await?;
-            if global.json {
-                println!("{}", serde_json::to_string_pretty(&sandbox)?);
-            } else {
-                let resources = sandbox.resources;
-                table(
-                    &["FIELD", "VALUE"],
-                    &[
-                        vec!["id".into(), sandbox.id.to_string()],
-                        vec!["template".into(), sandbox.template.clone()],
-                        vec!["state".into(), state_text(&sandbox)],
-                        vec![
-                            "resources".into(),
-                            format!(
-                                "{} cpu, {} MB memory, {} MB disk, {} pids",
-                                f64::from(resources.cpu_millis) / 1000.0,
-                                resources.memory_mb,
-                                resources.disk_mb,
-                                resources.pids
-                            ),
-                        ],
-                        vec!["created".into(), time(&sandbox.created_at)],
-                        vec!["expires".into(), time(&sandbox.expires_at)],
-                        vec!["stopped".into(), optional_time(&sandbox.stopped_at)],
-                    ],
-                );
-            }
+            emit(json, &sandbox, print_sandbox)?;
         }
         SandboxCommand::Exec(args) => return exec(&client, args).await,
         SandboxCommand::Cp {
@@ -249,18 +184,16 @@ pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> anyhow::Result
         }
         SandboxCommand::Destroy { id } => {
             client.delete(&format!("/v1/sandboxes/{id}")).await?;
-            if !global.json {
+            if !json {
                 println!("destroyed {id}");
             }
         }
         SandboxCommand::Extend { id, seconds } => {
+            let request = ExtendTimeoutRequest {
+                timeout_secs: seconds,
+            };
             let sandbox: Sandbox = client
-                .post(
-                    &format!("/v1/sandboxes/{id}/timeout"),
-                    &ExtendTimeoutRequest {
-                        timeout_secs: seconds,
-                    },
-                )
+                .post(&format!("/v1/sandboxes/{id}/timeout"), &request)
                 .await?;
             println!("{id} now expires at {}", time(&sandbox.expires_at));
         }
@@ -268,31 +201,95 @@ pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> anyhow::Result
             let list: sandbase_api::sandboxes::EgressFlowList = client
                 .get(&format!("/v1/sandboxes/{id}/egress"), &[])
                 .await?;
-            if global.json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
-                return Ok(ExitCode::SUCCESS);
-            }
-            let rows: Vec<Vec<String>> = list
-                .flows
-                .iter()
-                .map(|flow| {
-                    vec![
-                        time(&flow.at),
-                        format!("{}:{}", flow.host, flow.port),
-                        flow.mode.clone(),
-                        flow.decision.clone(),
-                        format!("{}/{}", flow.bytes_up, flow.bytes_down),
-                        flow.reason.clone().unwrap_or_default(),
-                    ]
-                })
-                .collect();
-            crate::output::table(
-                &["AT", "HOST", "MODE", "DECISION", "BYTES UP/DOWN", "WHY"],
-                &rows,
-            );
+            emit(json, &list, print_flows)?;
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+async fn create(client: &Client, json: bool, args: CreateArgs) -> anyhow::Result<()> {
+    let request = CreateSandboxRequest {
+        template: args.template,
+        env: args.env.into_iter().collect(),
+        cwd: None,
+        timeout_secs: args.timeout,
+        resources: ResourcesRequest {
+            cpu: args.cpu,
+            memory_mb: args.memory,
+            disk_mb: args.disk,
+            pids: None,
+        },
+        metadata: args.metadata.into_iter().collect(),
+        max_credits: args.max_credits,
+        egress: args.egress.policy(),
+        mounts: args.mounts,
+        credentials: args.egress.credentials.clone(),
+    };
+    let sandbox: Sandbox = client.post("/v1/sandboxes", &request).await?;
+    emit(json, &sandbox, |sandbox| println!("{}", sandbox.id))
+}
+
+fn print_list(list: &SandboxList) {
+    let rows: Vec<Vec<String>> = list
+        .sandboxes
+        .iter()
+        .map(|sandbox| {
+            vec![
+                sandbox.id.to_string(),
+                sandbox.template.clone(),
+                state_text(sandbox),
+                time(&sandbox.created_at),
+                time(&sandbox.expires_at),
+            ]
+        })
+        .collect();
+    table(&["ID", "TEMPLATE", "STATE", "CREATED", "EXPIRES"], &rows);
+}
+
+fn print_sandbox(sandbox: &Sandbox) {
+    let resources = sandbox.resources;
+    table(
+        &["FIELD", "VALUE"],
+        &[
+            vec!["id".into(), sandbox.id.to_string()],
+            vec!["template".into(), sandbox.template.clone()],
+            vec!["state".into(), state_text(sandbox)],
+            vec![
+                "resources".into(),
+                format!(
+                    "{} cpu, {} MB memory, {} MB disk, {} pids",
+                    f64::from(resources.cpu_millis) / 1000.0,
+                    resources.memory_mb,
+                    resources.disk_mb,
+                    resources.pids
+                ),
+            ],
+            vec!["created".into(), time(&sandbox.created_at)],
+            vec!["expires".into(), time(&sandbox.expires_at)],
+            vec!["stopped".into(), optional_time(&sandbox.stopped_at)],
+        ],
+    );
+}
+
+fn print_flows(list: &sandbase_api::sandboxes::EgressFlowList) {
+    let rows: Vec<Vec<String>> = list
+        .flows
+        .iter()
+        .map(|flow| {
+            vec![
+                time(&flow.at),
+                format!("{}:{}", flow.host, flow.port),
+                flow.mode.clone(),
+                flow.decision.clone(),
+                format!("{}/{}", flow.bytes_up, flow.bytes_down),
+                flow.reason.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    table(
+        &["AT", "HOST", "MODE", "DECISION", "BYTES UP/DOWN", "WHY"],
+        &rows,
+    );
 }
 
 fn state_text(sandbox: &Sandbox) -> String {
@@ -638,12 +635,10 @@ pub async fn run_once(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<Exit
             last = run.state;
         }
     }
-    if global.json {
-        println!("{}", serde_json::to_string_pretty(&run)?);
-    } else {
+    emit(global.json, &run, |run| {
         print!("{}", run.stdout.as_deref().unwrap_or(""));
         eprint!("{}", run.stderr.as_deref().unwrap_or(""));
-    }
+    })?;
     if run.state == RunState::Failed {
         bail!(
             "the run failed: {}",

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use crate::GlobalArgs;
 use crate::client::Client;
-use crate::output::table;
+use crate::output::{emit, table};
 use crate::sandbox::human_bytes;
 
 #[derive(Subcommand)]
@@ -59,29 +59,29 @@ pub struct OperatorArgs {
     node_token: String,
 }
 
+fn print_templates(list: &Value) {
+    let rows: Vec<Vec<String>> = list["templates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|template| {
+            vec![
+                template["name"].as_str().unwrap_or_default().to_owned(),
+                template["workers"].to_string(),
+                template["warm"].to_string(),
+            ]
+        })
+        .collect();
+    table(&["NAME", "WORKERS", "WARM"], &rows);
+}
+
 pub async fn run(global: &GlobalArgs, command: TemplateCommand) -> anyhow::Result<ExitCode> {
     let client = Client::new(global)?;
     match command {
         TemplateCommand::Ls => {
             client.require_token()?;
             let list: Value = client.get("/v1/templates", &[]).await?;
-            if global.json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
-            } else {
-                let rows: Vec<Vec<String>> = list["templates"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|template| {
-                        vec![
-                            template["name"].as_str().unwrap_or_default().to_owned(),
-                            template["workers"].to_string(),
-                            template["warm"].to_string(),
-                        ]
-                    })
-                    .collect();
-                table(&["NAME", "WORKERS", "WARM"], &rows);
-            }
+            emit(global.json, &list, print_templates)?;
             Ok(ExitCode::SUCCESS)
         }
         TemplateCommand::Import {
@@ -89,50 +89,7 @@ pub async fn run(global: &GlobalArgs, command: TemplateCommand) -> anyhow::Resul
             name,
             rootfs,
             operator,
-        } => {
-            let file = tokio::fs::File::open(&archive)
-                .await
-                .with_context(|| format!("opening {}", archive.display()))?;
-            let total = file.metadata().await?.len();
-            let progress = std::io::stderr().is_terminal();
-            let mut sent = 0u64;
-            let chunks = futures_util::stream::unfold(file, |mut file| async move {
-                use tokio::io::AsyncReadExt;
-                let mut buffer = vec![0u8; 1024 * 1024];
-                match file.read(&mut buffer).await {
-                    Ok(0) => None,
-                    Ok(read) => {
-                        buffer.truncate(read);
-                        Some((Ok::<_, std::io::Error>(buffer), file))
-                    }
-                    Err(error) => Some((Err(error), file)),
-                }
-            })
-            .map(move |chunk| {
-                if let Ok(bytes) = &chunk {
-                    sent += bytes.len() as u64;
-                    if progress {
-                        eprint!("\r{}", bar("uploading", sent, total));
-                    }
-                }
-                chunk
-            });
-            let format = if rootfs { "rootfs" } else { "image" };
-            let response = client
-                .operator(
-                    Method::PUT,
-                    &format!("{}?format={format}", paths::template(&name)),
-                    &operator.node_token,
-                    "application/x-tar",
-                    reqwest::Body::wrap_stream(chunks),
-                )
-                .await?;
-            if progress {
-                eprintln!();
-            }
-            eprintln!("uploaded {} ({})", archive.display(), human_bytes(total));
-            follow(response).await
-        }
+        } => import(&client, &archive, &name, rootfs, &operator).await,
         TemplateCommand::Pull {
             reference,
             name,
@@ -254,4 +211,57 @@ async fn follow(response: reqwest::Response) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Uploads an image archive (or a root file system tarball) as template `name`, showing the
+/// upload's progress and then every worker's.
+async fn import(
+    client: &Client,
+    archive: &std::path::Path,
+    name: &str,
+    rootfs: bool,
+    operator: &OperatorArgs,
+) -> anyhow::Result<ExitCode> {
+    let file = tokio::fs::File::open(&archive)
+        .await
+        .with_context(|| format!("opening {}", archive.display()))?;
+    let total = file.metadata().await?.len();
+    let progress = std::io::stderr().is_terminal();
+    let mut sent = 0u64;
+    let chunks = futures_util::stream::unfold(file, |mut file| async move {
+        use tokio::io::AsyncReadExt;
+        let mut buffer = vec![0u8; 1024 * 1024];
+        match file.read(&mut buffer).await {
+            Ok(0) => None,
+            Ok(read) => {
+                buffer.truncate(read);
+                Some((Ok::<_, std::io::Error>(buffer), file))
+            }
+            Err(error) => Some((Err(error), file)),
+        }
+    })
+    .map(move |chunk| {
+        if let Ok(bytes) = &chunk {
+            sent += bytes.len() as u64;
+            if progress {
+                eprint!("\r{}", bar("uploading", sent, total));
+            }
+        }
+        chunk
+    });
+    let format = if rootfs { "rootfs" } else { "image" };
+    let response = client
+        .operator(
+            Method::PUT,
+            &format!("{}?format={format}", paths::template(name)),
+            &operator.node_token,
+            "application/x-tar",
+            reqwest::Body::wrap_stream(chunks),
+        )
+        .await?;
+    if progress {
+        eprintln!();
+    }
+    eprintln!("uploaded {} ({})", archive.display(), human_bytes(total));
+    follow(response).await
 }

@@ -246,6 +246,10 @@ fn percentile(samples: &mut [Duration], fraction: f64) -> f64 {
     samples[index].as_secs_f64() * 1000.0
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "a benchmark's scenario, measured and reported in one place"
+)]
 fn main() {
     let requests = env_number("BENCH_REQUESTS", 1000);
     let bytes = env_number("BENCH_BYTES", 1 << 30);

@@ -47,6 +47,10 @@ impl Phase {
     }
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "a benchmark's scenario, measured and reported in one place"
+)]
 fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let concurrency = env_number("BENCH_CONCURRENCY", 32) as usize;

@@ -118,6 +118,10 @@ fn ctr(socket: &str, namespace: &str, args: &[&str]) -> Duration {
     started.elapsed()
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "a benchmark's scenario, measured and reported in one place"
+)]
 fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let _ = tracing_subscriber::fmt()

@@ -89,6 +89,10 @@ fn ctr(namespace: &str, args: &[&str]) -> Duration {
     started.elapsed()
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "a benchmark's scenario, measured and reported in one place"
+)]
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let starts = env_number("BENCH_STARTS", 20);

@@ -148,45 +148,17 @@ impl Node {
                 tracing::warn!(error = format!("{error:#}"), "no pid: CPU time unmetered")
             })
             .ok();
-        let mut env = request.env;
-        let link = match (&request.egress, &self.network) {
-            (None, _) => None,
-            (Some(_), None) => {
+        let mut env = std::mem::take(&mut request.env);
+        let link = match self.link(&mut request, &sandbox, pid).await {
+            Ok(link) => link,
+            Err(error) => {
                 let _ = self.runtime.destroy(&sandbox.id).await;
-                return Err(NodeError::Invalid(
-                    "this worker has no egress network (sandbase worker --egress-pool)".to_owned(),
-                ));
-            }
-            (Some(policy), Some(network)) => {
-                let attached = async {
-                    let policy = sandbase_egress::Policy::parse(&policy.allow, &policy.deny)
-                        .map_err(|why| NodeError::Invalid(format!("`egress`: {why}")))?;
-                    let pid = pid.ok_or_else(|| {
-                        NodeError::Internal(anyhow::anyhow!("the sandbox has no pid"))
-                    })?;
-                    network
-                        .attach(
-                            request.id,
-                            pid,
-                            policy,
-                            std::mem::take(&mut request.credentials),
-                        )
-                        .await
-                        .map_err(NodeError::Internal)
-                }
-                .await;
-                match attached {
-                    Ok(attached) => {
-                        env.extend(attached.env(network.proxy_port()));
-                        Some(attached)
-                    }
-                    Err(error) => {
-                        let _ = self.runtime.destroy(&sandbox.id).await;
-                        return Err(error);
-                    }
-                }
+                return Err(error);
             }
         };
+        if let (Some(attached), Some(network)) = (&link, &self.network) {
+            env.extend(attached.env(network.proxy_port()));
+        }
         let hosted = Arc::new(Hosted {
             meter: crate::usage::Meter::start(pid),
             link,
@@ -221,6 +193,39 @@ impl Node {
         }
         self.write().insert(hosted.id, hosted);
         Ok(())
+    }
+
+    /// The sandbox's link to the egress proxy, when it asked for egress (its credentials
+    /// handed to the proxy, out of the request).
+    async fn link(
+        &self,
+        request: &mut CreateSandbox,
+        sandbox: &Sandbox,
+        pid: Option<u32>,
+    ) -> Result<Option<crate::network::Attached>, NodeError> {
+        let Some(policy) = &request.egress else {
+            return Ok(None);
+        };
+        let Some(network) = &self.network else {
+            return Err(NodeError::Invalid(
+                "this worker has no egress network (sandbase worker --egress-pool)".to_owned(),
+            ));
+        };
+        let policy = sandbase_egress::Policy::parse(&policy.allow, &policy.deny)
+            .map_err(|why| NodeError::Invalid(format!("`egress`: {why}")))?;
+        let pid = pid.ok_or_else(|| {
+            NodeError::Internal(anyhow::anyhow!("the sandbox {} has no pid", sandbox.id))
+        })?;
+        network
+            .attach(
+                request.id,
+                pid,
+                policy,
+                std::mem::take(&mut request.credentials),
+            )
+            .await
+            .map(Some)
+            .map_err(NodeError::Internal)
     }
 
     /// The volumes this node offers, as the gateway sees them.

@@ -281,6 +281,10 @@ fn as_pid_one_it_reaps_orphans() {
     assert!(!stdout.contains(" Z"), "zombies remain:\n{stdout}");
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario whose steps build on each other"
+)]
 #[test]
 fn file_operations() {
     let agent = Agent::start();

@@ -172,6 +172,10 @@ async fn first_sandbox(server: &Server, extra: &[&str]) -> String {
     }
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario whose steps build on each other"
+)]
 #[tokio::test(flavor = "multi_thread")]
 async fn the_cli_creates_runs_copies_and_destroys_sandboxes() {
     let server = sandbox_server().await;

@@ -26,6 +26,10 @@ async fn exchange(proxy: std::net::SocketAddr, request: &str) -> String {
     String::from_utf8_lossy(&answer).into_owned()
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario whose steps build on each other"
+)]
 #[tokio::test(flavor = "multi_thread")]
 async fn the_proxy_lets_through_only_what_the_policy_allows_and_refuses_internal_addresses() {
     let upstream = Upstream::start();
@@ -369,6 +373,10 @@ async fn echoes<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     }
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario whose steps build on each other"
+)]
 #[tokio::test(flavor = "multi_thread")]
 async fn plain_http_is_checked_request_by_request_and_upgrades_pass_through() {
     use sandbase_egress::credentials::{Credential, Injection};

@@ -1,11 +1,12 @@
 //! The rules of ARCHITECTURE.md that a machine can check, checked on the workspace's source:
 //! no import cycles between the modules (files) of a crate, HTTP only in the gateway's HTTP
 //! layer, sandbox and run states changed only by their lifecycle modules, internal API paths
-//! written only in the api crate.
+//! written only in the api crate, and no source file over 700 lines.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+const MAX_FILE_LINES: usize = 700;
 const CRATES: &[&str] = &[
     "agent", "api", "billing", "cli", "egress", "gateway", "vault", "worker",
 ];
@@ -327,5 +328,18 @@ fn internal_api_paths_are_written_only_in_the_api_crate() {
         ]
         .map(str::to_owned),
         "internal paths used outside the worker client and the internal router"
+    );
+}
+#[test]
+fn no_source_file_is_longer_than_700_lines() {
+    let offenders: Vec<String> = CRATES
+        .iter()
+        .flat_map(|name| sources(name))
+        .filter(|(_, text)| text.lines().count() > MAX_FILE_LINES)
+        .map(|(path, text)| format!("{path}: {} lines", text.lines().count()))
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "files to split along their seams: {offenders:?}"
     );
 }

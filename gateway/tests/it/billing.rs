@@ -70,6 +70,10 @@ async fn assert_consistent(app: &TestApp) {
     assert_eq!(mismatches, Vec::<Mismatch>::new());
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario whose steps build on each other"
+)]
 #[tokio::test]
 async fn credits_are_granted_burned_in_order_and_the_ledger_balances() {
     let app = spawn_app().await;

@@ -36,6 +36,10 @@ fn proxy_program() -> std::path::PathBuf {
 /// One egress test at a time: each worker owns the node's nftables table and pool.
 static NODE_NETWORK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario whose steps build on each other"
+)]
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
     let _network = NODE_NETWORK.lock().await;
@@ -458,6 +462,10 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
     worker.clean_up().await;
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario whose steps build on each other"
+)]
 /// Credentials from the vault reach the upstream (header injection, a placeholder swapped)
 /// while the sandbox sees only placeholders; a placeholder sent to another allowed host is
 /// stopped and audited; tools that ignore the proxy variables are redirected and governed;

@@ -2,6 +2,10 @@ use serde_json::json;
 
 use crate::helpers::{email, spawn_app};
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario whose steps build on each other"
+)]
 #[tokio::test]
 async fn roles_govern_what_members_may_do() {
     let app = spawn_app().await;

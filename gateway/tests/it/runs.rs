@@ -21,6 +21,10 @@ async fn finished(app: &TestApp, token: &str, id: &str) -> Value {
     app.get(&format!("/v1/runs/{id}"), token).await.body
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario whose steps build on each other"
+)]
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_takes_inputs_runs_and_keeps_its_outputs() {
     let app = sandbox_app().await;

@@ -203,6 +203,10 @@ where
     }
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario whose steps build on each other"
+)]
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sandbox_runs_commands_moves_files_and_is_gone_after_destroy() {
     let app = sandbox_app().await;
@@ -659,6 +663,10 @@ async fn another_teams_sandbox_is_not_found_on_every_route() {
     worker.clean_up().await;
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario whose steps build on each other"
+)]
 /// Hostile commands through the API: each fails, and the sandbox and its neighbour keep working.
 #[tokio::test(flavor = "multi_thread")]
 async fn attacks_from_inside_a_sandbox_fail_and_the_node_keeps_working() {
@@ -909,6 +917,10 @@ async fn two_workers_share_sandboxes_and_full_workers_refuse() {
     second.clean_up().await;
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario whose steps build on each other"
+)]
 /// Volumes: only what a sandbox asks for, read-only unless the volume is writable; nothing
 /// for sandboxes that did not ask; unknown volumes and reserved paths refused.
 #[tokio::test(flavor = "multi_thread")]

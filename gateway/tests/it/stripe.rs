@@ -128,6 +128,10 @@ async fn available(app: &TestApp, token: &str) -> String {
         .to_owned()
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario whose steps build on each other"
+)]
 #[tokio::test(flavor = "multi_thread")]
 async fn paid_checkouts_grant_once_and_refunds_take_back() {
     let (api_base, calls) = stripe_stand_in().await;

@@ -289,6 +289,10 @@ async fn wait_for_template(app: &TestApp, token: &str, name: &str, present: bool
     .await;
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario whose steps build on each other"
+)]
 #[tokio::test(flavor = "multi_thread")]
 async fn images_become_templates_by_import_and_pull_and_hostile_ones_are_refused() {
     let app = sandbox_app().await;

@@ -129,6 +129,10 @@ async fn charged_for(app: &TestApp, sandbox: Uuid) -> i64 {
     total.unwrap_or(0)
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario whose steps build on each other"
+)]
 /// Samples resent, reordered and sent concurrently are charged once, for the highest
 /// counters; events are priced from the table and charged once per key; bad reports are
 /// refused whole, with nothing written.

@@ -635,6 +635,10 @@ async fn a_warm_pool_hands_out_started_sandboxes_and_refills() {
     clean_up(worker.config(), "busybox");
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario whose steps build on each other"
+)]
 /// The worker's asynchronous agent client against a real sandbox: streamed output in order,
 /// standard input, files owned by the sandbox user, refusals with their kind.
 #[tokio::test(flavor = "multi_thread")]
@@ -801,6 +805,10 @@ async fn the_agent_client_streams_commands_and_moves_files() {
     clean_up(worker.config(), "busybox");
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario whose steps build on each other"
+)]
 /// The Debian `base` template (built by scripts/setup with mmdebstrap): the tools an agent
 /// expects, run as the unprivileged user.
 #[tokio::test(flavor = "multi_thread")]

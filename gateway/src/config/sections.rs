@@ -1,0 +1,397 @@
+//! The sections of the configuration, each with its defaults.
+
+use std::net::SocketAddr;
+
+use secrecy::{ExposeSecret, SecretString};
+use serde::{Deserialize, Serialize};
+
+/// The vault's key-encryption keys: `VERSION:BASE64` entries (32 random bytes each; make one
+/// with `sandbase vault new-key`), given here or in a key file, one a line. The highest
+/// version wraps new data keys; keep the older ones until `sandbase vault rotate-kek` has
+/// re-wrapped everything. Without keys, the secrets API answers 501.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct VaultSettings {
+    #[serde(serialize_with = "serialize_secrets")]
+    pub keys: Vec<SecretString>,
+    pub key_file: Option<std::path::PathBuf>,
+}
+
+impl VaultSettings {
+    /// The keyring, when keys are configured.
+    pub fn keyring(&self) -> Result<Option<sandbase_vault::Keyring>, ConfigError> {
+        let mut entries: Vec<String> = self
+            .keys
+            .iter()
+            .map(|key| key.expose_secret().to_owned())
+            .collect();
+        if let Some(path) = &self.key_file {
+            let text = std::fs::read_to_string(path).map_err(|error| {
+                ConfigError(format!(
+                    "key `vault.key_file`: cannot read {}: {error}",
+                    path.display()
+                ))
+            })?;
+            entries.extend(text.lines().map(str::to_owned));
+        }
+        let entries: Vec<&str> = entries
+            .iter()
+            .map(|entry| entry.trim())
+            .filter(|entry| !entry.is_empty() && !entry.starts_with('#'))
+            .collect();
+        if entries.is_empty() {
+            return Ok(None);
+        }
+        sandbase_vault::Keyring::parse(entries)
+            .map(Some)
+            .map_err(|error| ConfigError(format!("keys `vault.keys` / `vault.key_file`: {error}")))
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StripeSettings {
+    /// Secret API key (`sk_…`). Without it, checkout answers 501 and credits come from admins.
+    #[serde(serialize_with = "serialize_optional_secret")]
+    pub secret_key: Option<SecretString>,
+    /// The webhook endpoint's signing secret (`whsec_…`).
+    #[serde(serialize_with = "serialize_optional_secret")]
+    pub webhook_secret: Option<SecretString>,
+    /// Stripe's API base URL (a stand-in's, in tests).
+    pub api_base: String,
+    /// Price of one credit, in the currency's smallest unit.
+    pub unit_amount: u64,
+    pub currency: String,
+    /// Smallest and largest purchase, in credits.
+    pub min_credits: u64,
+    pub max_credits: u64,
+    /// Where Checkout sends the buyer afterwards.
+    pub success_url: String,
+    pub cancel_url: String,
+    /// Webhooks signed longer ago than this are refused.
+    pub tolerance_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BillingSettings {
+    /// Credits every new team starts with (a decimal, e.g. "10" or "2.5"; "0" for none).
+    pub starter_credits: String,
+    /// Days until the starter credits expire (0: never).
+    pub starter_expiry_days: u32,
+    /// Micro-credits per second of one vCPU of a sandbox's size.
+    pub vcpu_second_micro: u64,
+    /// Micro-credits per second of one GiB of a sandbox's memory.
+    pub gib_second_micro: u64,
+    /// Micro-credits per second of CPU time a sandbox used (measured in its cgroup).
+    pub cpu_second_micro: u64,
+    /// A running sandbox's reported usage is charged once it adds up to this many seconds
+    /// (of wall or CPU time); sooner when it stops or has a spend cap.
+    pub charge_every_secs: u64,
+    /// Seconds a team at zero credits keeps its running sandboxes before they are stopped.
+    pub grace_secs: u64,
+    /// Prices of the other kinds of usage (model tokens, API calls, egress bytes): the first
+    /// entry matching an event's kind and subject (`*`: any subject) prices it. An event
+    /// without a price is refused when it is reported.
+    pub prices: Vec<Price>,
+}
+
+/// `micro` micro-credits per `per` units of `kind` for `subject`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    pub kind: String,
+    #[serde(default = "any_subject")]
+    pub subject: String,
+    pub micro: u64,
+    #[serde(default = "one")]
+    pub per: u64,
+}
+
+fn any_subject() -> String {
+    "*".to_owned()
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// The kinds of usage the pipeline accepts as events.
+pub const EVENT_KINDS: [&str; 4] = [
+    "model_input_tokens",
+    "model_output_tokens",
+    "api_calls",
+    "egress_bytes",
+];
+
+impl BillingSettings {
+    /// The price of `quantity` units of `kind` for `subject`, rounded up; `None` when the
+    /// table has no price for them.
+    pub fn price_of(&self, kind: &str, subject: &str, quantity: i64) -> Option<(i64, &Price)> {
+        let price = self.prices.iter().find(|price| {
+            price.kind == kind && (price.subject == "*" || price.subject == subject)
+        })?;
+        let amount =
+            (quantity.max(0) as u128 * u128::from(price.micro)).div_ceil(u128::from(price.per));
+        Some((i64::try_from(amount).unwrap_or(i64::MAX), price))
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSettings {
+    /// Where run artifacts (and the inputs of queued runs) are kept.
+    pub artifacts_dir: std::path::PathBuf,
+    /// Largest run request (inputs included), in bytes.
+    pub input_limit_bytes: usize,
+    /// Most runs one gateway carries out at once.
+    pub max_concurrent: usize,
+    /// An S3-compatible bucket for artifacts and inputs instead of `artifacts_dir` (needed
+    /// when gateways run on several machines).
+    #[serde(default)]
+    pub s3: Option<S3Settings>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Settings {
+    pub bucket: String,
+    #[serde(default = "default_region")]
+    pub region: String,
+    /// For S3-compatible services (MinIO, Ceph, R2…): their URL; path-style requests.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// Keys are read from the environment (AWS_ACCESS_KEY_ID, …) when not set here.
+    #[serde(default, serialize_with = "serialize_optional_secret")]
+    pub access_key_id: Option<SecretString>,
+    #[serde(default, serialize_with = "serialize_optional_secret")]
+    pub secret_access_key: Option<SecretString>,
+    /// Allow an `http://` endpoint.
+    #[serde(default)]
+    pub allow_http: bool,
+    /// Prefix of every object SandBase writes.
+    #[serde(default)]
+    pub prefix: String,
+}
+
+fn default_region() -> String {
+    "us-east-1".to_owned()
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxSettings {
+    /// Template of sandboxes that name none.
+    pub default_template: String,
+    /// Lifetime of a sandbox that asks for none.
+    pub default_timeout_secs: u64,
+    /// Longest lifetime a sandbox may ask for (or be extended to).
+    pub max_timeout_secs: u64,
+    /// Resources of a sandbox that asks for none (also the size of warm sandboxes).
+    pub default_resources: ResourceSettings,
+    /// Most a sandbox may ask for.
+    pub max_resources: ResourceSettings,
+    /// Largest file or archive upload, in bytes.
+    pub upload_limit_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceSettings {
+    /// CPU in thousandths of a core.
+    pub cpu_millis: u32,
+    pub memory_mb: u32,
+    /// Size of the writable /work (and a quarter of it for /tmp).
+    pub disk_mb: u32,
+    pub pids: u32,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSettings {
+    /// Shared secret of the gateway and its workers; internal calls carry it both ways.
+    /// Without it no worker can register.
+    #[serde(serialize_with = "serialize_optional_secret")]
+    pub node_token: Option<SecretString>,
+    /// A worker whose last heartbeat is older than this gets no new sandboxes.
+    pub heartbeat_ttl_secs: u64,
+    /// A worker silent for this long has lost its sandboxes.
+    pub lost_after_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSettings {
+    /// Address the public API listens on.
+    pub listen: SocketAddr,
+    /// Largest accepted request body, in bytes.
+    pub body_limit_bytes: usize,
+    /// Take the client address from `X-Forwarded-For` (only behind a trusted load balancer).
+    pub trust_forwarded_for: bool,
+    /// How long in-flight requests may take to finish after SIGTERM.
+    pub shutdown_grace_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseSettings {
+    /// PostgreSQL URL; also read from `DATABASE_URL`.
+    #[serde(serialize_with = "serialize_optional_secret")]
+    pub url: Option<SecretString>,
+    pub max_connections: u32,
+    /// Apply pending migrations at start-up.
+    pub migrate_on_start: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    /// Redis URL; also read from `REDIS_URL`.
+    #[serde(serialize_with = "serialize_optional_secret")]
+    pub url: Option<SecretString>,
+    /// Prefix of every key and channel SandBase uses, so several deployments can share one Redis.
+    pub key_prefix: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSettings {
+    /// HMAC-SHA256 secret that signs dashboard session tokens; at least 32 bytes.
+    #[serde(serialize_with = "serialize_optional_secret")]
+    pub jwt_secret: Option<SecretString>,
+    /// Lifetime of a dashboard session token.
+    pub session_ttl_secs: u64,
+    /// Most API keys kept in each gateway's in-process cache.
+    pub key_cache_capacity: usize,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitSettings {
+    /// Sustained requests per second per API key (or per session), unless the team overrides it.
+    pub per_second: u32,
+    /// Requests that may arrive at once above the sustained rate.
+    pub burst: u32,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetrySettings {
+    /// OTLP/HTTP endpoint (e.g. `http://collector:4318`); traces are off when unset.
+    pub otlp_endpoint: Option<String>,
+    pub service_name: String,
+    /// `text` or `json`.
+    pub log_format: LogFormat,
+    /// `tracing` filter directive, e.g. `info,sandbase_gateway=debug`; `RUST_LOG` wins when set.
+    pub log_level: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// A configuration problem, naming the key at fault.
+#[derive(Debug, thiserror::Error)]
+#[error("configuration error: {0}")]
+pub struct ConfigError(pub(super) String);
+
+impl Default for SandboxSettings {
+    fn default() -> Self {
+        SandboxSettings {
+            default_template: "base".to_owned(),
+            default_timeout_secs: 300,
+            max_timeout_secs: 24 * 3600,
+            default_resources: ResourceSettings {
+                cpu_millis: 1000,
+                memory_mb: 512,
+                disk_mb: 1024,
+                pids: 256,
+            },
+            max_resources: ResourceSettings {
+                cpu_millis: 4000,
+                memory_mb: 8192,
+                disk_mb: 16384,
+                pids: 4096,
+            },
+            upload_limit_bytes: 1024 * 1024 * 1024,
+        }
+    }
+}
+
+impl Default for BillingSettings {
+    fn default() -> Self {
+        BillingSettings {
+            starter_credits: "10".to_owned(),
+            starter_expiry_days: 30,
+            vcpu_second_micro: 14,
+            gib_second_micro: 5,
+            cpu_second_micro: 5,
+            charge_every_secs: 15,
+            grace_secs: 30,
+            prices: vec![
+                Price {
+                    kind: "model_input_tokens".to_owned(),
+                    subject: "*".to_owned(),
+                    micro: 3,
+                    per: 1,
+                },
+                Price {
+                    kind: "model_output_tokens".to_owned(),
+                    subject: "*".to_owned(),
+                    micro: 15,
+                    per: 1,
+                },
+                Price {
+                    kind: "api_calls".to_owned(),
+                    subject: "*".to_owned(),
+                    micro: 1000,
+                    per: 1,
+                },
+                Price {
+                    kind: "egress_bytes".to_owned(),
+                    subject: "*".to_owned(),
+                    micro: 50_000,
+                    per: 1 << 30,
+                },
+            ],
+        }
+    }
+}
+
+impl Default for StripeSettings {
+    fn default() -> Self {
+        StripeSettings {
+            secret_key: None,
+            webhook_secret: None,
+            api_base: "https://api.stripe.com".to_owned(),
+            unit_amount: 100,
+            currency: "usd".to_owned(),
+            min_credits: 5,
+            max_credits: 100_000,
+            success_url: "http://127.0.0.1:8080/billing/success".to_owned(),
+            cancel_url: "http://127.0.0.1:8080/billing/cancel".to_owned(),
+            tolerance_secs: 300,
+        }
+    }
+}
+
+/// Secrets are written out only so figment can layer the defaults; they are never logged.
+pub(super) fn serialize_secrets<S: serde::Serializer>(
+    values: &[SecretString],
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_seq(values.iter().map(|secret| secret.expose_secret()))
+}
+
+pub(super) fn serialize_optional_secret<S: serde::Serializer>(
+    value: &Option<SecretString>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(secret) => serializer.serialize_some(secret.expose_secret()),
+        None => serializer.serialize_none(),
+    }
+}
