@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use containerd_client::services::v1::container::Runtime;
 use containerd_client::services::v1::containers_client::ContainersClient;
+use containerd_client::services::v1::namespaces_client::NamespacesClient;
 use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
 use containerd_client::services::v1::snapshots::{
     CommitSnapshotRequest, ListSnapshotsRequest, PrepareSnapshotRequest, RemoveSnapshotRequest,
@@ -252,6 +253,18 @@ impl Containerd {
             ))
             .await
             .context("removing the template")?;
+        Ok(())
+    }
+
+    /// Removes this client's namespace, which must hold nothing any more (a node's namespace
+    /// outlives its sandboxes; tests give every worker one of their own and remove it).
+    pub async fn remove_namespace(&self) -> anyhow::Result<()> {
+        NamespacesClient::new(self.channel.clone())
+            .delete(containerd_client::services::v1::DeleteNamespaceRequest {
+                name: self.namespace.clone(),
+            })
+            .await
+            .with_context(|| format!("removing the containerd namespace {}", self.namespace))?;
         Ok(())
     }
 

@@ -114,6 +114,17 @@ impl WorkerProcess {
             .output()
             .unwrap();
         assert!(removed.status.success(), "{}", stderr(&removed));
+        let removed = Command::new("ctr")
+            .args([
+                "--address",
+                &self.socket,
+                "namespaces",
+                "rm",
+                &self.namespace,
+            ])
+            .output()
+            .unwrap();
+        assert!(removed.status.success(), "{}", stderr(&removed));
         let _ = std::fs::remove_dir_all(&self.run_dir);
     }
 }

@@ -135,6 +135,8 @@ impl TestWorker {
         for template in templates {
             containerd.remove_template(template).await.unwrap();
         }
+        // Nothing of the test stays in containerd, not even its empty namespace.
+        containerd.remove_namespace().await.unwrap();
         let _ = std::fs::remove_dir_all(&self.config.worker.run_dir);
     }
 }

@@ -463,6 +463,7 @@ async fn containerd_runs_a_sandbox_and_destroy_removes_every_trace() {
         "rm",
         "sandbase/template/busybox",
     ]));
+    client.remove_namespace().await.unwrap();
     std::fs::remove_dir_all(&work).unwrap();
 }
 
@@ -490,6 +491,13 @@ fn clean_up(config: &sandbase_worker::runtime::RuntimeConfig, template: &str) {
         "snapshots",
         "rm",
         &format!("sandbase/template/{template}"),
+    ]));
+    run(Command::new("ctr").args([
+        "--address",
+        &socket_path(),
+        "namespaces",
+        "rm",
+        &config.namespace,
     ]));
     std::fs::remove_dir_all(&config.run_dir).unwrap();
 }
