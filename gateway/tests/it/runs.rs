@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::helpers::TestApp;
-use crate::sandboxes::{TestWorker, create_ok, raw, sandbox_app, wait_until, worker_config};
+use crate::testbed::{TestWorker, create_ok, raw, sandbox_app, wait_until, worker_config};
 
 async fn finished(app: &TestApp, token: &str, id: &str) -> Value {
     let path = format!("/v1/runs/{id}");

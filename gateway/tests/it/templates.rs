@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use crate::helpers::TestApp;
-use crate::sandboxes::{TestWorker, create, sandbox_app, sh, wait_until, worker_config};
+use crate::testbed::{TestWorker, create, sandbox_app, sh, wait_until, worker_config};
 
 const NODE_TOKEN: &str = "test-node-token-0123456789";
 

@@ -13,13 +13,13 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::helpers::{TestApp, spawn_app_with};
-use crate::sandboxes::{
+use crate::testbed::{
     NODE_TOKEN, TestWorker, all_metered, create_ok, sh, wait_until, worker_config,
 };
 
 async fn usage_app() -> TestApp {
     spawn_app_with(|settings| {
-        crate::sandboxes::configure_sandboxes(settings);
+        crate::testbed::configure_sandboxes(settings);
         settings.workers.heartbeat_ttl_secs = 3;
         settings.workers.lost_after_secs = 3;
         settings.billing.cpu_second_micro = 5;
