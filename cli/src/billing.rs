@@ -5,7 +5,7 @@ use sandbase_billing::Credits;
 
 use crate::GlobalArgs;
 use crate::client::Client;
-use crate::output::{optional_time, table};
+use crate::output::{emit, optional_time, table};
 
 #[derive(clap::Subcommand)]
 pub enum CreditsCommand {
@@ -23,49 +23,43 @@ pub async fn credits(global: &GlobalArgs, command: Option<CreditsCommand>) -> an
                 &sandbase_api::billing::CheckoutRequest { credits },
             )
             .await?;
-        if global.json {
-            println!("{}", serde_json::to_string_pretty(&answer)?);
-        } else {
+        return emit(global.json, &answer, |answer| {
             println!("Pay for {credits} credits at:\n{}", answer.url);
             println!("(the credits arrive once Stripe confirms the payment)");
-        }
-        return Ok(());
+        });
     }
     let balance: BalanceAnswer = client.get("/v1/billing/balance", &[]).await?;
-    if global.json {
-        println!("{}", serde_json::to_string_pretty(&balance)?);
-        return Ok(());
-    }
-    println!("available: {} credits", balance.available);
-    if balance.reserved_micro > 0 {
-        println!(
-            "reserved:  {} credits (first minutes of new sandboxes)",
-            balance.reserved
+    emit(global.json, &balance, |_| {
+        println!("available: {} credits", balance.available);
+        if balance.reserved_micro > 0 {
+            println!(
+                "reserved:  {} credits (first minutes of new sandboxes)",
+                balance.reserved
+            );
+        }
+        println!();
+        let rows: Vec<Vec<String>> = balance
+            .grants
+            .iter()
+            .map(|grant| {
+                vec![
+                    grant.source.clone(),
+                    Credits(grant.amount_micro).to_string(),
+                    Credits(grant.remaining_micro).to_string(),
+                    grant.priority.to_string(),
+                    if grant.expired {
+                        "expired".to_owned()
+                    } else {
+                        optional_time(&grant.expires_at)
+                    },
+                ]
+            })
+            .collect();
+        table(
+            &["GRANT", "AMOUNT", "REMAINING", "PRIORITY", "EXPIRES"],
+            &rows,
         );
-    }
-    println!();
-    let rows: Vec<Vec<String>> = balance
-        .grants
-        .iter()
-        .map(|grant| {
-            vec![
-                grant.source.clone(),
-                Credits(grant.amount_micro).to_string(),
-                Credits(grant.remaining_micro).to_string(),
-                grant.priority.to_string(),
-                if grant.expired {
-                    "expired".to_owned()
-                } else {
-                    optional_time(&grant.expires_at)
-                },
-            ]
-        })
-        .collect();
-    table(
-        &["GRANT", "AMOUNT", "REMAINING", "PRIORITY", "EXPIRES"],
-        &rows,
-    );
-    Ok(())
+    })
 }
 
 #[derive(clap::Args)]
@@ -93,32 +87,29 @@ pub async fn usage(global: &GlobalArgs, args: UsageArgs) -> anyhow::Result<()> {
         query.push(("to", to.to_rfc3339()));
     }
     let usage: sandbase_api::billing::UsageAnswer = client.get("/v1/usage", &query).await?;
-    if global.json {
-        println!("{}", serde_json::to_string_pretty(&usage)?);
-        return Ok(());
-    }
-    let largest = usage
-        .series
-        .iter()
-        .map(|point| point.amount_micro)
-        .max()
-        .unwrap_or(0)
-        .max(1);
-    let rows: Vec<Vec<String>> = usage
-        .series
-        .iter()
-        .map(|point| {
-            vec![
-                point.key.clone(),
-                point.amount.clone(),
-                bar(point.amount_micro, largest, 40),
-            ]
-        })
-        .collect();
-    table(&[&usage.group_by.to_uppercase(), "CREDITS", ""], &rows);
-    println!();
-    println!("total: {} credits", usage.total);
-    Ok(())
+    emit(global.json, &usage, |_| {
+        let largest = usage
+            .series
+            .iter()
+            .map(|point| point.amount_micro)
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let rows: Vec<Vec<String>> = usage
+            .series
+            .iter()
+            .map(|point| {
+                vec![
+                    point.key.clone(),
+                    point.amount.clone(),
+                    bar(point.amount_micro, largest, 40),
+                ]
+            })
+            .collect();
+        table(&[&usage.group_by.to_uppercase(), "CREDITS", ""], &rows);
+        println!();
+        println!("total: {} credits", usage.total);
+    })
 }
 
 /// A horizontal bar of `width` cells for `value` out of `largest`, in eighths of a cell.

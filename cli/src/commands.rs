@@ -10,13 +10,12 @@ use sandbase_api::{
     LoginRequest, LoginResponse, Me, Member, MemberList, Role, SignupRequest, SignupResponse,
     UpdateMemberRequest,
 };
-use serde::Serialize;
 use uuid::Uuid;
 
 use crate::GlobalArgs;
 use crate::client::Client;
 use crate::credentials;
-use crate::output::{optional_time, table, time};
+use crate::output::{emit, optional_time, table, time};
 
 #[derive(Args)]
 pub struct SignupArgs {
@@ -151,19 +150,17 @@ pub async fn signup(global: &GlobalArgs, args: SignupArgs) -> anyhow::Result<()>
             &response.api_key.token,
         )?)
     };
-    if global.json {
-        return print_json(&response);
-    }
-    println!(
-        "Signed up {} (team {} {})",
-        response.user.email, response.team.name, response.team.id
-    );
-    println!("API key:  {}", response.api_key.token);
-    println!("          shown only now; keep it somewhere safe");
-    if let Some(path) = saved {
-        println!("Saved for the CLI in {}", path.display());
-    }
-    Ok(())
+    emit(global.json, &response, |_| {
+        println!(
+            "Signed up {} (team {} {})",
+            response.user.email, response.team.name, response.team.id
+        );
+        println!("API key:  {}", response.api_key.token);
+        println!("          shown only now; keep it somewhere safe");
+        if let Some(path) = saved {
+            println!("Saved for the CLI in {}", path.display());
+        }
+    })
 }
 
 pub async fn login(global: &GlobalArgs, args: LoginArgs) -> anyhow::Result<()> {
@@ -181,16 +178,14 @@ pub async fn login(global: &GlobalArgs, args: LoginArgs) -> anyhow::Result<()> {
         )
         .await?;
     if args.no_save {
-        if global.json {
-            return print_json(&response);
-        }
-        println!(
-            "Logged in as {} ({} in {})",
-            response.user.email, response.role, response.team.name
-        );
-        println!("export SANDBASE_TOKEN={}", response.session.token);
-        println!("(session expires {})", time(&response.session.expires_at));
-        return Ok(());
+        return emit(global.json, &response, |_| {
+            println!(
+                "Logged in as {} ({} in {})",
+                response.user.email, response.role, response.team.name
+            );
+            println!("export SANDBASE_TOKEN={}", response.session.token);
+            println!("(session expires {})", time(&response.session.expires_at));
+        });
     }
     let session_client = Client::with_token(base_url, Some(response.session.token.clone()))?;
     let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "this machine".to_owned());
@@ -204,39 +199,39 @@ pub async fn login(global: &GlobalArgs, args: LoginArgs) -> anyhow::Result<()> {
         )
         .await?;
     let path = credentials::save(&session_client.base_url, &created.token)?;
-    if global.json {
-        return print_json(&serde_json::json!({ "login": response, "api_key": created }));
-    }
-    println!(
-        "Logged in as {} ({} in {})",
-        response.user.email, response.role, response.team.name
-    );
-    println!(
-        "Created API key {} and saved it in {}",
-        created.key.public_id,
-        path.display()
-    );
-    Ok(())
+    emit(
+        global.json,
+        &serde_json::json!({ "login": response, "api_key": created }),
+        |_| {
+            println!(
+                "Logged in as {} ({} in {})",
+                response.user.email, response.role, response.team.name
+            );
+            println!(
+                "Created API key {} and saved it in {}",
+                created.key.public_id,
+                path.display()
+            );
+        },
+    )
 }
 
 pub async fn whoami(global: &GlobalArgs) -> anyhow::Result<()> {
     let client = Client::new(global)?;
     client.require_token()?;
     let me: Me = client.get("/v1/me", &[]).await?;
-    if global.json {
-        return print_json(&me);
-    }
-    println!("Team:  {} ({})", me.team.name, me.team.id);
-    println!("Role:  {}", me.role);
-    if let Some(user) = &me.user {
-        println!("User:  {} ({})", user.email, user.id);
-    }
-    match &me.api_key {
-        Some(key) => println!("Auth:  API key {} \"{}\"", key.public_id, key.name),
-        None => println!("Auth:  session"),
-    }
-    println!("API:   {}", client.base_url);
-    Ok(())
+    emit(global.json, &me, |_| {
+        println!("Team:  {} ({})", me.team.name, me.team.id);
+        println!("Role:  {}", me.role);
+        if let Some(user) = &me.user {
+            println!("User:  {} ({})", user.email, user.id);
+        }
+        match &me.api_key {
+            Some(key) => println!("Auth:  API key {} \"{}\"", key.public_id, key.name),
+            None => println!("Auth:  session"),
+        }
+        println!("API:   {}", client.base_url);
+    })
 }
 
 pub async fn keys(global: &GlobalArgs, command: KeysCommand) -> anyhow::Result<()> {
@@ -261,42 +256,39 @@ pub async fn keys(global: &GlobalArgs, command: KeysCommand) -> anyhow::Result<(
                     },
                 )
                 .await?;
-            if global.json {
-                return print_json(&created);
-            }
-            println!(
-                "Created API key {} ({})",
-                created.key.public_id, created.key.id
-            );
-            println!("{}", created.token);
-            println!("shown only now; keep it somewhere safe");
+            emit(global.json, &created, |_| {
+                println!(
+                    "Created API key {} ({})",
+                    created.key.public_id, created.key.id
+                );
+                println!("{}", created.token);
+                println!("shown only now; keep it somewhere safe");
+            })?;
         }
         KeysCommand::Ls => {
             let list: ApiKeyList = client.get("/v1/api-keys", &[]).await?;
-            if global.json {
-                return print_json(&list);
-            }
-            let rows: Vec<Vec<String>> = list.items.iter().map(key_row).collect();
-            table(
-                &[
-                    "ID",
-                    "PUBLIC ID",
-                    "NAME",
-                    "ROLE",
-                    "CREATED",
-                    "LAST USED",
-                    "EXPIRES",
-                    "SPENT / CAP",
-                ],
-                &rows,
-            );
+            emit(global.json, &list, |_| {
+                let rows: Vec<Vec<String>> = list.items.iter().map(key_row).collect();
+                table(
+                    &[
+                        "ID",
+                        "PUBLIC ID",
+                        "NAME",
+                        "ROLE",
+                        "CREATED",
+                        "LAST USED",
+                        "EXPIRES",
+                        "SPENT / CAP",
+                    ],
+                    &rows,
+                );
+            })?;
         }
         KeysCommand::Revoke { id } => {
             client.delete(&format!("/v1/api-keys/{id}")).await?;
-            if global.json {
-                return print_json(&serde_json::json!({ "revoked": id }));
-            }
-            println!("Revoked API key {id}");
+            emit(global.json, &serde_json::json!({ "revoked": id }), |_| {
+                println!("Revoked API key {id}");
+            })?;
         }
     }
     Ok(())
@@ -327,31 +319,29 @@ pub async fn members(global: &GlobalArgs, command: MembersCommand) -> anyhow::Re
     match command {
         MembersCommand::Ls => {
             let list: MemberList = client.get("/v1/team/members", &[]).await?;
-            if global.json {
-                return print_json(&list);
-            }
-            let rows: Vec<Vec<String>> = list
-                .items
-                .iter()
-                .map(|member| {
-                    vec![
-                        member.user_id.to_string(),
-                        member.email.clone(),
-                        member.role.to_string(),
-                        time(&member.joined_at),
-                    ]
-                })
-                .collect();
-            table(&["USER ID", "EMAIL", "ROLE", "JOINED"], &rows);
+            emit(global.json, &list, |_| {
+                let rows: Vec<Vec<String>> = list
+                    .items
+                    .iter()
+                    .map(|member| {
+                        vec![
+                            member.user_id.to_string(),
+                            member.email.clone(),
+                            member.role.to_string(),
+                            time(&member.joined_at),
+                        ]
+                    })
+                    .collect();
+                table(&["USER ID", "EMAIL", "ROLE", "JOINED"], &rows);
+            })?;
         }
         MembersCommand::Add { email, role } => {
             let member: Member = client
                 .post("/v1/team/members", &AddMemberRequest { email, role })
                 .await?;
-            if global.json {
-                return print_json(&member);
-            }
-            println!("Added {} as {}", member.email, member.role);
+            emit(global.json, &member, |_| {
+                println!("Added {} as {}", member.email, member.role);
+            })?;
         }
         MembersCommand::SetRole { user_id, role } => {
             let member: Member = client
@@ -360,19 +350,21 @@ pub async fn members(global: &GlobalArgs, command: MembersCommand) -> anyhow::Re
                     &UpdateMemberRequest { role },
                 )
                 .await?;
-            if global.json {
-                return print_json(&member);
-            }
-            println!("{} is now {}", member.email, member.role);
+            emit(global.json, &member, |_| {
+                println!("{} is now {}", member.email, member.role);
+            })?;
         }
         MembersCommand::Rm { user_id } => {
             client
                 .delete(&format!("/v1/team/members/{user_id}"))
                 .await?;
-            if global.json {
-                return print_json(&serde_json::json!({ "removed": user_id }));
-            }
-            println!("Removed {user_id}");
+            emit(
+                global.json,
+                &serde_json::json!({ "removed": user_id }),
+                |_| {
+                    println!("Removed {user_id}");
+                },
+            )?;
         }
     }
     Ok(())
@@ -408,31 +400,29 @@ pub async fn audit(global: &GlobalArgs, args: AuditArgs) -> anyhow::Result<()> {
             None => break,
         }
     }
-    if global.json {
-        return print_json(&events);
-    }
-    let rows: Vec<Vec<String>> = events
-        .iter()
-        .map(|event| {
-            vec![
-                time(&event.occurred_at),
-                event.action.clone(),
-                event.outcome.clone(),
-                format!(
-                    "{}:{}",
-                    event.actor_type,
-                    event.actor_id.as_deref().unwrap_or("-")
-                ),
-                event.target.clone().unwrap_or_else(|| "-".to_owned()),
-                event.source_ip.clone().unwrap_or_else(|| "-".to_owned()),
-            ]
-        })
-        .collect();
-    table(
-        &["TIME", "ACTION", "OUTCOME", "ACTOR", "TARGET", "SOURCE"],
-        &rows,
-    );
-    Ok(())
+    emit(global.json, &events, |_| {
+        let rows: Vec<Vec<String>> = events
+            .iter()
+            .map(|event| {
+                vec![
+                    time(&event.occurred_at),
+                    event.action.clone(),
+                    event.outcome.clone(),
+                    format!(
+                        "{}:{}",
+                        event.actor_type,
+                        event.actor_id.as_deref().unwrap_or("-")
+                    ),
+                    event.target.clone().unwrap_or_else(|| "-".to_owned()),
+                    event.source_ip.clone().unwrap_or_else(|| "-".to_owned()),
+                ]
+            })
+            .collect();
+        table(
+            &["TIME", "ACTION", "OUTCOME", "ACTOR", "TARGET", "SOURCE"],
+            &rows,
+        );
+    })
 }
 
 fn resolve_url(global: &GlobalArgs) -> anyhow::Result<String> {
@@ -441,9 +431,4 @@ fn resolve_url(global: &GlobalArgs) -> anyhow::Result<String> {
         .clone()
         .or(credentials::load()?.map(|saved| saved.url))
         .unwrap_or_else(|| crate::client::DEFAULT_URL.to_owned()))
-}
-
-fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
-    Ok(())
 }

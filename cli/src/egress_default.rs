@@ -5,6 +5,7 @@ use sandbase_api::sandboxes::EgressPolicy;
 
 use crate::GlobalArgs;
 use crate::client::Client;
+use crate::output::emit;
 
 #[derive(clap::Subcommand)]
 pub enum EgressDefaultCommand {
@@ -38,11 +39,7 @@ pub async fn run(global: &GlobalArgs, command: Option<EgressDefaultCommand>) -> 
             None
         }
     };
-    if global.json {
-        println!("{}", serde_json::to_string_pretty(&policy)?);
-        return Ok(());
-    }
-    match policy {
+    emit(global.json, &policy, |policy| match policy {
         None => println!("no default: sandboxes and runs without --egress keep loopback only"),
         Some(policy) => {
             println!("allow: {}", policy.allow.join(" "));
@@ -50,6 +47,5 @@ pub async fn run(global: &GlobalArgs, command: Option<EgressDefaultCommand>) -> 
                 println!("deny:  {}", policy.deny.join(" "));
             }
         }
-    }
-    Ok(())
+    })
 }

@@ -11,7 +11,7 @@ use sandbase_api::secrets::{
 
 use crate::GlobalArgs;
 use crate::client::Client;
-use crate::output::{table, time};
+use crate::output::{emit, table, time};
 
 #[derive(clap::Subcommand)]
 pub enum SecretCommand {
@@ -100,37 +100,33 @@ pub async fn run(global: &GlobalArgs, command: SecretCommand) -> anyhow::Result<
                     )
                     .await?
             };
-            if global.json {
-                println!("{}", serde_json::to_string_pretty(&secret)?);
-            } else {
+            emit(global.json, &secret, |secret| {
                 println!(
                     "Stored `{}` (version {}) for {}",
                     secret.name,
                     secret.version,
                     secret.hosts.join(", ")
                 );
-            }
+            })?;
         }
         SecretCommand::Ls => {
             let list: SecretList = client.get("/v1/secrets", &[]).await?;
-            if global.json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
-                return Ok(());
-            }
-            let rows: Vec<Vec<String>> = list
-                .secrets
-                .iter()
-                .map(|secret| {
-                    vec![
-                        secret.name.clone(),
-                        secret.version.to_string(),
-                        secret.hosts.join(","),
-                        describe(&secret.inject),
-                        time(&secret.updated_at),
-                    ]
-                })
-                .collect();
-            table(&["NAME", "VERSION", "HOSTS", "INJECT", "UPDATED"], &rows);
+            emit(global.json, &list, |_| {
+                let rows: Vec<Vec<String>> = list
+                    .secrets
+                    .iter()
+                    .map(|secret| {
+                        vec![
+                            secret.name.clone(),
+                            secret.version.to_string(),
+                            secret.hosts.join(","),
+                            describe(&secret.inject),
+                            time(&secret.updated_at),
+                        ]
+                    })
+                    .collect();
+                table(&["NAME", "VERSION", "HOSTS", "INJECT", "UPDATED"], &rows);
+            })?;
         }
         SecretCommand::Rm { name } => {
             client.delete(&format!("/v1/secrets/{name}")).await?;

@@ -59,9 +59,75 @@ pub enum ApiError {
     /// 409: the e-mail address is already registered.
     #[error("an account with this e-mail address already exists")]
     EmailTaken,
-    /// 409: the change conflicts with the current state.
-    #[error("{message}")]
-    Conflict { code: &'static str, message: String },
+    /// 409 `already_member`: the user is in the team already (the e-mail address).
+    #[error("{0} is already a member of this team")]
+    AlreadyMember(String),
+    /// 409 `last_owner`: the change would leave the team without an owner.
+    #[error("a team needs at least one owner: make someone else owner first")]
+    LastOwner,
+    /// 409 `secret_exists`: a secret of this name exists.
+    #[error("a secret named `{0}` exists; PUT /v1/secrets/{0} sets a new value")]
+    SecretExists(String),
+    /// 422 `unknown_credential`: the team has no secret of this name.
+    #[error("this team has no secret named `{0}` (POST /v1/secrets)")]
+    UnknownCredential(String),
+    /// 501 `vault_not_configured`: no vault key on this deployment.
+    #[error("the credential vault has no key on this deployment (vault.keys or vault.key_file)")]
+    VaultNotConfigured,
+    /// 409 `egress_not_enabled`: the sandbox was created without egress.
+    #[error("this sandbox was created without egress (loopback only); create one with `egress`")]
+    EgressNotEnabled,
+    /// 422 `credentials_need_egress`: credentials without an egress policy.
+    #[error(
+        "credentials are added to requests leaving through the egress proxy: give `egress.allow` with their hosts"
+    )]
+    CredentialsNeedEgress,
+    /// 402 `insufficient_credits`: the team's credits do not cover the first minute.
+    #[error(
+        "the team's credits do not cover this sandbox's first minute; buy credits or ask an admin"
+    )]
+    InsufficientCredits,
+    /// 402 `spend_cap_reached`: the API key's cap does not cover the first minute.
+    #[error("this API key's spend cap (`max_credits`) does not cover this sandbox's first minute")]
+    SpendCapReached,
+    /// 422 `template_not_found`: no live worker has the template.
+    #[error("no worker has the template `{0}`")]
+    TemplateNotFound(String),
+    /// 422 `volume_not_found`: no live worker with the template offers the volumes.
+    #[error(
+        "no worker has the template `{0}` and the volumes asked for (a writable mount needs a writable volume)"
+    )]
+    VolumeNotFound(String),
+    /// 503 `worker_unavailable`: the sandbox's worker is not live.
+    #[error("the worker hosting this sandbox is not reachable")]
+    WorkerUnavailable,
+    /// 404 `unknown_worker`: a heartbeat from a worker that never registered.
+    #[error("this worker is not registered")]
+    UnknownWorker,
+    /// 401 `invalid_node_token`: an internal call without this deployment's node token.
+    #[error("missing or wrong node token")]
+    InvalidNodeToken,
+    /// 401 `invalid_operator_token`: an operator route without the node token.
+    #[error("operator routes take the node token (`Authorization: Bearer <workers.node_token>`)")]
+    InvalidOperatorToken,
+    /// 422 `unknown_price`: a usage event the price table has no price for.
+    #[error("{0}")]
+    UnknownPrice(String),
+    /// 501 `billing_not_configured`: Stripe is not set up (which key is missing).
+    #[error("{0}")]
+    BillingNotConfigured(&'static str),
+    /// 502 `stripe_error`: Stripe did not create the checkout.
+    #[error("Stripe could not create the checkout; try again")]
+    StripeError,
+    /// 400 `invalid_signature`: a webhook whose signature does not verify.
+    #[error("the Stripe-Signature header does not verify")]
+    InvalidSignature,
+    /// 409 `run_not_finished`: the run is still queued or running.
+    #[error("the run is {0}")]
+    RunNotFinished(&'static str),
+    /// 404 `no_artifact`: the run left no outputs directory.
+    #[error("this run left no artifact (its outputs directory was missing)")]
+    NoArtifact,
     /// 429: too many requests; retry after the given number of seconds.
     #[error("rate limit exceeded: retry after {retry_after_secs} s")]
     RateLimited { retry_after_secs: u64 },
@@ -77,13 +143,6 @@ pub enum ApiError {
     /// A worker's answer passed on: its own status and code, or 502.
     #[error(transparent)]
     Worker(#[from] WorkerError),
-    /// Any status with its own stable code.
-    #[error("{message}")]
-    Problem {
-        status: StatusCode,
-        code: &'static str,
-        message: String,
-    },
     /// 503: a dependency (Postgres, Redis) is unavailable.
     #[error("service unavailable: {0}")]
     Unavailable(String),
@@ -96,14 +155,6 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    pub fn problem(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError::Problem {
-            status,
-            code,
-            message: message.into(),
-        }
-    }
-
     pub fn status_code(&self) -> StatusCode {
         match self {
             ApiError::InvalidJson(_) => StatusCode::BAD_REQUEST,
@@ -120,13 +171,33 @@ impl ApiError {
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) | ApiError::RouteNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::EmailTaken | ApiError::Conflict { .. } => StatusCode::CONFLICT,
+            ApiError::EmailTaken
+            | ApiError::AlreadyMember(_)
+            | ApiError::LastOwner
+            | ApiError::SecretExists(_)
+            | ApiError::EgressNotEnabled
+            | ApiError::RunNotFinished(_) => StatusCode::CONFLICT,
+            ApiError::UnknownCredential(_)
+            | ApiError::CredentialsNeedEgress
+            | ApiError::TemplateNotFound(_)
+            | ApiError::VolumeNotFound(_)
+            | ApiError::UnknownPrice(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::VaultNotConfigured | ApiError::BillingNotConfigured(_) => {
+                StatusCode::NOT_IMPLEMENTED
+            }
+            ApiError::InsufficientCredits | ApiError::SpendCapReached => {
+                StatusCode::PAYMENT_REQUIRED
+            }
+            ApiError::WorkerUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::UnknownWorker | ApiError::NoArtifact => StatusCode::NOT_FOUND,
+            ApiError::InvalidNodeToken | ApiError::InvalidOperatorToken => StatusCode::UNAUTHORIZED,
+            ApiError::StripeError => StatusCode::BAD_GATEWAY,
+            ApiError::InvalidSignature => StatusCode::BAD_REQUEST,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::NoWorkers | ApiError::NoCapacity => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::SandboxNotRunning(_) => StatusCode::CONFLICT,
             ApiError::Worker(error) => error.status_code(),
-            ApiError::Problem { status, .. } => *status,
             ApiError::Database(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -150,14 +221,33 @@ impl ApiError {
             ApiError::RouteNotFound(_) => "route_not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::EmailTaken => "email_taken",
-            ApiError::Conflict { code, .. } => code,
+            ApiError::AlreadyMember(_) => "already_member",
+            ApiError::LastOwner => "last_owner",
+            ApiError::SecretExists(_) => "secret_exists",
+            ApiError::UnknownCredential(_) => "unknown_credential",
+            ApiError::VaultNotConfigured => "vault_not_configured",
+            ApiError::EgressNotEnabled => "egress_not_enabled",
+            ApiError::CredentialsNeedEgress => "credentials_need_egress",
+            ApiError::InsufficientCredits => "insufficient_credits",
+            ApiError::SpendCapReached => "spend_cap_reached",
+            ApiError::TemplateNotFound(_) => "template_not_found",
+            ApiError::VolumeNotFound(_) => "volume_not_found",
+            ApiError::WorkerUnavailable => "worker_unavailable",
+            ApiError::UnknownWorker => "unknown_worker",
+            ApiError::InvalidNodeToken => "invalid_node_token",
+            ApiError::InvalidOperatorToken => "invalid_operator_token",
+            ApiError::UnknownPrice(_) => "unknown_price",
+            ApiError::BillingNotConfigured(_) => "billing_not_configured",
+            ApiError::StripeError => "stripe_error",
+            ApiError::InvalidSignature => "invalid_signature",
+            ApiError::RunNotFinished(_) => "run_not_finished",
+            ApiError::NoArtifact => "no_artifact",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::NoWorkers => "no_workers",
             ApiError::NoCapacity => "no_capacity",
             ApiError::SandboxNotRunning(_) => "sandbox_not_running",
             ApiError::Worker(error) => error.code(),
-            ApiError::Problem { code, .. } => code,
             ApiError::Database(_) | ApiError::Internal(_) => "internal",
         }
     }

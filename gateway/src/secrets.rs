@@ -3,7 +3,6 @@
 //! line, an error or an audit row.
 
 use chrono::{DateTime, Utc};
-use http::StatusCode;
 use sandbase_api::secrets::{Injection, Secret};
 use uuid::Uuid;
 
@@ -16,13 +15,10 @@ pub const MAX_VALUE_BYTES: usize = 64 * 1024;
 pub const MAX_HOSTS: usize = 32;
 
 pub fn keyring(state: &AppState) -> ApiResult<&sandbase_vault::Keyring> {
-    state.vault.as_deref().ok_or_else(|| {
-        ApiError::problem(
-            StatusCode::NOT_IMPLEMENTED,
-            "vault_not_configured",
-            "the credential vault has no key on this deployment (vault.keys or vault.key_file)",
-        )
-    })
+    state
+        .vault
+        .as_deref()
+        .ok_or_else(|| ApiError::VaultNotConfigured)
 }
 
 pub fn vault_error(error: sandbase_vault::VaultError) -> ApiError {
@@ -197,11 +193,7 @@ pub async fn ensure_exist(state: &AppState, team_id: Uuid, names: &[String]) -> 
 }
 
 fn unknown_credential(name: &str) -> ApiError {
-    ApiError::problem(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "unknown_credential",
-        format!("this team has no secret named `{name}` (POST /v1/secrets)"),
-    )
+    ApiError::UnknownCredential(name.to_owned())
 }
 
 /// The decrypted credentials `names` of `team_id`, for the worker that will run the sandbox

@@ -49,10 +49,7 @@ pub async fn add_member(
     .execute(&mut *connection)
     .await?;
     if inserted.rows_affected() == 0 {
-        return Err(ApiError::Conflict {
-            code: "already_member",
-            message: format!("{email} is already a member of this team"),
-        });
+        return Err(ApiError::AlreadyMember(email.to_string()));
     }
     find_member(connection, principal.team_id, user.id).await
 }
@@ -184,10 +181,7 @@ async fn ensure_not_last_owner(connection: &mut PgConnection, team_id: Uuid) -> 
     .fetch_one(connection)
     .await?;
     if owners <= 1 {
-        return Err(ApiError::Conflict {
-            code: "last_owner",
-            message: "a team needs at least one owner: make someone else owner first".to_owned(),
-        });
+        return Err(ApiError::LastOwner);
     }
     Ok(())
 }

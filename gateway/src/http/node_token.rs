@@ -3,7 +3,6 @@
 //! `Authorization: Bearer <node token>`).
 
 use axum::extract::FromRequestParts;
-use axum::http::StatusCode;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use sandbase_api::internal::NODE_TOKEN_HEADER;
@@ -21,11 +20,7 @@ impl FromRequestParts<AppState> for NodeToken {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         match parts.headers.get(NODE_TOKEN_HEADER) {
             Some(presented) if state.worker_client.accepts(presented.as_bytes()) => Ok(NodeToken),
-            _ => Err(ApiError::problem(
-                StatusCode::UNAUTHORIZED,
-                "invalid_node_token",
-                "missing or wrong node token",
-            )),
+            _ => Err(ApiError::InvalidNodeToken),
         }
     }
 }
@@ -54,11 +49,7 @@ impl FromRequestParts<AppState> for Operator {
         {
             Ok(Operator)
         } else {
-            Err(ApiError::problem(
-                StatusCode::UNAUTHORIZED,
-                "invalid_operator_token",
-                "operator routes take the node token (`Authorization: Bearer <workers.node_token>`)",
-            ))
+            Err(ApiError::InvalidOperatorToken)
         }
     }
 }

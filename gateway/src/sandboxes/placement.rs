@@ -2,7 +2,6 @@
 //! cap), a row first (so nothing can exist on a worker without one), then the best worker
 //! that has room; a worker that is full passes it to the next.
 
-use http::StatusCode;
 use sandbase_api::internal::{CreateSandbox, WorkerStatus};
 use uuid::Uuid;
 
@@ -65,16 +64,8 @@ async fn reserve(state: &AppState, owner: Owner, id: Uuid, amount: i64) -> ApiRe
         .map_err(|error| ApiError::Unavailable(format!("credit admission: {error:#}")))?;
     match admitted {
         Admitted::Yes => Ok(()),
-        Admitted::InsufficientCredits => Err(ApiError::problem(
-            StatusCode::PAYMENT_REQUIRED,
-            "insufficient_credits",
-            "the team's credits do not cover this sandbox's first minute; buy credits or ask an admin",
-        )),
-        Admitted::KeyCapReached => Err(ApiError::problem(
-            StatusCode::PAYMENT_REQUIRED,
-            "spend_cap_reached",
-            "this API key's spend cap (`max_credits`) does not cover this sandbox's first minute",
-        )),
+        Admitted::InsufficientCredits => Err(ApiError::InsufficientCredits),
+        Admitted::KeyCapReached => Err(ApiError::SpendCapReached),
     }
 }
 

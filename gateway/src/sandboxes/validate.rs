@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 
-use http::StatusCode;
 use sandbase_api::sandboxes::{
     CreateSandboxRequest, EgressPolicy, Mount, Resources, ResourcesRequest, TemplateName,
 };
@@ -108,11 +107,7 @@ impl NewSandbox {
             crate::secrets::validate_name(name)?;
         }
         if !credentials.is_empty() && egress.is_none() {
-            return Err(ApiError::problem(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "credentials_need_egress",
-                "credentials are added to requests leaving through the egress proxy: give `egress.allow` with their hosts",
-            ));
+            return Err(ApiError::CredentialsNeedEgress);
         }
         Ok(NewSandbox {
             template,

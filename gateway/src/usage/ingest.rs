@@ -3,7 +3,6 @@
 //! one transaction and acknowledged only once durable. Resends change nothing.
 
 use chrono::{DateTime, Utc};
-use http::StatusCode;
 use sandbase_api::internal::{UsageReceipt, UsageReport, UsageSample};
 use uuid::Uuid;
 
@@ -55,14 +54,10 @@ fn validate(report: &UsageReport, billing: &BillingSettings) -> ApiResult<()> {
             )));
         }
         if billing.price_of(&event.kind, &event.subject, 0).is_none() {
-            return Err(ApiError::problem(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "unknown_price",
-                format!(
-                    "`events[{index}]`: the price table has no price for {} of `{}`",
-                    event.kind, event.subject
-                ),
-            ));
+            return Err(ApiError::UnknownPrice(format!(
+                "`events[{index}]`: the price table has no price for {} of `{}`",
+                event.kind, event.subject
+            )));
         }
     }
     Ok(())

@@ -7,7 +7,6 @@
 use std::collections::HashSet;
 
 use chrono::Utc;
-use http::StatusCode;
 use sandbase_api::internal::{Heartbeat, HeartbeatReply, RegisterWorker, WorkerStatus};
 use uuid::Uuid;
 
@@ -82,11 +81,7 @@ pub async fn heartbeat(state: &AppState, beat: Heartbeat) -> ApiResult<Heartbeat
     .execute(&state.db)
     .await?;
     if known.rows_affected() == 0 {
-        return Err(ApiError::problem(
-            StatusCode::NOT_FOUND,
-            "unknown_worker",
-            "this worker is not registered",
-        ));
+        return Err(ApiError::UnknownWorker);
     }
     // The sandboxes that should be on this worker.
     let live: HashSet<Uuid> = lifecycle::live_on_worker(&state.db, &beat.id)

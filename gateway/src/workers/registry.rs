@@ -5,7 +5,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use http::StatusCode;
 use redis::AsyncCommands;
 use sandbase_api::internal::{TemplateInfo, WorkerStatus};
 
@@ -91,19 +90,9 @@ impl Workers {
             .collect();
         if candidates.is_empty() {
             if !mounts.is_empty() {
-                return Err(ApiError::problem(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "volume_not_found",
-                    format!(
-                        "no worker has the template `{template}` and the volumes asked for (a writable mount needs a writable volume)"
-                    ),
-                ));
+                return Err(ApiError::VolumeNotFound(template.to_owned()));
             }
-            return Err(ApiError::problem(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "template_not_found",
-                format!("no worker has the template `{template}`"),
-            ));
+            return Err(ApiError::TemplateNotFound(template.to_owned()));
         }
         candidates.sort_by_key(|(warm, free, _)| std::cmp::Reverse((*warm, *free)));
         Ok(candidates
@@ -123,13 +112,7 @@ impl Workers {
         if let Some(url) = find(&self.live().await?) {
             return Ok(url);
         }
-        find(&self.refresh().await?).ok_or_else(|| {
-            ApiError::problem(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "worker_unavailable",
-                "the worker hosting this sandbox is not reachable",
-            )
-        })
+        find(&self.refresh().await?).ok_or(ApiError::WorkerUnavailable)
     }
 
     /// Counts a placement against a worker's free room until its next heartbeat.

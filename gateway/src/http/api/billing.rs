@@ -51,9 +51,7 @@ async fn checkout(
     principal.require(Role::Admin)?;
     let settings = &state.settings.stripe;
     if settings.secret_key.is_none() {
-        return Err(ApiError::problem(
-            StatusCode::NOT_IMPLEMENTED,
-            "billing_not_configured",
+        return Err(ApiError::BillingNotConfigured(
             "buying credits is not set up on this deployment (stripe.secret_key); ask an operator for a grant",
         ));
     }
@@ -73,11 +71,7 @@ async fn checkout(
         .await?;
     let stripe_error = |error: anyhow::Error| {
         tracing::warn!(error = format!("{error:#}"), "a Stripe call failed");
-        ApiError::problem(
-            StatusCode::BAD_GATEWAY,
-            "stripe_error",
-            "Stripe could not create the checkout; try again",
-        )
+        ApiError::StripeError
     };
     let customer = stripe
         .customer(&state.db, principal.team_id, &team_name)
@@ -135,9 +129,7 @@ async fn stripe_webhook(
     context.action("billing.stripe_webhook");
     let settings = &state.settings.stripe;
     let Some(secret) = &settings.webhook_secret else {
-        return Err(ApiError::problem(
-            StatusCode::NOT_IMPLEMENTED,
-            "billing_not_configured",
+        return Err(ApiError::BillingNotConfigured(
             "no Stripe webhook secret is configured (stripe.webhook_secret)",
         ));
     };
@@ -153,11 +145,7 @@ async fn stripe_webhook(
         settings.tolerance_secs,
     ) {
         tracing::warn!(?error, "a Stripe webhook was refused");
-        return Err(ApiError::problem(
-            StatusCode::BAD_REQUEST,
-            "invalid_signature",
-            "the Stripe-Signature header does not verify",
-        ));
+        return Err(ApiError::InvalidSignature);
     }
     let event: serde_json::Value = serde_json::from_slice(&body)
         .map_err(|_| ApiError::InvalidJson("the event is not JSON".to_owned()))?;

@@ -136,12 +136,7 @@ async fn policy_row(state: &AppState, team_id: Uuid, id: Uuid) -> ApiResult<Poli
 }
 
 fn not_enabled() -> ApiError {
-    ApiError::Conflict {
-        code: "egress_not_enabled",
-        message:
-            "this sandbox was created without egress (loopback only); create one with `egress`"
-                .to_owned(),
-    }
+    ApiError::EgressNotEnabled
 }
 
 /// The sandbox's egress policy.

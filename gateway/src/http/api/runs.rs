@@ -107,22 +107,14 @@ async fn run_artifacts(
 ) -> ApiResult<Response> {
     let row = fetch(&state, principal.team_id, id).await?;
     if !row.state.is_finished() {
-        return Err(ApiError::problem(
-            StatusCode::CONFLICT,
-            "run_not_finished",
-            format!("the run is {}", row.state),
-        ));
+        return Err(ApiError::RunNotFinished(row.state.as_str()));
     }
     let Some((length, stream)) = state
         .artifacts
         .get(&state.artifacts.artifact(principal.team_id, id))
         .await?
     else {
-        return Err(ApiError::problem(
-            StatusCode::NOT_FOUND,
-            "no_artifact",
-            "this run left no artifact (its outputs directory was missing)",
-        ));
+        return Err(ApiError::NoArtifact);
     };
     let stream = stream.map(|chunk| chunk.map_err(std::io::Error::other));
     Ok((

@@ -83,13 +83,7 @@ async fn create_secret(
     .fetch_optional(&mut *transaction)
     .await?;
     let Some(row) = inserted else {
-        return Err(ApiError::Conflict {
-            code: "secret_exists",
-            message: format!(
-                "a secret named `{}` exists; PUT /v1/secrets/{} sets a new value",
-                request.name, request.name
-            ),
-        });
+        return Err(ApiError::SecretExists(request.name));
     };
     sandbase_vault::seal_secret(
         &mut transaction,
