@@ -34,13 +34,45 @@ pub fn proxy_program() -> std::path::PathBuf {
 /// One egress test at a time: each worker owns the node's nftables table and pool.
 pub static NODE_NETWORK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "one end-to-end scenario whose steps build on each other"
-)]
+/// The scenario's cast: a gateway and a worker with an egress network, an upstream in a
+/// network namespace of the test's own, Alice's sandboxes (`id` may reach several names,
+/// `other` one, `closed` none) and Bob of another team.
+struct Scene {
+    app: crate::helpers::TestApp,
+    token: String,
+    upstream: Upstream,
+    id: String,
+    other: String,
+    closed: String,
+    bob: sandbase_api::SignupResponse,
+}
+
+/// Raw HTTP through the proxy named by the sandbox's `http_proxy` (with nc: the static
+/// busybox has no resolver library, and needs none with a proxy).
+fn through_proxy(host: &str, path: &str) -> String {
+    format!(
+        "p=${{http_proxy#http://}}; printf 'GET http://{host}{path} HTTP/1.1\\r\\nHost: {host}\\r\\n\\r\\n' | nc -w 5 ${{p%:*}} ${{p#*:}}"
+    )
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
     let _network = NODE_NETWORK.lock().await;
+    let (scene, worker) = egress_scene().await;
+    allowed_hosts_pass_and_denied_or_internal_ones_get_403(&scene).await;
+    nothing_goes_around_the_proxy(&scene).await;
+    the_flow_log_and_the_egress_charge_tell_what_went_out(&scene).await;
+    redirected_port_80_follows_the_host_header_and_the_policy(&scene).await;
+    a_policy_change_applies_to_the_next_connection(&scene).await;
+    without_egress_a_sandbox_has_loopback_only_and_policies_are_checked(&scene).await;
+    the_team_default_policy_applies_to_sandboxes_that_name_none(&scene).await;
+    destroyed_sandboxes_leave_no_link_behind(&scene).await;
+    worker.clean_up().await;
+}
+
+/// Starts the upstream, a gateway and a worker with an egress network, and Alice's three
+/// sandboxes.
+async fn egress_scene() -> (Scene, TestWorker) {
     let upstream = Upstream::start();
     upstream.wait_ready().await;
     let public = IpAddr::V4(upstream.address);
@@ -100,18 +132,27 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
     )
     .await;
     let closed = create_ok(&app, token, json!({})).await;
-
-    // Allowed: through the proxy named by the sandbox's `http_proxy` (raw HTTP with nc:
-    // the static busybox has no resolver library, and needs none with a proxy).
-    let through_proxy = |host: &str, path: &str| {
-        format!(
-            "p=${{http_proxy#http://}}; printf 'GET http://{host}{path} HTTP/1.1\\r\\nHost: {host}\\r\\n\\r\\n' | nc -w 5 ${{p%:*}} ${{p#*:}}"
-        )
+    let bob = app.signup("bob@example.com", "Bob").await;
+    let scene = Scene {
+        token: token.to_owned(),
+        upstream,
+        id,
+        other,
+        closed,
+        bob,
+        app,
     };
+    (scene, worker)
+}
+
+/// Allowed: through the proxy named by the sandbox's `http_proxy` (raw HTTP with nc:
+/// the static busybox has no resolver library, and needs none with a proxy).
+async fn allowed_hosts_pass_and_denied_or_internal_ones_get_403(scene: &Scene) {
+    let (app, token, id) = (&scene.app, scene.token.as_str(), &scene.id);
     let answer = sh(
-        &app,
+        app,
         token,
-        &id,
+        id,
         &through_proxy("allowed.test.example", "/hello"),
     )
     .await;
@@ -131,20 +172,29 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
         ("sibling.test.example", "private address"),
         ("node.test.example", "address"),
     ] {
-        let answer = sh(&app, token, &id, &through_proxy(host, "/")).await;
+        let answer = sh(app, token, id, &through_proxy(host, "/")).await;
         let stdout = answer["stdout"].as_str().unwrap();
         assert!(
             stdout.starts_with("HTTP/1.1 403") && stdout.contains(why),
             "{host}: {answer}"
         );
     }
+}
 
-    // Around the proxy: the upstream's address directly, the proxy's host on another port,
-    // another sandbox — all dropped.
+/// Around the proxy: the upstream's address directly, the proxy's host on another port,
+/// another sandbox — all dropped.
+async fn nothing_goes_around_the_proxy(scene: &Scene) {
+    let (app, token, upstream, id, other) = (
+        &scene.app,
+        scene.token.as_str(),
+        &scene.upstream,
+        &scene.id,
+        &scene.other,
+    );
     let other_ip = sh(
-        &app,
+        app,
         token,
-        &other,
+        other,
         "ip -4 -o addr show eth0 2>/dev/null || ifconfig eth0",
     )
     .await["stdout"]
@@ -166,9 +216,9 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
         "the address sibling.test.example named"
     );
     let gateway_ip = sh(
-        &app,
+        app,
         token,
-        &id,
+        id,
         "ip route | awk '/default/ {print $3}' || route -n",
     )
     .await["stdout"]
@@ -190,7 +240,7 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
             format!("nc -w 3 {other_ip} 8080 </dev/null"),
         ),
     ] {
-        let answer = sh(&app, token, &id, &command).await;
+        let answer = sh(app, token, id, &command).await;
         assert!(
             !answer["stdout"]
                 .as_str()
@@ -200,7 +250,11 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
         );
         assert_ne!(answer["exit_code"], 0, "{what}: {answer}");
     }
-    // The flow log: what was allowed (with bytes) and what was denied, and why.
+}
+
+/// The flow log: what was allowed (with bytes) and what was denied, and why.
+async fn the_flow_log_and_the_egress_charge_tell_what_went_out(scene: &Scene) {
+    let (app, token, id) = (&scene.app, scene.token.as_str(), &scene.id);
     let flows = app
         .get(&format!("/v1/sandboxes/{id}/egress"), token)
         .await
@@ -245,24 +299,27 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
     let (quantity,): (i64,) = sqlx::query_as(
         "SELECT sum(quantity)::bigint FROM usage_events WHERE sandbox_id = $1::uuid AND kind = 'egress_bytes'",
     )
-    .bind(&id)
+    .bind(id)
     .fetch_one(&app.db)
     .await
     .unwrap();
     let flowed =
         allowed[0]["bytes_up"].as_i64().unwrap() + allowed[0]["bytes_down"].as_i64().unwrap();
     assert_eq!(quantity, flowed);
+}
 
-    // Port 80 straight to the upstream's address, ignoring the proxy variables: redirected to
-    // the proxy, which goes by the Host header and the policy.
+/// Port 80 straight to the upstream's address, ignoring the proxy variables: redirected to
+/// the proxy, which goes by the Host header and the policy.
+async fn redirected_port_80_follows_the_host_header_and_the_policy(scene: &Scene) {
+    let (app, token, upstream, id) = (&scene.app, scene.token.as_str(), &scene.upstream, &scene.id);
     for (host, expected) in [
         ("denied.test.example", "HTTP/1.1 403"),
         ("allowed.test.example", "HTTP/1.1 200"),
     ] {
         let answer = sh(
-            &app,
+            app,
             token,
-            &id,
+            id,
             &format!(
                 "printf 'GET /direct HTTP/1.1\\r\\nHost: {host}\\r\\n\\r\\n' | nc -w 5 {} 80",
                 upstream.address
@@ -274,26 +331,36 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
             "{host}: {answer}"
         );
     }
-    let flows = app
-        .get(&format!("/v1/sandboxes/{id}/egress"), token)
-        .await
-        .body;
-    let transparent: Vec<(&str, &str)> = flows["flows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["mode"] == "transparent-http")
-        .map(|f| (f["host"].as_str().unwrap(), f["decision"].as_str().unwrap()))
-        .collect();
-    assert_eq!(
-        transparent,
-        [
-            ("denied.test.example", "denied"),
-            ("allowed.test.example", "allowed")
-        ]
-    );
+    // A flow is recorded when its connection ends, which may be a moment after the command
+    // that made it exits: the flow log is read until both are there (or the wait ends).
+    let transparent = |flows: &Value| -> Vec<(String, String)> {
+        flows["flows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["mode"] == "transparent-http")
+            .map(|f| {
+                let field = |name: &str| f[name].as_str().unwrap().to_owned();
+                (field("host"), field("decision"))
+            })
+            .collect()
+    };
+    let expected = [
+        ("denied.test.example", "denied"),
+        ("allowed.test.example", "allowed"),
+    ]
+    .map(|(host, decision)| (host.to_owned(), decision.to_owned()));
+    let path = format!("/v1/sandboxes/{id}/egress");
+    crate::testbed::wait_until("both redirected flows", Duration::from_secs(10), || async {
+        transparent(&app.get(&path, token).await.body).len() >= 2
+    })
+    .await;
+    assert_eq!(transparent(&app.get(&path, token).await.body), expected);
+}
 
-    // A policy change applies to the next connection.
+/// A policy change applies to the next connection.
+async fn a_policy_change_applies_to_the_next_connection(scene: &Scene) {
+    let (app, token, id, closed) = (&scene.app, scene.token.as_str(), &scene.id, &scene.closed);
     let policy = app
         .get(&format!("/v1/sandboxes/{id}/egress-policy"), token)
         .await
@@ -319,9 +386,9 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
     assert_eq!(changed.status.as_u16(), 200, "{}", changed.body);
     assert_eq!(changed.body["allow"], json!(["denied.test.example"]));
     let answer = sh(
-        &app,
+        app,
         token,
-        &id,
+        id,
         &through_proxy("denied.test.example", "/now"),
     )
     .await;
@@ -329,13 +396,7 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
         answer["stdout"].as_str().unwrap().contains("GET /now"),
         "{answer}"
     );
-    let answer = sh(
-        &app,
-        token,
-        &id,
-        &through_proxy("allowed.test.example", "/"),
-    )
-    .await;
+    let answer = sh(app, token, id, &through_proxy("allowed.test.example", "/")).await;
     assert!(
         answer["stdout"]
             .as_str()
@@ -351,7 +412,7 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
     )
     .await
     .assert_error(409, "egress_not_enabled");
-    let bob = app.signup("bob@example.com", "Bob").await;
+    let bob = &scene.bob;
     app.get(&format!("/v1/sandboxes/{id}/egress"), &bob.api_key.token)
         .await
         .assert_error(404, "not_found");
@@ -363,12 +424,15 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
     )
     .await
     .assert_error(404, "not_found");
+}
 
-    // A sandbox that asked for no egress has loopback only.
+/// A sandbox that asked for no egress has loopback only.
+async fn without_egress_a_sandbox_has_loopback_only_and_policies_are_checked(scene: &Scene) {
+    let (app, token, closed) = (&scene.app, scene.token.as_str(), &scene.closed);
     let answer = sh(
-        &app,
+        app,
         token,
-        &closed,
+        closed,
         "env | grep -ci proxy; cat /proc/net/dev | grep -c eth0",
     )
     .await;
@@ -381,6 +445,11 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
     )
     .await
     .assert_error(422, "invalid_request");
+}
+
+async fn the_team_default_policy_applies_to_sandboxes_that_name_none(scene: &Scene) {
+    let (app, token) = (&scene.app, scene.token.as_str());
+    let bob = &scene.bob;
     // The team's default policy: what sandboxes that say nothing about `egress` get.
     assert_eq!(app.get("/v1/egress-policy", token).await.body, Value::Null);
     let put_default = |body: Value| {
@@ -406,7 +475,7 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
         Value::Null,
         "another team's default is its own"
     );
-    let defaulted = create_ok(&app, token, json!({})).await;
+    let defaulted = create_ok(app, token, json!({})).await;
     let row = app
         .get(&format!("/v1/sandboxes/{defaulted}"), token)
         .await
@@ -417,7 +486,7 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
         "{row}"
     );
     let answer = sh(
-        &app,
+        app,
         token,
         &defaulted,
         &through_proxy("allowed.test.example", "/default"),
@@ -428,7 +497,7 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
         "{answer}"
     );
     // An explicit empty policy still means loopback only.
-    let opted_out = create_ok(&app, token, json!({ "egress": { "allow": [] } })).await;
+    let opted_out = create_ok(app, token, json!({ "egress": { "allow": [] } })).await;
     let row = app
         .get(&format!("/v1/sandboxes/{opted_out}"), token)
         .await
@@ -440,13 +509,23 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
     assert_eq!(audited, 1);
     let cleared = app.delete("/v1/egress-policy", token).await;
     assert_eq!(cleared.status.as_u16(), 204, "{}", cleared.body);
-    let plain = create_ok(&app, token, json!({})).await;
+    let plain = create_ok(app, token, json!({})).await;
     let row = app.get(&format!("/v1/sandboxes/{plain}"), token).await.body;
     assert_eq!(row["egress"], Value::Null, "{row}");
     for sandbox in [&defaulted, &opted_out, &plain] {
         app.delete(&format!("/v1/sandboxes/{sandbox}"), token).await;
     }
-    // Destroyed sandboxes leave no link behind.
+}
+
+/// Destroyed sandboxes leave no link behind.
+async fn destroyed_sandboxes_leave_no_link_behind(scene: &Scene) {
+    let (app, token, id, other, closed) = (
+        &scene.app,
+        scene.token.as_str(),
+        &scene.id,
+        &scene.other,
+        &scene.closed,
+    );
     for sandbox in [&id, &other, &closed] {
         app.delete(&format!("/v1/sandboxes/{sandbox}"), token).await;
     }
@@ -457,5 +536,4 @@ async fn a_sandbox_reaches_only_allowed_hosts_through_the_proxy() {
         .unwrap();
     let links = String::from_utf8_lossy(&links.stdout);
     assert!(!links.contains(": sbh"), "{links}");
-    worker.clean_up().await;
 }
