@@ -18,6 +18,20 @@ use crate::testbed::{TestWorker, create_ok, sh, worker_config};
 
 use crate::egress::{NODE_NETWORK, free_port, proxy_program};
 
+const API_KEY: &str = "sk-live-3f9a8c7e6d5b4a392817f6e5d4c3b2a1";
+const GIT_TOKEN: &str = "ghp_Zq8Xw7Vu6Ts5Rq4Po3Nm2Lk1Jh0Gf9Ed8Cb7";
+
+/// The scenario's cast: a gateway with a vault, a worker with an egress network and the
+/// `base` template, an HTTPS upstream, Alice's secrets and her sandbox holding them.
+struct Scene {
+    app: crate::helpers::TestApp,
+    token: String,
+    upstream: Upstream,
+    id: String,
+    /// What the sandbox holds instead of the `git` token.
+    placeholder: String,
+}
+
 #[allow(
     clippy::too_many_lines,
     reason = "one end-to-end scenario whose steps build on each other"
@@ -29,49 +43,40 @@ use crate::egress::{NODE_NETWORK, free_port, proxy_program};
 #[tokio::test(flavor = "multi_thread")]
 async fn credentials_are_injected_by_the_proxy_and_never_reach_the_sandbox() {
     let _network = NODE_NETWORK.lock().await;
+    let (scene, worker) = credentials_scene().await;
+    the_header_is_injected_for_its_host(&scene).await;
+    a_placeholder_is_swapped_for_its_host_and_stopped_for_others(&scene).await;
+    placeholders_in_bodies_are_swapped_or_stopped(&scene).await;
+    a_host_outside_the_policy_is_closed_after_its_client_hello(&scene).await;
+    refusals_reach_the_audit_log_once(&scene).await;
+    dns_answers_only_allowed_names(&scene).await;
+    udp_reaches_only_the_dns_responder(&scene).await;
+    the_proxy_runs_unprivileged_and_fails_closed_when_killed(&scene, &worker).await;
+    the_values_are_nowhere_to_be_read(&scene).await;
+    runs_get_egress_and_credentials_like_sandboxes(&scene).await;
+    scene
+        .app
+        .delete(&format!("/v1/sandboxes/{}", scene.id), &scene.token)
+        .await;
+    worker.clean_up_with(&["base"]).await;
+}
+
+/// Starts the upstream, a gateway with a vault and a worker with an egress network; stores
+/// Alice's secrets and creates her sandbox with them.
+async fn credentials_scene() -> (Scene, TestWorker) {
     // From here on, everything logged is kept, to be searched for the values at the end.
     crate::helpers::captured_logs();
     let upstream = Upstream::start();
     upstream.wait_ready().await;
-    let public = IpAddr::V4(upstream.address);
     let app = spawn_app_with(|settings| {
         crate::testbed::configure_sandboxes(settings);
         settings.workers.heartbeat_ttl_secs = 5;
         settings.vault.keys = vec![sandbase_vault::Keyring::generate_entry(1).into()];
     })
     .await;
-    let mut config = worker_config(&app, "w", 4, 0);
-    let tarball = std::env::var("SANDBASE_BASE_TARBALL")
-        .expect("SANDBASE_BASE_TARBALL: the base root file system (scripts/setup builds it)");
-    config
-        .templates
-        .push(("base".to_owned(), TemplateSource::Tarball(tarball.into())));
-    config.node.egress = Some(EgressConfig {
-        pool: "10.214.0.0".parse().unwrap(),
-        proxy_port: free_port(),
-        resolver: Resolver::Fixed(HashMap::from([
-            ("api.test.example".to_owned(), vec![public]),
-            ("git.test.example".to_owned(), vec![public]),
-            ("other.test.example".to_owned(), vec![public]),
-            ("denied.test.example".to_owned(), vec![public]),
-            (
-                "loopback.test.example".to_owned(),
-                vec!["127.0.0.1".parse().unwrap()],
-            ),
-        ])),
-        node_addresses: Vec::new(),
-        max_connections: 16,
-        extra_ca: Some(upstream.ca_pem.clone().into_bytes()),
-        proxy_program: proxy_program(),
-        proxy_user: Some(PROXY_USER),
-        // Long enough for the sandbox to try its luck while the proxy is down.
-        restart_delay: Duration::from_secs(5),
-    });
-    let worker = TestWorker::start(config).await;
+    let worker = TestWorker::start(credentials_worker(&app, &upstream)).await;
     let alice = app.signup("alice@example.com", "Alice").await;
     let token = alice.api_key.token.as_str();
-    const API_KEY: &str = "sk-live-3f9a8c7e6d5b4a392817f6e5d4c3b2a1";
-    const GIT_TOKEN: &str = "ghp_Zq8Xw7Vu6Ts5Rq4Po3Nm2Lk1Jh0Gf9Ed8Cb7";
     for (name, value, host, inject) in [
         (
             "api",
@@ -120,13 +125,90 @@ async fn credentials_are_injected_by_the_proxy_and_never_reach_the_sandbox() {
     .await;
     let sandbox = app.get(&format!("/v1/sandboxes/{id}"), token).await.body;
     assert_eq!(sandbox["credentials"], json!(["api", "git"]));
+    let placeholder = sh(&app, token, &id, "printf %s \"$GIT_TOKEN\"").await["stdout"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        placeholder.starts_with("ghp_")
+            && placeholder.len() == GIT_TOKEN.len()
+            && placeholder != GIT_TOKEN,
+        "{placeholder}"
+    );
+    let scene = Scene {
+        token: token.to_owned(),
+        upstream,
+        id,
+        placeholder,
+        app,
+    };
+    (scene, worker)
+}
 
-    // curl through HTTPS_PROXY: the sandbox's CA is trusted, the header injected (the
-    // upstream shows it redacted; its log has the value).
+/// A worker with the `base` template and an egress network whose resolver sends the test's
+/// names to the upstream (and one to loopback), trusting the upstream's CA.
+fn credentials_worker(
+    app: &crate::helpers::TestApp,
+    upstream: &Upstream,
+) -> sandbase_worker::service::ServiceConfig {
+    let public = IpAddr::V4(upstream.address);
+    let mut config = worker_config(app, "w", 4, 0);
+    let tarball = std::env::var("SANDBASE_BASE_TARBALL")
+        .expect("SANDBASE_BASE_TARBALL: the base root file system (scripts/setup builds it)");
+    config
+        .templates
+        .push(("base".to_owned(), TemplateSource::Tarball(tarball.into())));
+    config.node.egress = Some(EgressConfig {
+        pool: "10.214.0.0".parse().unwrap(),
+        proxy_port: free_port(),
+        resolver: Resolver::Fixed(HashMap::from([
+            ("api.test.example".to_owned(), vec![public]),
+            ("git.test.example".to_owned(), vec![public]),
+            ("other.test.example".to_owned(), vec![public]),
+            ("denied.test.example".to_owned(), vec![public]),
+            (
+                "loopback.test.example".to_owned(),
+                vec!["127.0.0.1".parse().unwrap()],
+            ),
+        ])),
+        node_addresses: Vec::new(),
+        max_connections: 16,
+        extra_ca: Some(upstream.ca_pem.clone().into_bytes()),
+        proxy_program: proxy_program(),
+        proxy_user: Some(PROXY_USER),
+        // Long enough for the sandbox to try its luck while the proxy is down.
+        restart_delay: Duration::from_secs(5),
+    });
+    config
+}
+
+/// A Python request that ignores the proxy variables (the redirected port 443 and the
+/// ClientHello's name govern it), carrying the `GIT_TOKEN` placeholder to `host`.
+fn python_request(upstream: &Upstream, host: &str) -> String {
+    format!(
+        "env -u HTTPS_PROXY -u https_proxy -u ALL_PROXY -u all_proxy python3 - <<'EOF'\n\
+import os, ssl, socket, http.client\n\
+ctx = ssl.create_default_context(cafile=os.environ['SSL_CERT_FILE'])\n\
+sock = socket.create_connection(('{upstream}', 443), timeout=10)\n\
+conn = http.client.HTTPSConnection('{host}', context=ctx)\n\
+conn.sock = ctx.wrap_socket(sock, server_hostname='{host}')\n\
+conn.request('GET', '/repo', headers={{'Authorization': 'token ' + os.environ['GIT_TOKEN']}})\n\
+r = conn.getresponse()\n\
+print(r.status)\n\
+print(r.read().decode())\n\
+EOF",
+        upstream = upstream.address
+    )
+}
+
+/// curl through HTTPS_PROXY: the sandbox's CA is trusted, the header injected (the
+/// upstream shows it redacted; its log has the value).
+async fn the_header_is_injected_for_its_host(scene: &Scene) {
+    let (app, token, upstream, id) = (&scene.app, scene.token.as_str(), &scene.upstream, &scene.id);
     let answer = sh(
-        &app,
+        app,
         token,
-        &id,
+        id,
         "curl -sS --max-time 10 -H 'Authorization: Bearer fake' https://api.test.example/v1/models",
     )
     .await;
@@ -143,35 +225,19 @@ async fn credentials_are_injected_by_the_proxy_and_never_reach_the_sandbox() {
         "{}",
         upstream.requests()
     );
-    // A placeholder in the environment, swapped on the way to its host (python, ignoring the
-    // proxy variables: the redirected port 443 and the ClientHello's name govern it).
-    let placeholder = sh(&app, token, &id, "printf %s \"$GIT_TOKEN\"").await["stdout"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    assert!(
-        placeholder.starts_with("ghp_")
-            && placeholder.len() == GIT_TOKEN.len()
-            && placeholder != GIT_TOKEN,
-        "{placeholder}"
-    );
-    let python = |host: &str| {
-        format!(
-            "env -u HTTPS_PROXY -u https_proxy -u ALL_PROXY -u all_proxy python3 - <<'EOF'\n\
-import os, ssl, socket, http.client\n\
-ctx = ssl.create_default_context(cafile=os.environ['SSL_CERT_FILE'])\n\
-sock = socket.create_connection(('{upstream}', 443), timeout=10)\n\
-conn = http.client.HTTPSConnection('{host}', context=ctx)\n\
-conn.sock = ctx.wrap_socket(sock, server_hostname='{host}')\n\
-conn.request('GET', '/repo', headers={{'Authorization': 'token ' + os.environ['GIT_TOKEN']}})\n\
-r = conn.getresponse()\n\
-print(r.status)\n\
-print(r.read().decode())\n\
-EOF",
-            upstream = upstream.address
-        )
-    };
-    let answer = sh(&app, token, &id, &python("git.test.example")).await;
+}
+
+/// A placeholder in the environment, swapped on the way to its host (python, ignoring the
+/// proxy variables: the redirected port 443 and the ClientHello's name govern it).
+async fn a_placeholder_is_swapped_for_its_host_and_stopped_for_others(scene: &Scene) {
+    let (app, token, upstream, id) = (&scene.app, scene.token.as_str(), &scene.upstream, &scene.id);
+    let answer = sh(
+        app,
+        token,
+        id,
+        &python_request(upstream, "git.test.example"),
+    )
+    .await;
     assert!(
         answer["stdout"]
             .as_str()
@@ -189,20 +255,36 @@ EOF",
     );
     // The same placeholder to another allowed host: stopped before it leaves.
     let before = upstream.requests();
-    let answer = sh(&app, token, &id, &python("other.test.example")).await;
+    let answer = sh(
+        app,
+        token,
+        id,
+        &python_request(upstream, "other.test.example"),
+    )
+    .await;
     let stdout = answer["stdout"].as_str().unwrap();
     assert!(
         stdout.starts_with("403") && stdout.contains("placeholder of credential `git`"),
         "{answer}"
     );
     assert_eq!(upstream.requests(), before, "the leaking request left");
-    // Placeholders in request bodies: swapped for their host (a small body, and one of
-    // 2 MB with the placeholder astride the proxy's chunks, lengths kept), stopped for
-    // another host before any of it leaves.
+}
+
+/// Placeholders in request bodies: swapped for their host (a small body, and one of
+/// 2 MB with the placeholder astride the proxy's chunks, lengths kept), stopped for
+/// another host before any of it leaves.
+async fn placeholders_in_bodies_are_swapped_or_stopped(scene: &Scene) {
+    let (app, token, upstream, id, placeholder) = (
+        &scene.app,
+        scene.token.as_str(),
+        &scene.upstream,
+        &scene.id,
+        &scene.placeholder,
+    );
     let answer = sh(
-        &app,
+        app,
         token,
-        &id,
+        id,
         "curl -sS --max-time 10 --data-binary \"{\\\"token\\\": \\\"$GIT_TOKEN\\\"}\" https://git.test.example/small; \
          python3 -c \"import os; open('/tmp/big', 'w').write('a' * 1000001 + os.environ['GIT_TOKEN'] + 'b' * 999999)\"; \
          curl -sS --max-time 20 --data-binary @/tmp/big https://git.test.example/big",
@@ -226,13 +308,13 @@ EOF",
         "the upstream got the value in both bodies"
     );
     assert!(
-        !requests.contains(&placeholder),
+        !requests.contains(placeholder.as_str()),
         "a placeholder reached its own host"
     );
     let answer = sh(
-        &app,
+        app,
         token,
-        &id,
+        id,
         "curl -sS --max-time 10 --data-binary \"key=$GIT_TOKEN\" https://other.test.example/leak",
     )
     .await;
@@ -242,14 +324,18 @@ EOF",
         "{answer}"
     );
     assert!(
-        !upstream.requests().contains(&placeholder),
+        !upstream.requests().contains(placeholder.as_str()),
         "the placeholder left for another host"
     );
-    // A host outside the policy over the redirected port: closed after its ClientHello.
+}
+
+/// A host outside the policy over the redirected port: closed after its ClientHello.
+async fn a_host_outside_the_policy_is_closed_after_its_client_hello(scene: &Scene) {
+    let (app, token, upstream, id) = (&scene.app, scene.token.as_str(), &scene.upstream, &scene.id);
     let answer = sh(
-        &app,
+        app,
         token,
-        &id,
+        id,
         &format!(
             "curl -sS --noproxy '*' --max-time 10 --resolve denied.test.example:443:{} https://denied.test.example/ ; echo exit=$?",
             upstream.address
@@ -292,9 +378,12 @@ EOF",
             && f["mode"] == "transparent-tls"),
         "{flows:?}"
     );
+}
 
-    // Refusals reach the team's audit log, from the worker, once each (the placeholder was
-    // stopped twice: in a header, and in a body).
+/// Refusals reach the team's audit log, from the worker, once each (the placeholder was
+/// stopped twice: in a header, and in a body).
+async fn refusals_reach_the_audit_log_once(scene: &Scene) {
+    let (app, token, id) = (&scene.app, scene.token.as_str(), &scene.id);
     for (action, detail, times) in [
         ("sandbox.credential_leak_blocked", "credential' = 'git", 2),
         ("sandbox.egress_denied", "host' = 'denied.test.example", 1),
@@ -317,13 +406,16 @@ EOF",
         .body
         .to_string();
     assert!(!theirs.contains("sandbox.egress_denied"), "{theirs}");
+}
 
-    // DNS: the node's responder answers allowed names (whatever resolver the template
-    // named) and nothing else; a name that leads inside is refused too.
+/// DNS: the node's responder answers allowed names (whatever resolver the template
+/// named) and nothing else; a name that leads inside is refused too.
+async fn dns_answers_only_allowed_names(scene: &Scene) {
+    let (app, token, upstream, id) = (&scene.app, scene.token.as_str(), &scene.upstream, &scene.id);
     let answer = sh(
-        &app,
+        app,
         token,
-        &id,
+        id,
         "cat /etc/resolv.conf | head -1; for name in api.test.example denied.test.example \
          loopback.test.example; do python3 -c \"import socket, sys
 try: print(socket.gethostbyname(sys.argv[1]))
@@ -353,19 +445,22 @@ except socket.gaierror as e: print('no', e.errno)\" $name; done",
             && !dns.iter().any(|(host, _)| *host == "api.test.example"),
         "{dns:?}"
     );
+}
 
-    // UDP: port 53 reaches the node's DNS responder (a malformed query gets its FORMERR,
-    // which shows this sandbox's UDP works), anything else is dropped — here a host port
-    // this test listens on, at the sandbox's gateway.
+/// UDP: port 53 reaches the node's DNS responder (a malformed query gets its FORMERR,
+/// which shows this sandbox's UDP works), anything else is dropped — here a host port
+/// this test listens on, at the sandbox's gateway.
+async fn udp_reaches_only_the_dns_responder(scene: &Scene) {
+    let (app, token, id) = (&scene.app, scene.token.as_str(), &scene.id);
     let listener = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
     listener
         .set_read_timeout(Some(Duration::from_secs(3)))
         .unwrap();
     let port = listener.local_addr().unwrap().port();
     let answer = sh(
-        &app,
+        app,
         token,
-        &id,
+        id,
         &format!(
             "python3 - <<'EOF'\n\
 import socket, struct\n\
@@ -388,11 +483,17 @@ EOF"
         listener.recv_from(&mut received).is_err(),
         "a UDP datagram from the sandbox reached the host"
     );
+}
 
-    // The proxy is a process of its own, not root. Killed, it leaves the sandbox reaching
-    // nothing (nothing listens behind the redirections; the firewall drops the rest); the
-    // worker starts another after its restart delay and registers the sandbox again —
-    // policy, credentials and the same CA — and the same request works as before.
+/// The proxy is a process of its own, not root. Killed, it leaves the sandbox reaching
+/// nothing (nothing listens behind the redirections; the firewall drops the rest); the
+/// worker starts another after its restart delay and registers the sandbox again —
+/// policy, credentials and the same CA — and the same request works as before.
+async fn the_proxy_runs_unprivileged_and_fails_closed_when_killed(
+    scene: &Scene,
+    worker: &TestWorker,
+) {
+    let (app, token, upstream, id) = (&scene.app, scene.token.as_str(), &scene.upstream, &scene.id);
     let network = std::sync::Arc::clone(
         worker
             .running
@@ -435,7 +536,7 @@ EOF"
          https://api.test.example/v1/models; echo direct=$?",
         upstream.address
     );
-    let down = sh(&app, token, &id, &attempts).await;
+    let down = sh(app, token, id, &attempts).await;
     assert!(
         network.proxy_pid().is_none(),
         "the proxy came back before the sandbox tried"
@@ -454,9 +555,9 @@ EOF"
     })
     .await;
     let answer = sh(
-        &app,
+        app,
         token,
-        &id,
+        id,
         "curl -sS --max-time 10 -H 'Authorization: Bearer fake' https://api.test.example/v1/models",
     )
     .await;
@@ -479,12 +580,15 @@ EOF"
         injected_before + 1,
         "injected again after the restart"
     );
+}
 
-    // The values are nowhere the sandbox, the API or the database can show them.
+/// The values are nowhere the sandbox, the API or the database can show them.
+async fn the_values_are_nowhere_to_be_read(scene: &Scene) {
+    let (app, token, id) = (&scene.app, scene.token.as_str(), &scene.id);
     let answer = sh(
-        &app,
+        app,
         token,
-        &id,
+        id,
         // (Each value in halves, so the command itself does not carry it.)
         &format!(
             "a1='{}'; a2='{}'; g1='{}'; g2='{}'; \
@@ -532,8 +636,12 @@ EOF"
     for value in [API_KEY, GIT_TOKEN] {
         assert!(!logs.contains(value), "a value in the logs");
     }
-    // Runs get egress and credentials like sandboxes: the proxy injects for the run's
-    // sandbox, and the run's record keeps the names.
+}
+
+/// Runs get egress and credentials like sandboxes: the proxy injects for the run's
+/// sandbox, and the run's record keeps the names.
+async fn runs_get_egress_and_credentials_like_sandboxes(scene: &Scene) {
+    let (app, token, upstream) = (&scene.app, scene.token.as_str(), &scene.upstream);
     app.post(
         "/v1/runs",
         token,
@@ -595,6 +703,4 @@ EOF"
         upstream.requests()
     );
     assert!(!run.to_string().contains(API_KEY), "{run}");
-    app.delete(&format!("/v1/sandboxes/{id}"), token).await;
-    worker.clean_up_with(&["base"]).await;
 }
