@@ -32,10 +32,6 @@ struct Scene {
     placeholder: String,
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "one end-to-end scenario whose steps build on each other"
-)]
 /// Credentials from the vault reach the upstream (header injection, a placeholder swapped)
 /// while the sandbox sees only placeholders; a placeholder sent to another allowed host is
 /// stopped and audited; tools that ignore the proxy variables are redirected and governed;
