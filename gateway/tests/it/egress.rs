@@ -10,6 +10,7 @@ use std::time::Duration;
 use sandbase_egress::proxy::Resolver;
 use sandbase_egress::testing::Upstream;
 use sandbase_worker::network::{EgressConfig, PROXY_USER};
+use sandbase_worker::service::TemplateSource;
 use serde_json::json;
 
 use serde_json::Value;
@@ -536,4 +537,41 @@ async fn destroyed_sandboxes_leave_no_link_behind(scene: &Scene) {
         .unwrap();
     let links = String::from_utf8_lossy(&links.stdout);
     assert!(!links.contains(": sbh"), "{links}");
+}
+
+/// A worker with the `base` template and an egress network whose resolver sends the test's
+/// names to the upstream (and one to loopback), trusting the upstream's CA.
+pub fn credentials_worker(
+    app: &crate::helpers::TestApp,
+    upstream: &Upstream,
+) -> sandbase_worker::service::ServiceConfig {
+    let public = IpAddr::V4(upstream.address);
+    let mut config = worker_config(app, "w", 4, 0);
+    let tarball = std::env::var("SANDBASE_BASE_TARBALL")
+        .expect("SANDBASE_BASE_TARBALL: the base root file system (scripts/setup builds it)");
+    config
+        .templates
+        .push(("base".to_owned(), TemplateSource::Tarball(tarball.into())));
+    config.node.egress = Some(EgressConfig {
+        pool: "10.214.0.0".parse().unwrap(),
+        proxy_port: free_port(),
+        resolver: Resolver::Fixed(HashMap::from([
+            ("api.test.example".to_owned(), vec![public]),
+            ("git.test.example".to_owned(), vec![public]),
+            ("other.test.example".to_owned(), vec![public]),
+            ("denied.test.example".to_owned(), vec![public]),
+            (
+                "loopback.test.example".to_owned(),
+                vec!["127.0.0.1".parse().unwrap()],
+            ),
+        ])),
+        node_addresses: Vec::new(),
+        max_connections: 16,
+        extra_ca: Some(upstream.ca_pem.clone().into_bytes()),
+        proxy_program: proxy_program(),
+        proxy_user: Some(PROXY_USER),
+        // Long enough for the sandbox to try its luck while the proxy is down.
+        restart_delay: Duration::from_secs(5),
+    });
+    config
 }

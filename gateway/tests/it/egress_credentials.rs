@@ -1,22 +1,17 @@
 //! Credentials injected by the egress proxy: the sandbox never holds a value, placeholders
 //! are swapped only for their own hosts, and refusals reach the audit log.
 
-use std::collections::HashMap;
-use std::net::IpAddr;
 use std::time::Duration;
 
-use sandbase_egress::proxy::Resolver;
 use sandbase_egress::testing::Upstream;
-use sandbase_worker::network::{EgressConfig, PROXY_USER};
 use serde_json::json;
 
 use crate::helpers::spawn_app_with;
-use sandbase_worker::service::TemplateSource;
 use serde_json::Value;
 
-use crate::testbed::{TestWorker, create_ok, sh, worker_config};
+use crate::testbed::{TestWorker, create_ok, sh};
 
-use crate::egress::{NODE_NETWORK, free_port, proxy_program};
+use crate::egress::{NODE_NETWORK, credentials_worker};
 
 const API_KEY: &str = "sk-live-3f9a8c7e6d5b4a392817f6e5d4c3b2a1";
 const GIT_TOKEN: &str = "ghp_Zq8Xw7Vu6Ts5Rq4Po3Nm2Lk1Jh0Gf9Ed8Cb7";
@@ -139,43 +134,6 @@ async fn credentials_scene() -> (Scene, TestWorker) {
         app,
     };
     (scene, worker)
-}
-
-/// A worker with the `base` template and an egress network whose resolver sends the test's
-/// names to the upstream (and one to loopback), trusting the upstream's CA.
-fn credentials_worker(
-    app: &crate::helpers::TestApp,
-    upstream: &Upstream,
-) -> sandbase_worker::service::ServiceConfig {
-    let public = IpAddr::V4(upstream.address);
-    let mut config = worker_config(app, "w", 4, 0);
-    let tarball = std::env::var("SANDBASE_BASE_TARBALL")
-        .expect("SANDBASE_BASE_TARBALL: the base root file system (scripts/setup builds it)");
-    config
-        .templates
-        .push(("base".to_owned(), TemplateSource::Tarball(tarball.into())));
-    config.node.egress = Some(EgressConfig {
-        pool: "10.214.0.0".parse().unwrap(),
-        proxy_port: free_port(),
-        resolver: Resolver::Fixed(HashMap::from([
-            ("api.test.example".to_owned(), vec![public]),
-            ("git.test.example".to_owned(), vec![public]),
-            ("other.test.example".to_owned(), vec![public]),
-            ("denied.test.example".to_owned(), vec![public]),
-            (
-                "loopback.test.example".to_owned(),
-                vec!["127.0.0.1".parse().unwrap()],
-            ),
-        ])),
-        node_addresses: Vec::new(),
-        max_connections: 16,
-        extra_ca: Some(upstream.ca_pem.clone().into_bytes()),
-        proxy_program: proxy_program(),
-        proxy_user: Some(PROXY_USER),
-        // Long enough for the sandbox to try its luck while the proxy is down.
-        restart_delay: Duration::from_secs(5),
-    });
-    config
 }
 
 /// A Python request that ignores the proxy variables (the redirected port 443 and the
