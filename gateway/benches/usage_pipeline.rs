@@ -279,7 +279,7 @@ fn main() -> anyhow::Result<()> {
         let reserve = move |admission: Arc<Admission>, db: sqlx::PgPool| async move {
             let started = Instant::now();
             let admitted = admission
-                .reserve(&db, team, None, Uuid::now_v7(), 900, 60_000)
+                .reserve(&db, team, &[], Uuid::now_v7(), 900, 60_000)
                 .await
                 .expect("reserve");
             assert_eq!(admitted, Admitted::Yes);

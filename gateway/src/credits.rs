@@ -158,25 +158,25 @@ impl Admission {
         )
     }
 
-    fn budgets(team_id: Uuid, api_key_id: Option<Uuid>) -> Vec<Budget> {
+    fn budgets(team_id: Uuid, keys: &[Uuid]) -> Vec<Budget> {
         let mut budgets = vec![Budget::Team(team_id)];
-        budgets.extend(api_key_id.map(Budget::Key));
+        budgets.extend(keys.iter().copied().map(Budget::Key));
         budgets
     }
 
-    /// Reserves `amount` for `id` during `ttl_ms` against the team's credits and the key's
-    /// cap, loading a budget from PostgreSQL when Redis does not have it (after a flush or
-    /// a restart).
+    /// Reserves `amount` for `id` during `ttl_ms` against the team's credits and the caps
+    /// of `keys` (the API key that asks and its ancestors), loading a budget from PostgreSQL
+    /// when Redis does not have it (after a flush or a restart).
     pub async fn reserve(
         &self,
         db: &sqlx::PgPool,
         team_id: Uuid,
-        api_key_id: Option<Uuid>,
+        keys: &[Uuid],
         id: Uuid,
         amount: i64,
         ttl_ms: u64,
     ) -> anyhow::Result<Admitted> {
-        let budgets = Self::budgets(team_id, api_key_id);
+        let budgets = Self::budgets(team_id, keys);
         for _ in 0..=budgets.len() {
             let mut invocation = self.reserve.prepare_invoke();
             for budget in &budgets {
@@ -206,12 +206,12 @@ impl Admission {
     pub async fn release(
         &self,
         team_id: Uuid,
-        api_key_id: Option<Uuid>,
+        keys: &[Uuid],
         id: Uuid,
         amount: i64,
     ) -> anyhow::Result<()> {
         let mut invocation = self.release.prepare_invoke();
-        for budget in Self::budgets(team_id, api_key_id) {
+        for budget in Self::budgets(team_id, keys) {
             let (hash, zset) = self.keys(budget);
             invocation.key(hash).key(zset);
         }
@@ -223,15 +223,11 @@ impl Admission {
         Ok(())
     }
 
-    /// After a charge booked in the ledger: the cached budgets follow (when cached).
-    pub async fn charged(
-        &self,
-        team_id: Uuid,
-        api_key_id: Option<Uuid>,
-        amount: i64,
-    ) -> anyhow::Result<()> {
+    /// After a charge booked in the ledger: the cached budgets of the team and of `keys`
+    /// (the key charged and its ancestors) follow (when cached).
+    pub async fn charged(&self, team_id: Uuid, keys: &[Uuid], amount: i64) -> anyhow::Result<()> {
         let mut redis = self.redis.clone();
-        for budget in Self::budgets(team_id, api_key_id) {
+        for budget in Self::budgets(team_id, keys) {
             let (hash, _) = self.keys(budget);
             let cached: bool = redis::AsyncCommands::exists(&mut redis, &hash).await?;
             if cached {

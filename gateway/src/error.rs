@@ -47,6 +47,9 @@ pub enum ApiError {
     /// 403: authenticated, but the role does not allow this.
     #[error("{0}")]
     Forbidden(String),
+    /// 403 `exceeds_parent_key`: a key asked for more than the key making it has.
+    #[error("{0}")]
+    ExceedsParentKey(String),
     /// 404: no such resource in the caller's team.
     #[error("{0} not found")]
     NotFound(&'static str),
@@ -168,7 +171,7 @@ impl ApiError {
             | ApiError::InvalidSession
             | ApiError::SessionExpired
             | ApiError::InvalidCredentials => StatusCode::UNAUTHORIZED,
-            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::Forbidden(_) | ApiError::ExceedsParentKey(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) | ApiError::RouteNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::EmailTaken
@@ -217,6 +220,7 @@ impl ApiError {
             ApiError::SessionExpired => "session_expired",
             ApiError::InvalidCredentials => "invalid_credentials",
             ApiError::Forbidden(_) => "forbidden",
+            ApiError::ExceedsParentKey(_) => "exceeds_parent_key",
             ApiError::NotFound(_) => "not_found",
             ApiError::RouteNotFound(_) => "route_not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",

@@ -13,6 +13,7 @@ pub mod credits;
 pub mod error;
 pub mod http;
 pub mod jobs;
+pub mod keys;
 pub mod ratelimit;
 pub mod runs;
 pub mod sandboxes;

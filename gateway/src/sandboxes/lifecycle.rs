@@ -96,11 +96,14 @@ impl SystemStop<'_> {
                 "SELECT id FROM sandboxes WHERE id = ANY($5) AND state = $3 \
                  AND created_at < now() - make_interval(secs => $6)"
             }
+            // A key's cap holds for its whole lineage: a sandbox stops when its key or any
+            // of the key's ancestors is at its cap.
             SystemStop::SpendCap => {
                 "SELECT id FROM sandboxes WHERE state = $3 AND ( \
                      (max_credits IS NOT NULL AND spent_micro >= max_credits) \
-                     OR api_key_id IN (SELECT id FROM api_keys \
-                                       WHERE max_credits IS NOT NULL AND spent_micro >= max_credits))"
+                     OR api_key_id IN (SELECT k.id FROM api_keys k JOIN api_keys a \
+                                         ON a.id = k.id OR a.id = ANY(k.lineage) \
+                                       WHERE a.max_credits IS NOT NULL AND a.spent_micro >= a.max_credits))"
             }
             SystemStop::CreditsExhausted(_) => {
                 "SELECT id FROM sandboxes WHERE team_id = $5 AND state = $3"

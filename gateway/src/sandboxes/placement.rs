@@ -36,30 +36,31 @@ pub async fn create(
     let first_minute = sandbox
         .max_credits
         .map_or(first_minute, |cap| first_minute.min(cap));
+    // What the key spends counts against its ancestors' caps too.
+    let keys = crate::keys::with_ancestors(&state.db, owner.api_key_id).await?;
     if first_minute > 0 {
-        reserve(state, owner, id, first_minute).await?;
+        reserve(state, owner.team_id, &keys, id, first_minute).await?;
     }
     let created = place(state, owner, audit, sandbox, id).await;
     if created.is_err() && first_minute > 0 {
         let _ = state
             .admission
-            .release(owner.team_id, owner.api_key_id, id, first_minute)
+            .release(owner.team_id, &keys, id, first_minute)
             .await;
     }
     created
 }
 
-async fn reserve(state: &AppState, owner: Owner, id: Uuid, amount: i64) -> ApiResult<()> {
+async fn reserve(
+    state: &AppState,
+    team_id: Uuid,
+    keys: &[Uuid],
+    id: Uuid,
+    amount: i64,
+) -> ApiResult<()> {
     let admitted = state
         .admission
-        .reserve(
-            &state.db,
-            owner.team_id,
-            owner.api_key_id,
-            id,
-            amount,
-            60_000,
-        )
+        .reserve(&state.db, team_id, keys, id, amount, 60_000)
         .await
         .map_err(|error| ApiError::Unavailable(format!("credit admission: {error:#}")))?;
     match admitted {

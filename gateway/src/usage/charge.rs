@@ -17,9 +17,9 @@ use crate::state::AppState;
 /// Most rows one charging pass takes.
 const CHARGE_BATCH: i64 = 20_000;
 
-/// What one charging pass booked: (team, API key, amount) per debit, for the admission
-/// cache to follow once the pass has committed.
-pub type Charged = Vec<(Uuid, Option<Uuid>, i64)>;
+/// What one charging pass booked: (team, the API key charged and its ancestors, amount) per
+/// debit, for the admission cache to follow once the pass has committed.
+pub type Charged = Vec<(Uuid, Vec<Uuid>, i64)>;
 
 /// Micro-credits due for a sandbox's counters, from zero: charges are differences of this,
 /// so rounding never accumulates.
@@ -73,8 +73,8 @@ pub async fn charge(state: &AppState) -> anyhow::Result<usize> {
     charge_runtime(&mut transaction, billing, &mut charged).await?;
     let events = charge_events(&mut transaction, billing, &mut charged).await?;
     transaction.commit().await?;
-    for (team_id, api_key_id, amount) in charged {
-        state.admission.charged(team_id, api_key_id, amount).await?;
+    for (team_id, keys, amount) in charged {
+        state.admission.charged(team_id, &keys, amount).await?;
     }
     Ok(samples.max(events))
 }
@@ -126,9 +126,6 @@ async fn charge_runtime(
     .await?;
     for row in due {
         let booked_amount = charge_sandbox(&mut *transaction, billing, &row).await?;
-        if booked_amount > 0 {
-            charged.push((row.team_id, row.api_key_id, booked_amount));
-        }
         sqlx::query(
             "UPDATE sandboxes SET metered_seq = sampled_seq, metered_ms = sampled_ms, \
                metered_cpu_usec = sampled_cpu_usec, metered_final = sampled_final, \
@@ -138,7 +135,10 @@ async fn charge_runtime(
         .bind(booked_amount)
         .execute(&mut *transaction)
         .await?;
-        add_key_spend(&mut *transaction, row.api_key_id, booked_amount).await?;
+        let keys = add_key_spend(&mut *transaction, row.api_key_id, booked_amount).await?;
+        if booked_amount > 0 {
+            charged.push((row.team_id, keys, booked_amount));
+        }
     }
     Ok(())
 }
@@ -227,10 +227,10 @@ async fn charge_events(
         group.1.push(id);
     }
     for (group, (quantity, ids)) in groups {
-        if let Some(amount) =
+        if let Some((amount, keys)) =
             charge_group(&mut *transaction, billing, &group, quantity, &ids).await?
         {
-            charged.push((group.team_id, group.api_key_id, amount));
+            charged.push((group.team_id, keys, amount));
         }
     }
     Ok(taken)
@@ -246,14 +246,15 @@ struct EventGroup {
     subject: String,
 }
 
-/// Debits one group of events; returns the amount when it was booked now.
+/// Debits one group of events; returns the amount (and the keys it counts against) when it
+/// was booked now.
 async fn charge_group(
     transaction: &mut PgConnection,
     billing: &BillingSettings,
     group: &EventGroup,
     quantity: i64,
     ids: &[i64],
-) -> Result<Option<i64>, sqlx::Error> {
+) -> Result<Option<(i64, Vec<Uuid>)>, sqlx::Error> {
     let EventGroup {
         team_id,
         sandbox,
@@ -298,28 +299,36 @@ async fn charge_group(
             .execute(&mut *transaction)
             .await?;
     }
-    add_key_spend(&mut *transaction, *api_key_id, amount).await?;
+    let keys = add_key_spend(&mut *transaction, *api_key_id, amount).await?;
     sqlx::query("UPDATE usage_events SET transaction_id = $2 WHERE id = ANY($1)")
         .bind(ids)
         .bind(booked.transaction_id)
         .execute(&mut *transaction)
         .await?;
-    Ok(Some(amount))
+    Ok(Some((amount, keys)))
 }
 
+/// Adds a charge to the spending of the key and of each of its ancestors (whose caps hold for
+/// their whole lineage); returns those keys.
 async fn add_key_spend(
     transaction: &mut sqlx::PgConnection,
     api_key_id: Option<Uuid>,
     amount: i64,
-) -> Result<(), sqlx::Error> {
-    if let (Some(key), true) = (api_key_id, amount > 0) {
-        sqlx::query("UPDATE api_keys SET spent_micro = spent_micro + $2 WHERE id = $1")
-            .bind(key)
-            .bind(amount)
-            .execute(transaction)
-            .await?;
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    let Some(key) = api_key_id else {
+        return Ok(Vec::new());
+    };
+    if amount <= 0 {
+        return crate::keys::with_ancestors(transaction, Some(key)).await;
     }
-    Ok(())
+    sqlx::query_scalar(
+        "UPDATE api_keys SET spent_micro = spent_micro + $2 \
+         WHERE id = $1 OR id IN (SELECT unnest(lineage) FROM api_keys WHERE id = $1) RETURNING id",
+    )
+    .bind(key)
+    .bind(amount)
+    .fetch_all(transaction)
+    .await
 }
 
 #[cfg(test)]

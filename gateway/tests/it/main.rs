@@ -12,6 +12,7 @@ mod egress;
 mod egress_credentials;
 mod helpers;
 mod isolation;
+mod key_lineage;
 mod members;
 mod openapi;
 mod operations;

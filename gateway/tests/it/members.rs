@@ -73,8 +73,13 @@ async fn roles_govern_what_members_may_do() {
         .as_str()
         .unwrap()
         .to_owned();
+    // Not with another of his keys (lineage, not the creating user, decides), but as the
+    // person who made it.
+    app.delete(&format!("/v1/api-keys/{spare_id}"), &bob_key)
+        .await
+        .assert_error(403, "forbidden");
     assert_eq!(
-        app.delete(&format!("/v1/api-keys/{spare_id}"), &bob_key)
+        app.delete(&format!("/v1/api-keys/{spare_id}"), &bob_session)
             .await
             .status,
         204

@@ -601,3 +601,58 @@ async fn operators_grant_credits_over_http_once_per_key() {
     );
     assert_ledger_consistent(&app).await;
 }
+
+/// Two children of a key capped at 0.0012 credits each inherit the whole cap; together they
+/// may not spend more than their parent: the first child's sandbox reserves a minute (900),
+/// the second child's does not fit in what the parent has left; what the first child's
+/// sandbox spends is counted against the parent, and past the parent's cap it stops.
+#[tokio::test(flavor = "multi_thread")]
+async fn children_spend_against_their_parents_cap() {
+    let app = usage_app().await;
+    let worker = TestWorker::start(worker_config(&app, "w", 4, 0)).await;
+    let alice = app.signup(&crate::helpers::email("spend"), "Spend").await;
+    let token = alice.api_key.token.as_str();
+    let (parent_id, parent) = app
+        .create_key(token, json!({ "name": "agent", "max_credits": "0.0012" }))
+        .await;
+    let (_, first) = app.create_key(&parent, json!({ "name": "one" })).await;
+    let (_, second) = app.create_key(&parent, json!({ "name": "two" })).await;
+    let sandbox = create_ok(&app, &first, json!({})).await;
+    app.post("/v1/sandboxes", &second, json!({}))
+        .await
+        .assert_error(402, "spend_cap_reached");
+    // A GiB of egress (0.05 credits) by the first child's sandbox: charged to the child and
+    // counted against the parent, whose cap stops the sandbox.
+    let usage = UsageReport {
+        worker: worker.config.worker_id.clone(),
+        events: vec![event(
+            sandbox.parse().unwrap(),
+            "egress-child",
+            "egress_bytes",
+            "",
+            1 << 30,
+        )],
+        ..Default::default()
+    };
+    assert_eq!(report(&app, NODE_TOKEN, &usage).await.0, StatusCode::OK);
+    wait_until("the parent's cap", Duration::from_secs(20), || async {
+        app.get(&format!("/v1/sandboxes/{sandbox}"), token)
+            .await
+            .body["stop_reason"]
+            == "spend_cap"
+    })
+    .await;
+    let parent_key = app
+        .get(&format!("/v1/api-keys/{parent_id}"), token)
+        .await
+        .body;
+    assert!(
+        parent_key["spent_micro"].as_i64().unwrap() >= 50_000,
+        "{parent_key}"
+    );
+    // The team's own key is not held by the agent's cap.
+    let own = create_ok(&app, token, json!({})).await;
+    let answer = app.delete(&format!("/v1/sandboxes/{own}"), token).await;
+    assert_eq!(answer.status, StatusCode::NO_CONTENT);
+    worker.clean_up().await;
+}

@@ -4,7 +4,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use chrono::{Duration, Utc};
-use sandbase_api::{ApiKey, ApiKeyList, CreateApiKeyRequest, CreatedApiKey, ErrorBody, Role};
+use sandbase_api::{ApiKey, ApiKeyList, CreateApiKeyRequest, CreatedApiKey, ErrorBody};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
@@ -15,6 +15,7 @@ use crate::auth::Principal;
 use crate::auth::api_key::Invalidation;
 use crate::error::{ApiError, ApiResult};
 use crate::http::extract::{ApiJson, ApiPath};
+use crate::keys;
 use crate::state::AppState;
 
 /// Longest lifetime a key may be given.
@@ -65,12 +66,14 @@ async fn get_key(
     Ok(Json(row.to_api()))
 }
 
-/// Create an API key. Its `token` is in this answer only.
+/// Create an API key. Its `token` is in this answer only. A key made with a key is its
+/// child: at most its role, its remaining cap (the default) and its expiry (the default),
+/// revoked with it, and its spending counts against the parent's cap.
 #[utoipa::path(post, path = "/v1/api-keys", tag = "api-keys", security(("bearer" = [])),
     request_body = CreateApiKeyRequest,
     responses(
         (status = 201, description = "Created", body = CreatedApiKey),
-        (status = 403, description = "Requested role above the caller's", body = ErrorBody),
+        (status = 403, description = "Requested role above the caller's (`forbidden`), or a cap or expiry beyond what the key making it has (`exceeds_parent_key`)", body = ErrorBody),
         (status = 422, description = "Invalid field (`invalid_request`)", body = ErrorBody),
     ))]
 async fn create_key(
@@ -120,6 +123,12 @@ async fn create_key(
     let max_credits =
         crate::sandboxes::validate::parse_cap("max_credits", request.max_credits.as_deref())?;
     let mut transaction = state.db.begin().await?;
+    // A key made by a key is its child, bounded by it.
+    let parent = keys::parent_of(&mut transaction, &principal).await?;
+    let (max_credits, expires_at) = match &parent {
+        Some(parent) => keys::bound_by_parent(parent, max_credits, expires_at)?,
+        None => (max_credits, expires_at),
+    };
     let mut created = accounts::create_api_key(
         &mut transaction,
         principal.team_id,
@@ -129,14 +138,17 @@ async fn create_key(
         expires_at,
     )
     .await?;
-    if let Some(cap) = max_credits {
-        sqlx::query("UPDATE api_keys SET max_credits = $2 WHERE id = $1")
-            .bind(created.key.id)
-            .bind(cap)
-            .execute(&mut *transaction)
-            .await?;
-        created.key.max_credits_micro = Some(cap);
-    }
+    let lineage = parent
+        .as_ref()
+        .map(keys::Parent::child_lineage)
+        .unwrap_or_default();
+    sqlx::query("UPDATE api_keys SET max_credits = $2, lineage = $3 WHERE id = $1")
+        .bind(created.key.id)
+        .bind(max_credits)
+        .bind(&lineage)
+        .execute(&mut *transaction)
+        .await?;
+    created.key.max_credits_micro = max_credits;
     audit
         .record(
             &mut transaction,
@@ -149,9 +161,11 @@ async fn create_key(
     Ok((StatusCode::CREATED, Json(created)))
 }
 
-/// Revoke an API key. Every gateway stops accepting it within a second.
+/// Revoke an API key and the keys made with it. Every gateway stops accepting them within a
+/// second.
 ///
-/// Admins and owners may revoke any key of the team; members only the keys they created.
+/// A key may be revoked by itself and its ancestors, by the person who made it, and by
+/// admins and owners of at least its role.
 #[utoipa::path(delete, path = "/v1/api-keys/{id}", tag = "api-keys", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "API key id")),
     responses((status = 204, description = "Revoked"), (status = 403, description = "Role does not allow this (`forbidden`)", body = ErrorBody), (status = 404, description = "Not found in the caller's team (`not_found`)", body = ErrorBody)))]
@@ -163,36 +177,21 @@ async fn revoke_key(
 ) -> ApiResult<StatusCode> {
     let audit = context.action("api_key.revoke");
     let mut transaction = state.db.begin().await?;
-    let row: Option<(String, Option<Uuid>)> = sqlx::query_as(
-        "SELECT public_id, created_by FROM api_keys \
-         WHERE id = $1 AND team_id = $2 AND revoked_at IS NULL FOR UPDATE",
-    )
-    .bind(id)
-    .bind(principal.team_id)
-    .fetch_optional(&mut *transaction)
-    .await?;
-    let (public_id, created_by) = row.ok_or(ApiError::NotFound("API key"))?;
-    let own_key = created_by.is_some() && created_by == principal.user_id();
-    if !own_key {
-        principal.require(Role::Admin)?;
-    }
-    sqlx::query("UPDATE api_keys SET revoked_at = now() WHERE id = $1 AND team_id = $2")
-        .bind(id)
-        .bind(principal.team_id)
-        .execute(&mut *transaction)
-        .await?;
+    let revoked = keys::revoke(&mut transaction, &principal, id).await?;
     audit
         .record(
             &mut transaction,
             &principal,
             Some(format!("api_key:{id}")),
-            serde_json::json!({ "public_id": public_id }),
+            serde_json::json!({ "public_ids": revoked }),
         )
         .await?;
     transaction.commit().await?;
-    state
-        .invalidator
-        .publish(Invalidation::Key(public_id))
-        .await;
+    for public_id in revoked {
+        state
+            .invalidator
+            .publish(Invalidation::Key(public_id))
+            .await;
+    }
     Ok(StatusCode::NO_CONTENT)
 }
