@@ -194,6 +194,31 @@ impl RateLimiter {
         Ok(Decision::Allowed)
     }
 
+    /// Counts one attempt against `subject`, allowing `count` per `window`: a bucket of
+    /// `count` cells that refills evenly over the window (for slow limits such as sign-ups
+    /// an hour, which a per-second rate cannot express).
+    pub async fn check_window(
+        &self,
+        redis: &mut redis::aio::ConnectionManager,
+        subject: &str,
+        count: u32,
+        window: Duration,
+    ) -> redis::RedisResult<Decision> {
+        let count = count.max(1);
+        let interval_us = (window.as_micros() as u64 / u64::from(count)).max(1);
+        let bucket = format!("{subject}:{count}/{}s", window.as_secs());
+        let (granted, retry_after_us) = self
+            .acquire_at(redis, &bucket, interval_us, count, 1)
+            .await?;
+        Ok(if granted < 1 {
+            Decision::Limited {
+                retry_after_secs: retry_after_us.div_ceil(1_000_000).max(1),
+            }
+        } else {
+            Decision::Allowed
+        })
+    }
+
     /// Takes up to `wanted` tokens from the shared bucket: (granted, retry-after in µs).
     async fn acquire(
         &self,
@@ -204,11 +229,25 @@ impl RateLimiter {
         wanted: u32,
     ) -> redis::RedisResult<(u32, u64)> {
         let interval_us = (1_000_000 / u64::from(per_second)).max(1);
+        // The limit is part of the bucket's name: a changed limit starts a fresh bucket
+        // rather than inheriting a schedule computed at another rate.
+        let bucket = format!("{subject}:{per_second}/{burst}");
+        self.acquire_at(redis, &bucket, interval_us, burst, wanted)
+            .await
+    }
+
+    /// The GCRA script on `bucket`: one cell every `interval_us`, at most `burst` at once.
+    async fn acquire_at(
+        &self,
+        redis: &mut redis::aio::ConnectionManager,
+        bucket: &str,
+        interval_us: u64,
+        burst: u32,
+        wanted: u32,
+    ) -> redis::RedisResult<(u32, u64)> {
         let (granted, retry_after_us): (i64, i64) = self
             .script
-            // The limit is part of the bucket's name: a changed limit starts a fresh bucket
-            // rather than inheriting a schedule computed at another rate.
-            .key(format!("{}{subject}:{per_second}/{burst}", self.prefix))
+            .key(format!("{}{bucket}", self.prefix))
             .arg(interval_us)
             .arg(burst)
             .arg(wanted)

@@ -2,6 +2,7 @@
 //! turns a bearer token into one (API keys and dashboard sessions) and counts the request
 //! against the caller's rate limit; the HTTP layer makes it an extractor.
 
+pub mod abuse;
 pub mod api_key;
 pub mod authenticate;
 pub mod password;

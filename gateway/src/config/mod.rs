@@ -60,6 +60,8 @@ impl Default for Settings {
                 jwt_secret: None,
                 session_ttl_secs: 3600,
                 key_cache_capacity: 100_000,
+                signups_per_hour: 10,
+                logins_per_minute: 30,
             },
             rate_limit: RateLimitSettings {
                 per_second: 50,
@@ -188,6 +190,12 @@ impl Settings {
         if self.auth.session_ttl_secs == 0 || self.auth.session_ttl_secs > 7 * 24 * 3600 {
             return Err(ConfigError(
                 "key `auth.session_ttl_secs` must be between 1 and 604800".to_owned(),
+            ));
+        }
+        if self.auth.signups_per_hour == 0 || self.auth.logins_per_minute == 0 {
+            return Err(ConfigError(
+                "keys `auth.signups_per_hour` and `auth.logins_per_minute` must be at least 1"
+                    .to_owned(),
             ));
         }
         if self.rate_limit.per_second == 0 || self.rate_limit.burst == 0 {

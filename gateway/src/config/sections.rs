@@ -263,6 +263,10 @@ pub struct AuthSettings {
     pub session_ttl_secs: u64,
     /// Most API keys kept in each gateway's in-process cache.
     pub key_cache_capacity: usize,
+    /// Sign-ups from one address an hour (IPv6: one /64; an IPv4 /24 gets three times as many).
+    pub signups_per_hour: u32,
+    /// Logins from one address a minute (IPv6: one /64; an IPv4 /24 gets three times as many).
+    pub logins_per_minute: u32,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize)]

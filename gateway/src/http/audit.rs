@@ -2,9 +2,7 @@
 //! receive it as a [`RequestContext`]), and after the handler writes the row of a failed
 //! mutation or a failed authentication.
 
-use std::net::{IpAddr, SocketAddr};
-
-use axum::extract::{ConnectInfo, FromRequestParts, MatchedPath, Request, State};
+use axum::extract::{FromRequestParts, MatchedPath, Request, State};
 use axum::http::request::Parts;
 use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
@@ -49,7 +47,7 @@ pub async fn middleware(
             .extensions()
             .get::<RequestId>()
             .map(|id| id.0.clone()),
-        client_ip(&request, state.settings.server.trust_forwarded_for),
+        super::client_ip::client_ip(&request, state.settings.server.trust_forwarded_for),
     );
     request.extensions_mut().insert(slot.clone());
 
@@ -123,21 +121,4 @@ pub async fn middleware(
         }
     }
     response
-}
-
-fn client_ip(request: &Request, trust_forwarded_for: bool) -> Option<IpAddr> {
-    if trust_forwarded_for
-        && let Some(forwarded) = request
-            .headers()
-            .get("x-forwarded-for")
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.split(',').next())
-            .and_then(|value| value.trim().parse().ok())
-    {
-        return Some(forwarded);
-    }
-    request
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|info| info.0.ip())
 }

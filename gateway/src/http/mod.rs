@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod audit;
+pub mod client_ip;
 pub mod error;
 pub mod extract;
 pub mod internal;

@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used)] // Tests panic on purpose when an expectation fails.
 
+mod abuse;
 mod accounts;
 mod api_keys;
 mod architecture;

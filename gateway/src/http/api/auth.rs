@@ -13,8 +13,10 @@ use utoipa_axum::routes;
 
 use crate::accounts;
 use crate::audit::RequestContext;
+use crate::auth::abuse::{self, Attempt};
 use crate::auth::password;
 use crate::error::{ApiError, ApiResult};
+use crate::http::client_ip::ClientIp;
 use crate::http::extract::ApiJson;
 use crate::state::AppState;
 
@@ -30,13 +32,17 @@ pub fn router() -> OpenApiRouter<AppState> {
         (status = 201, description = "Account created; the API key token is shown only here", body = SignupResponse),
         (status = 409, description = "E-mail already registered (`email_taken`)", body = ErrorBody),
         (status = 422, description = "Invalid field (`invalid_request`)", body = ErrorBody),
+        (status = 429, description = "Too many sign-ups from this address or network (`rate_limited`, with `Retry-After`)", body = ErrorBody),
     ))]
 async fn signup(
     State(state): State<AppState>,
     context: RequestContext,
+    ClientIp(ip): ClientIp,
     ApiJson(request): ApiJson<SignupRequest>,
 ) -> ApiResult<(StatusCode, Json<SignupResponse>)> {
     let audit = context.action("auth.signup");
+    // Every sign-up is starter credits: an address gets a few an hour.
+    abuse::admit(&state, Attempt::Signup, ip).await?;
     let email = accounts::parse_email(&request.email)?;
     let team_name = accounts::parse_name("team_name", &request.team_name)?;
     password::check_new(&request.password)?;
@@ -86,13 +92,17 @@ async fn signup(
     responses(
         (status = 200, description = "OK", body = LoginResponse),
         (status = 401, description = "Wrong e-mail or password (`invalid_credentials`)", body = ErrorBody),
+        (status = 429, description = "Too many logins from this address or network (`rate_limited`, with `Retry-After`)", body = ErrorBody),
     ))]
 async fn login(
     State(state): State<AppState>,
     context: RequestContext,
+    ClientIp(ip): ClientIp,
     ApiJson(request): ApiJson<LoginRequest>,
 ) -> ApiResult<Json<LoginResponse>> {
     let audit = context.action("auth.login");
+    // Every login is a password guess: an address gets a few a minute.
+    abuse::admit(&state, Attempt::Login, ip).await?;
     if request.password.len() > password::MAX_LENGTH * 4 {
         return Err(ApiError::InvalidCredentials);
     }

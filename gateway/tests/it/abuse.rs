@@ -1,0 +1,127 @@
+//! Anonymous abuse of sign-up and login: one address (or one network) signing up again and
+//! again for starter credits, or guessing passwords, is refused with 429 and `Retry-After`,
+//! while other addresses are served as before.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::{TestApp, email, spawn_app_with};
+
+/// A gateway with the default sign-up and login limits, trusting `X-Forwarded-For` so the
+/// test can speak from several addresses.
+async fn abuse_app() -> TestApp {
+    spawn_app_with(|settings| {
+        let defaults = sandbase_gateway::Settings::default();
+        settings.auth.signups_per_hour = defaults.auth.signups_per_hour;
+        settings.auth.logins_per_minute = defaults.auth.logins_per_minute;
+        settings.server.trust_forwarded_for = true;
+    })
+    .await
+}
+
+/// POST `body` to `path` as if from `address`: the status, `Retry-After`, and the body.
+async fn post_from(
+    app: &TestApp,
+    address: &str,
+    path: &str,
+    body: Value,
+) -> (StatusCode, Option<String>, Value) {
+    let response = app
+        .http
+        .post(format!("{}{path}", app.address))
+        .header("x-forwarded-for", address)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .map(|value| value.to_str().unwrap().to_owned());
+    (
+        status,
+        retry_after,
+        response.json().await.unwrap_or(Value::Null),
+    )
+}
+
+async fn signup_from(app: &TestApp, address: &str) -> (StatusCode, Option<String>, Value) {
+    let body = json!({ "email": email("faucet"), "password": "a long password 123", "team_name": "Faucet" });
+    post_from(app, address, "/v1/auth/signup", body).await
+}
+
+#[tokio::test]
+async fn one_address_cannot_sign_up_for_starter_credits_again_and_again() {
+    let app = abuse_app().await;
+    let limit = sandbase_gateway::Settings::default().auth.signups_per_hour;
+    assert!(limit <= 10, "the default is no looser than 10 an hour");
+    for _ in 0..limit {
+        let (status, _, body) = signup_from(&app, "203.0.113.7").await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    let (status, retry_after, body) = signup_from(&app, "203.0.113.7").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["error"]["code"], "rate_limited");
+    assert!(retry_after.unwrap().parse::<u64>().unwrap() >= 1);
+    // Another address is served as before.
+    let (status, _, body) = signup_from(&app, "198.51.100.9").await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    // Rotating addresses within one /24 runs into the network's own limit.
+    let mut admitted = limit + 1;
+    let mut refused = 0;
+    for host in 8..(8 + 4 * limit) {
+        match signup_from(&app, &format!("203.0.113.{host}")).await.0 {
+            StatusCode::CREATED => admitted += 1,
+            StatusCode::TOO_MANY_REQUESTS => refused += 1,
+            other => panic!("{other}"),
+        }
+    }
+    assert!(refused > 0, "a /24 signed up {admitted} times");
+    assert!(
+        admitted <= 3 * limit + 1,
+        "a /24 signed up {admitted} times"
+    );
+    // IPv6: the addresses of one /64 are one address.
+    for host in 1..=limit {
+        let (status, _, body) = signup_from(&app, &format!("2001:db8:1:2::{host:x}")).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    let (status, _, _) = signup_from(&app, "2001:db8:1:2:ffff::1").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn one_address_cannot_guess_passwords_without_limit() {
+    let app = abuse_app().await;
+    let owner = email("owner");
+    app.signup(&owner, "Owner").await;
+    let limit = sandbase_gateway::Settings::default().auth.logins_per_minute;
+    assert!(limit <= 30, "the default is no looser than 30 a minute");
+    let guess = json!({ "email": owner, "password": "not the password" });
+    // The bucket refills evenly over the minute (one guess every 60/limit seconds), so the
+    // guesses allowed are the limit plus what refilled while they were checked.
+    let started = std::time::Instant::now();
+    let mut admitted = 0;
+    let refused = loop {
+        let (status, retry_after, body) =
+            post_from(&app, "203.0.113.50", "/v1/auth/login", guess.clone()).await;
+        match status {
+            StatusCode::UNAUTHORIZED => admitted += 1,
+            StatusCode::TOO_MANY_REQUESTS => break retry_after,
+            other => panic!("{other}: {body}"),
+        }
+        assert!(admitted <= 2 * limit, "{admitted} guesses and counting");
+    };
+    assert!(refused.is_some(), "429 without Retry-After");
+    let refilled = (started.elapsed().as_secs_f64() / (60.0 / f64::from(limit))).ceil() as u32;
+    assert!(
+        admitted >= limit && admitted <= limit + refilled,
+        "{admitted} guesses in {:?}",
+        started.elapsed()
+    );
+    // The owner, elsewhere, still logs in.
+    let right = json!({ "email": owner, "password": "correct horse battery staple" });
+    let (status, _, body) = post_from(&app, "198.51.100.20", "/v1/auth/login", right).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
