@@ -11,6 +11,7 @@ use super::lifecycle::{self, NewRun};
 use super::row::RunRow;
 use crate::audit::Audit;
 use crate::auth::Principal;
+use crate::credits::Admitted;
 use crate::error::{ApiError, ApiResult};
 use crate::sandboxes::{NewSandbox, Owner, validate};
 use crate::state::AppState;
@@ -98,9 +99,11 @@ pub async fn submit(
     // Named credentials must exist now (their values are read when the run starts).
     crate::secrets::ensure_exist(state, principal.team_id, &sandbox.credentials).await?;
     let timeout_secs = request.timeout_secs.unwrap_or(DEFAULT_COMMAND_TIMEOUT_SECS);
-    if timeout_secs == 0 || timeout_secs > MAX_COMMAND_TIMEOUT_SECS {
+    // A run's time is held to the longest lifetime a sandbox may have.
+    let max_timeout = MAX_COMMAND_TIMEOUT_SECS.min(state.settings.sandboxes.max_timeout_secs);
+    if timeout_secs == 0 || timeout_secs > max_timeout {
         return Err(ApiError::InvalidRequest(format!(
-            "`timeout_secs` must be between 1 and {MAX_COMMAND_TIMEOUT_SECS}"
+            "`timeout_secs` must be between 1 and {max_timeout}"
         )));
     }
     let outputs = request.outputs.unwrap_or_else(|| "/work/out".to_owned());
@@ -121,6 +124,7 @@ pub async fn submit(
         None => None,
     };
     let inputs = inputs_archive(&request.inputs.files, tar)?;
+    affordable(state, principal, &sandbox).await?;
     // Workers must exist and have the template (capacity may come later).
     state.workers.candidates(sandbox.template.as_str()).await?;
     queue(
@@ -136,6 +140,40 @@ pub async fn submit(
         },
     )
     .await
+}
+
+/// 402 unless the team (and the key's lineage) could pay for the run's first minute now:
+/// a run nobody can pay for is refused at the door rather than queued to fail later. The
+/// probe reservation is released at once (and would expire within a millisecond anyway).
+async fn affordable(
+    state: &AppState,
+    principal: &Principal,
+    sandbox: &NewSandbox,
+) -> ApiResult<()> {
+    let first_minute =
+        crate::credits::price_per_second(sandbox.resources, &state.settings.billing) * 60;
+    if first_minute <= 0 {
+        return Ok(());
+    }
+    let owner = Owner::of(principal);
+    let keys = crate::keys::with_ancestors(&state.db, owner.api_key_id).await?;
+    let probe = Uuid::now_v7();
+    let admitted = state
+        .admission
+        .reserve(&state.db, owner.team_id, &keys, probe, first_minute, 1)
+        .await
+        .map_err(|error| ApiError::Unavailable(format!("credit admission: {error:#}")))?;
+    match admitted {
+        Admitted::Yes => {
+            let _ = state
+                .admission
+                .release(owner.team_id, &keys, probe, first_minute)
+                .await;
+            Ok(())
+        }
+        Admitted::InsufficientCredits => Err(ApiError::InsufficientCredits),
+        Admitted::KeyCapReached => Err(ApiError::SpendCapReached),
+    }
 }
 
 /// A checked run, ready to be written and queued.

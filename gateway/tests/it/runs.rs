@@ -438,3 +438,62 @@ async fn a_redis_flush_loses_nothing() {
     drop(connection);
     worker.clean_up().await;
 }
+
+/// A team that cannot pay for a run's first minute cannot fill the queue with runs it will
+/// never pay for: refused at enqueue with 402. A run's time is held to the sandboxes'
+/// longest lifetime.
+#[tokio::test(flavor = "multi_thread")]
+async fn runs_are_refused_at_enqueue_without_credits_or_beyond_the_longest_lifetime() {
+    let app = crate::helpers::spawn_app_with(|settings| {
+        crate::testbed::configure_sandboxes(settings);
+        settings.billing.starter_credits = "0".to_owned();
+        settings.sandboxes.max_timeout_secs = 600;
+    })
+    .await;
+    let worker = TestWorker::start(worker_config(&app, "w", 2, 0)).await;
+    let broke = app.signup(&crate::helpers::email("broke"), "Broke").await;
+    let token = broke.api_key.token.as_str();
+    // Wait until the worker serves the template (a sandbox create says so by its answer).
+    wait_until("the worker", Duration::from_secs(20), || async {
+        !matches!(
+            app.post("/v1/sandboxes", token, json!({})).await.code(),
+            "no_workers" | "template_not_found"
+        )
+    })
+    .await;
+    let queued_before = app.count("SELECT count(*) FROM runs").await;
+    for _ in 0..3 {
+        app.post("/v1/runs", token, json!({ "command": "true" }))
+            .await
+            .assert_error(402, "insufficient_credits");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM runs").await, queued_before);
+    // With credits, a run longer than the longest sandbox lifetime is refused; a shorter
+    // one is queued.
+    let granted = app
+        .post(
+            &format!("/v1/admin/teams/{}/grants", broke.team.id),
+            crate::testbed::NODE_TOKEN,
+            json!({ "credits": "5" }),
+        )
+        .await;
+    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.body);
+    app.post(
+        "/v1/runs",
+        token,
+        json!({ "command": "true", "timeout_secs": 3600 }),
+    )
+    .await
+    .assert_error(422, "invalid_request");
+    let queued = app
+        .post(
+            "/v1/runs",
+            token,
+            json!({ "command": "true", "timeout_secs": 60 }),
+        )
+        .await;
+    assert_eq!(queued.status, StatusCode::ACCEPTED, "{}", queued.body);
+    let run = finished(&app, token, queued.body["id"].as_str().unwrap()).await;
+    assert_eq!(run["state"], "completed", "{run}");
+    worker.clean_up().await;
+}
