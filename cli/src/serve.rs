@@ -75,6 +75,18 @@ pub enum AdminCommand {
         #[arg(long, env = "SANDBASE_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Set how many sandboxes a team may have at once (or `--clear` it back to
+    /// `sandboxes.max_per_team`).
+    SandboxQuota {
+        #[arg(long)]
+        team: Uuid,
+        #[arg(long, required_unless_present = "clear")]
+        max: Option<u32>,
+        #[arg(long, conflicts_with = "max")]
+        clear: bool,
+        #[arg(long, env = "SANDBASE_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// Set a team's request rate limit (or `--clear` it back to the default).
     RateLimit {
         #[arg(long)]
@@ -300,38 +312,64 @@ pub fn admin(command: AdminCommand) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::FAILURE);
             }
         }
+        AdminCommand::SandboxQuota {
+            team,
+            max,
+            clear,
+            config,
+        } => {
+            let settings = load_operator_settings(config.as_deref())?;
+            let max = if clear { None } else { max };
+            runtime()?.block_on(async move {
+                let db = startup::connect_database(&settings).await?;
+                admin::set_team_sandbox_quota(&db, team, max).await
+            })?;
+            match max {
+                Some(max) => println!("team {team}: at most {max} sandboxes at once"),
+                None => println!("team {team}: the deployment's sandbox quota"),
+            }
+        }
         AdminCommand::RateLimit {
             team,
             per_second,
             burst,
             clear,
             config,
-        } => {
-            let settings = load_operator_settings(config.as_deref())?;
-            let limit = if clear {
-                None
-            } else {
-                let per_second = per_second.context("--per-second is required")?;
-                anyhow::ensure!(per_second > 0, "--per-second must be at least 1");
-                let burst = burst.unwrap_or(per_second);
-                anyhow::ensure!(burst > 0, "--burst must be at least 1");
-                Some((per_second, burst))
-            };
-            runtime()?.block_on(async move {
-                let db = startup::connect_database(&settings).await?;
-                let redis = startup::connect_redis(&settings).await?;
-                admin::set_team_rate_limit(&db, redis, &settings.redis.key_prefix, team, limit)
-                    .await
-            })?;
-            match limit {
-                Some((per_second, burst)) => {
-                    println!("team {team}: {per_second} requests/s, burst {burst}")
-                }
-                None => println!("team {team}: default rate limit"),
-            }
-        }
+        } => set_rate_limit(team, per_second, burst, clear, config.as_deref())?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `sandbase admin rate-limit`.
+fn set_rate_limit(
+    team: Uuid,
+    per_second: Option<u32>,
+    burst: Option<u32>,
+    clear: bool,
+    config: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    let settings = load_operator_settings(config)?;
+    let limit = if clear {
+        None
+    } else {
+        let per_second = per_second.context("--per-second is required")?;
+        anyhow::ensure!(per_second > 0, "--per-second must be at least 1");
+        let burst = burst.unwrap_or(per_second);
+        anyhow::ensure!(burst > 0, "--burst must be at least 1");
+        Some((per_second, burst))
+    };
+    runtime()?.block_on(async move {
+        let db = startup::connect_database(&settings).await?;
+        let redis = startup::connect_redis(&settings).await?;
+        admin::set_team_rate_limit(&db, redis, &settings.redis.key_prefix, team, limit).await
+    })?;
+    match limit {
+        Some((per_second, burst)) => {
+            println!("team {team}: {per_second} requests/s, burst {burst}")
+        }
+        None => println!("team {team}: default rate limit"),
+    }
+    Ok(())
 }
 
 /// Operator commands need the database and Redis, not the session secret.

@@ -37,3 +37,21 @@ pub async fn set_team_rate_limit(
     invalidator.publish(Invalidation::Team(team_id)).await;
     Ok(())
 }
+
+/// Sets (or with `None`, clears back to `sandboxes.max_per_team`) how many sandboxes a
+/// team may have at once.
+pub async fn set_team_sandbox_quota(
+    db: &PgPool,
+    team_id: Uuid,
+    max: Option<u32>,
+) -> anyhow::Result<()> {
+    let max = max.map(i32::try_from).transpose()?;
+    anyhow::ensure!(max.is_none_or(|max| max >= 1), "a quota is at least 1");
+    let updated = sqlx::query("UPDATE teams SET max_sandboxes = $2 WHERE id = $1")
+        .bind(team_id)
+        .bind(max)
+        .execute(db)
+        .await?;
+    anyhow::ensure!(updated.rows_affected() == 1, "no team with id {team_id}");
+    Ok(())
+}

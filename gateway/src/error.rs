@@ -134,6 +134,11 @@ pub enum ApiError {
     /// 429: too many requests; retry after the given number of seconds.
     #[error("rate limit exceeded: retry after {retry_after_secs} s")]
     RateLimited { retry_after_secs: u64 },
+    /// 429 `sandbox_quota_reached`: the team holds its quota of sandboxes.
+    #[error(
+        "the team holds its quota of {0} sandboxes at once: destroy one, or ask the operator for more"
+    )]
+    SandboxQuotaReached(u32),
     /// 503 `no_workers`: no worker is connected.
     #[error("no worker is connected to this gateway")]
     NoWorkers,
@@ -196,7 +201,9 @@ impl ApiError {
             ApiError::InvalidNodeToken | ApiError::InvalidOperatorToken => StatusCode::UNAUTHORIZED,
             ApiError::StripeError => StatusCode::BAD_GATEWAY,
             ApiError::InvalidSignature => StatusCode::BAD_REQUEST,
-            ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::RateLimited { .. } | ApiError::SandboxQuotaReached(_) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::NoWorkers | ApiError::NoCapacity => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::SandboxNotRunning(_) => StatusCode::CONFLICT,
@@ -248,6 +255,7 @@ impl ApiError {
             ApiError::NoArtifact => "no_artifact",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Unavailable(_) => "unavailable",
+            ApiError::SandboxQuotaReached(_) => "sandbox_quota_reached",
             ApiError::NoWorkers => "no_workers",
             ApiError::NoCapacity => "no_capacity",
             ApiError::SandboxNotRunning(_) => "sandbox_not_running",

@@ -192,6 +192,11 @@ impl Settings {
                 "key `auth.session_ttl_secs` must be between 1 and 604800".to_owned(),
             ));
         }
+        if self.sandboxes.max_per_team == 0 {
+            return Err(ConfigError(
+                "key `sandboxes.max_per_team` must be at least 1".to_owned(),
+            ));
+        }
         if self.auth.signups_per_hour == 0 || self.auth.logins_per_minute == 0 {
             return Err(ConfigError(
                 "keys `auth.signups_per_hour` and `auth.logins_per_minute` must be at least 1"

@@ -193,6 +193,9 @@ pub struct SandboxSettings {
     pub max_resources: ResourceSettings,
     /// Largest file or archive upload, in bytes.
     pub upload_limit_bytes: u64,
+    /// Sandboxes a team may have at once (creating or running), unless the operator set the
+    /// team's own (`sandbase admin sandbox-quota`).
+    pub max_per_team: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -321,6 +324,7 @@ impl Default for SandboxSettings {
                 pids: 4096,
             },
             upload_limit_bytes: 1024 * 1024 * 1024,
+            max_per_team: 20,
         }
     }
 }

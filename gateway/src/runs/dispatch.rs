@@ -252,7 +252,10 @@ async fn carry_out(
     drop(placing);
     let created = match created {
         Ok(created) => created,
-        Err(ApiError::NoCapacity | ApiError::NoWorkers) => return Ok(Outcome::NoRoom),
+        // No room on the workers, or in the team's quota: the run waits its turn again.
+        Err(ApiError::NoCapacity | ApiError::NoWorkers | ApiError::SandboxQuotaReached(_)) => {
+            return Ok(Outcome::NoRoom);
+        }
         Err(error) => return Err(anyhow::Error::new(error)),
     };
     let sandbox = created.row.id;

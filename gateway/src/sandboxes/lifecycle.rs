@@ -207,6 +207,36 @@ pub async fn insert_creating(
     Ok(())
 }
 
+/// A team's sandboxes at once: how many it holds (creating or running) and may hold.
+pub struct Quota {
+    pub held: u32,
+    pub max: u32,
+}
+
+/// Locks the team's sandbox count until the caller's transaction ends, and reads it with
+/// the team's quota (its own, else `default_max`).
+pub async fn lock_team_quota(
+    connection: &mut PgConnection,
+    team_id: Uuid,
+    default_max: u32,
+) -> Result<Quota, sqlx::Error> {
+    let (own_max,): (Option<i32>,) =
+        sqlx::query_as("SELECT max_sandboxes FROM teams WHERE id = $1 FOR UPDATE")
+            .bind(team_id)
+            .fetch_one(&mut *connection)
+            .await?;
+    let held: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM sandboxes WHERE team_id = $1 AND state <> $2")
+            .bind(team_id)
+            .bind(SandboxState::Stopped)
+            .fetch_one(connection)
+            .await?;
+    Ok(Quota {
+        held: u32::try_from(held).unwrap_or(u32::MAX),
+        max: own_max.map_or(default_max, |max| max.max(1) as u32),
+    })
+}
+
 /// Notes the worker a `creating` sandbox is being placed on.
 pub async fn assign_worker(
     connection: &mut PgConnection,

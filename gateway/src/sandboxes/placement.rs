@@ -85,9 +85,20 @@ async fn place(
     // written), and wiped once it has been sent.
     let credentials =
         crate::secrets::unseal_for_sandbox(state, owner.team_id, &sandbox.credentials).await?;
-    let mut connection = state.db.acquire().await?;
+    // The row is written only while the team is under its quota (counted and written under
+    // the team's lock, so concurrent creates cannot all slip under it).
+    let mut transaction = state.db.begin().await?;
+    let quota = lifecycle::lock_team_quota(
+        &mut transaction,
+        owner.team_id,
+        state.settings.sandboxes.max_per_team,
+    )
+    .await?;
+    if quota.held >= quota.max {
+        return Err(ApiError::SandboxQuotaReached(quota.max));
+    }
     lifecycle::insert_creating(
-        &mut connection,
+        &mut transaction,
         NewRow {
             id,
             owner,
@@ -95,7 +106,7 @@ async fn place(
         },
     )
     .await?;
-    drop(connection);
+    transaction.commit().await?;
     let mut request = CreateSandbox {
         id,
         template: sandbox.template.into_string(),

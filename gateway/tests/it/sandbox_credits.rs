@@ -207,3 +207,55 @@ async fn runtime_is_charged_and_zero_credits_stop_sandboxes_after_the_grace_peri
     drop(connection);
     worker.clean_up().await;
 }
+
+/// A team cannot hold a whole node: at most its quota of sandboxes at once, even when it
+/// asks for many at the same moment; other teams are served; the operator sets a team's own.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_team_holds_at_most_its_quota_of_sandboxes() {
+    let app = crate::helpers::spawn_app_with(|settings| {
+        crate::testbed::configure_sandboxes(settings);
+        settings.sandboxes.max_per_team = 3;
+    })
+    .await;
+    let worker = TestWorker::start(worker_config(&app, "w", 10, 0)).await;
+    let greedy = app.signup(&crate::helpers::email("greedy"), "Greedy").await;
+    let token = greedy.api_key.token.as_str();
+    let mut held = vec![create_ok(&app, token, json!({})).await];
+    // Many at once: no more than the quota in all.
+    let attempts: Vec<_> = (0..8)
+        .map(|_| app.post("/v1/sandboxes", token, json!({})))
+        .collect();
+    let mut refused = 0;
+    for answer in futures_util::future::join_all(attempts).await {
+        match answer.status {
+            StatusCode::CREATED => held.push(answer.body["id"].as_str().unwrap().to_owned()),
+            StatusCode::TOO_MANY_REQUESTS => {
+                assert_eq!(answer.code(), "sandbox_quota_reached", "{}", answer.body);
+                refused += 1;
+            }
+            other => panic!("{other}: {}", answer.body),
+        }
+    }
+    assert_eq!((held.len(), refused), (3, 6));
+    // Another team is served.
+    let other = app.signup(&crate::helpers::email("other"), "Other").await;
+    let theirs = create_ok(&app, &other.api_key.token, json!({})).await;
+    // The operator gives the team a quota of its own.
+    sandbase_gateway::admin::set_team_sandbox_quota(&app.db, greedy.team.id, Some(4))
+        .await
+        .unwrap();
+    held.push(create_ok(&app, token, json!({})).await);
+    app.post("/v1/sandboxes", token, json!({}))
+        .await
+        .assert_error(429, "sandbox_quota_reached");
+    // A destroyed sandbox makes room again.
+    let freed = held.pop().unwrap();
+    app.delete(&format!("/v1/sandboxes/{freed}"), token).await;
+    held.push(create_ok(&app, token, json!({})).await);
+    for id in &held {
+        app.delete(&format!("/v1/sandboxes/{id}"), token).await;
+    }
+    app.delete(&format!("/v1/sandboxes/{theirs}"), &other.api_key.token)
+        .await;
+    worker.clean_up().await;
+}

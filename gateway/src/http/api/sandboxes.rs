@@ -57,6 +57,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     responses(
         (status = 201, description = "Created and running", body = Sandbox),
         (status = 422, description = "Invalid field, or no worker has the template (`template_not_found`)", body = ErrorBody),
+        (status = 429, description = "The team holds its quota of sandboxes (`sandbox_quota_reached`)", body = ErrorBody),
         (status = 503, description = "No worker (`no_workers`) or no room (`no_capacity`)", body = ErrorBody),
     ))]
 async fn create_sandbox(
