@@ -72,6 +72,11 @@ const JOBS: &[Job] = &[
         run: |state| Box::pin(grant_expiry(state)),
     },
     Job {
+        name: "failed_auth",
+        every: SECOND,
+        run: |state| Box::pin(failed_auth(state)),
+    },
+    Job {
         name: "key_last_used",
         every: LAST_USED_FLUSH_INTERVAL,
         run: |state| Box::pin(key_last_used(state)),
@@ -189,6 +194,12 @@ async fn zero_credits(state: AppState) -> anyhow::Result<()> {
 async fn grant_expiry(state: AppState) -> anyhow::Result<()> {
     let mut connection = state.db.acquire().await?;
     sandbase_billing::expire_grants(&mut connection).await?;
+    Ok(())
+}
+
+/// The counted failed authentications of windows that ended.
+async fn failed_auth(state: AppState) -> anyhow::Result<()> {
+    crate::failed_auth::flush(&state.failed_auth, &state.db).await?;
     Ok(())
 }
 

@@ -11,6 +11,7 @@ pub mod auth;
 pub mod config;
 pub mod credits;
 pub mod error;
+pub mod failed_auth;
 pub mod http;
 pub mod jobs;
 pub mod keys;

@@ -116,6 +116,9 @@ impl Application {
                 .context("building the HTTP client")?,
             worker_client: Arc::new(WorkerClient::new(settings.workers.node_token.clone())?),
             routes: Arc::new(RouteCache::default()),
+            failed_auth: Arc::new(crate::failed_auth::FailedAuthBook::new(
+                Duration::from_secs(settings.auth.failed_auth_window_secs),
+            )),
             admission: Arc::new(Admission::new(redis.clone(), &settings.redis.key_prefix)),
             run_queue: Arc::new(RunQueue::new(redis.clone(), &settings.redis.key_prefix)),
             artifacts: Arc::new(ArtifactStore::from_settings(&settings.runs)?),

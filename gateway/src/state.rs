@@ -10,6 +10,7 @@ use crate::auth::api_key::{Invalidator, KeyCache, LastUsed};
 use crate::auth::session::SessionKeys;
 use crate::config::Settings;
 use crate::credits::Admission;
+use crate::failed_auth::FailedAuthBook;
 use crate::ratelimit::RateLimiter;
 use crate::runs::queue::RunQueue;
 use crate::runs::store::ArtifactStore;
@@ -58,6 +59,8 @@ pub struct Services {
     pub artifacts: Arc<ArtifactStore>,
     /// Credit reservations in Redis.
     pub admission: Arc<Admission>,
+    /// Failed authentications counted between their audit rows.
+    pub failed_auth: Arc<FailedAuthBook>,
     /// Cached sandbox → worker routes.
     pub routes: Arc<RouteCache>,
     /// The served OpenAPI document, rendered once at start-up.

@@ -62,6 +62,7 @@ impl Default for Settings {
                 key_cache_capacity: 100_000,
                 signups_per_hour: 10,
                 logins_per_minute: 30,
+                failed_auth_window_secs: 60,
             },
             rate_limit: RateLimitSettings {
                 per_second: 50,
@@ -185,22 +186,33 @@ impl Settings {
         Ok(())
     }
 
-    /// Sizes, lifetimes, rates and prices.
-    fn validate_limits(&self) -> Result<(), ConfigError> {
+    /// Sessions, and the limits on what anyone may try before authenticating.
+    fn validate_auth(&self) -> Result<(), ConfigError> {
         if self.auth.session_ttl_secs == 0 || self.auth.session_ttl_secs > 7 * 24 * 3600 {
             return Err(ConfigError(
                 "key `auth.session_ttl_secs` must be between 1 and 604800".to_owned(),
             ));
         }
-        if self.sandboxes.max_per_team == 0 {
+        if self.auth.failed_auth_window_secs == 0 || self.auth.failed_auth_window_secs > 3600 {
             return Err(ConfigError(
-                "key `sandboxes.max_per_team` must be at least 1".to_owned(),
+                "key `auth.failed_auth_window_secs` must be between 1 and 3600".to_owned(),
             ));
         }
         if self.auth.signups_per_hour == 0 || self.auth.logins_per_minute == 0 {
             return Err(ConfigError(
                 "keys `auth.signups_per_hour` and `auth.logins_per_minute` must be at least 1"
                     .to_owned(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Sizes, lifetimes, rates and prices.
+    fn validate_limits(&self) -> Result<(), ConfigError> {
+        self.validate_auth()?;
+        if self.sandboxes.max_per_team == 0 {
+            return Err(ConfigError(
+                "key `sandboxes.max_per_team` must be at least 1".to_owned(),
             ));
         }
         if self.rate_limit.per_second == 0 || self.rate_limit.burst == 0 {

@@ -270,6 +270,9 @@ pub struct AuthSettings {
     pub signups_per_hour: u32,
     /// Logins from one address a minute (IPv6: one /64; an IPv4 /24 gets three times as many).
     pub logins_per_minute: u32,
+    /// Failed authentications of one address and credential are audited once at once, then as
+    /// one row with their count per this many seconds.
+    pub failed_auth_window_secs: u64,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize)]

@@ -1,16 +1,19 @@
 //! The audit layer of the API routes: it prepares each request's [`AuditSlot`] (handlers
 //! receive it as a [`RequestContext`]), and after the handler writes the row of a failed
-//! mutation or a failed authentication.
+//! mutation or a failed authentication (the latter aggregated per address and credential).
+
+use std::net::IpAddr;
 
 use axum::extract::{FromRequestParts, MatchedPath, Request, State};
 use axum::http::request::Parts;
-use axum::http::{Method, StatusCode};
+use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
 
 use super::request_id::RequestId;
 use crate::audit::{AuditSlot, Entry, RequestContext, insert};
 use crate::error::ApiError;
+use crate::failed_auth::{FailureKey, credential_label};
 use crate::state::AppState;
 
 impl<S: Send + Sync> FromRequestParts<S> for RequestContext {
@@ -31,7 +34,7 @@ impl<S: Send + Sync> FromRequestParts<S> for RequestContext {
 }
 
 /// Route layer: prepares the slot, and after the handler writes the row of a failed
-/// mutation or a failed authentication.
+/// mutation or a failed authentication (aggregated: see `failed_auth`).
 pub async fn middleware(
     State(state): State<AppState>,
     mut request: Request,
@@ -49,67 +52,17 @@ pub async fn middleware(
             .map(|id| id.0.clone()),
         super::client_ip::client_ip(&request, state.settings.server.trust_forwarded_for),
     );
+    let credential = credential_label(
+        request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok()),
+    );
     request.extensions_mut().insert(slot.clone());
 
     let response = next.run(request).await;
 
-    let status = response.status();
-    let entry = {
-        let slot_state = slot.lock();
-        if slot_state.written {
-            return response;
-        }
-        let method = &slot_state.method;
-        let mutating = !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
-        if let Some(team_id) = slot_state.authentication_failure {
-            Some((
-                Entry {
-                    team_id,
-                    actor_type: "anonymous",
-                    actor_id: None,
-                    action: "auth.failed".to_owned(),
-                    target: Some(format!("{method} {}", slot_state.route)),
-                    outcome: "denied",
-                    status_code: Some(status.as_u16()),
-                    details: serde_json::json!({}),
-                },
-                slot_state.request_id.clone(),
-                slot_state.source_ip,
-            ))
-        } else if mutating && status != StatusCode::TOO_MANY_REQUESTS && !status.is_success() {
-            // Rate-limited calls are counted in metrics, not written: a flood must not turn
-            // into a flood of Postgres writes.
-            let (team_id, actor_type, actor_id) = match &slot_state.principal {
-                Some(principal) => (
-                    Some(principal.team_id),
-                    principal.actor_type(),
-                    Some(principal.actor_id()),
-                ),
-                None => (None, "anonymous", None),
-            };
-            let outcome = if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
-                "denied"
-            } else {
-                "failure"
-            };
-            Some((
-                Entry {
-                    team_id,
-                    actor_type,
-                    actor_id,
-                    action: slot_state.action(),
-                    target: None,
-                    outcome,
-                    status_code: Some(status.as_u16()),
-                    details: serde_json::json!({}),
-                },
-                slot_state.request_id.clone(),
-                slot_state.source_ip,
-            ))
-        } else {
-            None
-        }
-    };
+    let entry = failure_row(&state, &slot, credential, response.status());
     if let Some((entry, request_id, source_ip)) = entry {
         let result = async {
             let mut connection = state.db.acquire().await?;
@@ -121,4 +74,72 @@ pub async fn middleware(
         }
     }
     response
+}
+
+type Row = (Entry, Option<String>, Option<IpAddr>);
+
+/// The row a request that failed leaves, if any: a failed authentication (the first of its
+/// window; the rest are counted), or a refused or failed mutation (not a 429: a flood must
+/// not turn into a flood of PostgreSQL writes).
+fn failure_row(
+    state: &AppState,
+    slot: &AuditSlot,
+    credential: String,
+    status: StatusCode,
+) -> Option<Row> {
+    let slot_state = slot.lock();
+    if slot_state.written {
+        return None;
+    }
+    let method = &slot_state.method;
+    let target = format!("{method} {}", slot_state.route);
+    if let Some(team_id) = slot_state.authentication_failure {
+        let key = FailureKey {
+            source_ip: slot_state.source_ip,
+            credential: credential.clone(),
+            team_id,
+        };
+        if !state.failed_auth.note(key, &target, status.as_u16()) {
+            return None;
+        }
+        let entry = Entry {
+            team_id,
+            actor_type: "anonymous",
+            actor_id: None,
+            action: "auth.failed".to_owned(),
+            target: Some(target),
+            outcome: "denied",
+            status_code: Some(status.as_u16()),
+            details: serde_json::json!({ "count": 1, "credential": credential }),
+        };
+        return Some((entry, slot_state.request_id.clone(), slot_state.source_ip));
+    }
+    let mutating = !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
+    if !mutating || status == StatusCode::TOO_MANY_REQUESTS || status.is_success() {
+        return None;
+    }
+    let (team_id, actor_type, actor_id) = match &slot_state.principal {
+        Some(principal) => (
+            Some(principal.team_id),
+            principal.actor_type(),
+            Some(principal.actor_id()),
+        ),
+        None => (None, "anonymous", None),
+    };
+    let outcome = if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
+        "denied"
+    } else {
+        "failure"
+    };
+    let entry = Entry {
+        team_id,
+        actor_type,
+        actor_id,
+        action: slot_state.action(),
+        target: None,
+        outcome,
+        status_code: Some(status.as_u16()),
+        details: serde_json::json!({}),
+    };
+    Some((entry, slot_state.request_id.clone(), slot_state.source_ip))
 }

@@ -125,3 +125,40 @@ async fn one_address_cannot_guess_passwords_without_limit() {
     let (status, _, body) = post_from(&app, "198.51.100.20", "/v1/auth/login", right).await;
     assert_eq!(status, StatusCode::OK, "{body}");
 }
+
+/// A flood of requests with a bogus key must not become a flood of audit rows: the first
+/// failure of an address and credential is written at once, the rest of its window as one
+/// row with their count.
+#[tokio::test]
+async fn failed_authentications_are_audited_in_aggregate() {
+    let app = spawn_app_with(|settings| settings.auth.failed_auth_window_secs = 2).await;
+    let owner = app.signup(&email("flooded"), "Flooded").await;
+    let bogus = "sb_aaaaaaaaaaaaaaaa_bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+    let failed_rows = "SELECT count(*) FROM audit_events WHERE action = 'auth.failed'";
+    for _ in 0..300 {
+        app.get("/v1/me", bogus)
+            .await
+            .assert_error(401, "invalid_api_key");
+    }
+    assert_eq!(app.count(failed_rows).await, 1, "one row at once");
+    // Once the window is over, one more row carries the rest.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while app.count(failed_rows).await < 2 {
+        assert!(std::time::Instant::now() < deadline, "no summary row");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!(app.count(failed_rows).await, 2);
+    let (count, credential): (i64, String) = sqlx::query_as(
+        "SELECT (details->>'count')::bigint, details->>'credential' FROM audit_events \
+         WHERE action = 'auth.failed' ORDER BY occurred_at DESC, id DESC LIMIT 1",
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!((count, credential.as_str()), (299, "sb_aaaaaaaaaaaaaaaa"));
+    // The team's own key is served all along.
+    assert_eq!(
+        app.get("/v1/me", &owner.api_key.token).await.status,
+        StatusCode::OK
+    );
+}
