@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use axum::extract::{FromRequestParts, MatchedPath, Request, State};
 use axum::http::request::Parts;
-use axum::http::{Method, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
 
@@ -52,17 +52,14 @@ pub async fn middleware(
             .map(|id| id.0.clone()),
         super::client_ip::client_ip(&request, state.settings.server.trust_forwarded_for),
     );
-    let credential = credential_label(
-        request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|value| value.to_str().ok()),
-    );
+    // Kept (a reference-counted clone) for the failure path only; most requests never
+    // need its label.
+    let authorization = request.headers().get(header::AUTHORIZATION).cloned();
     request.extensions_mut().insert(slot.clone());
 
     let response = next.run(request).await;
 
-    let entry = failure_row(&state, &slot, credential, response.status());
+    let entry = failure_row(&state, &slot, authorization, response.status());
     if let Some((entry, request_id, source_ip)) = entry {
         let result = async {
             let mut connection = state.db.acquire().await?;
@@ -84,7 +81,7 @@ type Row = (Entry, Option<String>, Option<IpAddr>);
 fn failure_row(
     state: &AppState,
     slot: &AuditSlot,
-    credential: String,
+    authorization: Option<HeaderValue>,
     status: StatusCode,
 ) -> Option<Row> {
     let slot_state = slot.lock();
@@ -94,6 +91,8 @@ fn failure_row(
     let method = &slot_state.method;
     let target = format!("{method} {}", slot_state.route);
     if let Some(team_id) = slot_state.authentication_failure {
+        let credential =
+            credential_label(authorization.as_ref().and_then(|value| value.to_str().ok()));
         let key = FailureKey {
             source_ip: slot_state.source_ip,
             credential: credential.clone(),

@@ -11,9 +11,8 @@ use super::lifecycle::{self, NewRun};
 use super::row::RunRow;
 use crate::audit::Audit;
 use crate::auth::Principal;
-use crate::credits::Admitted;
 use crate::error::{ApiError, ApiResult};
-use crate::sandboxes::{NewSandbox, Owner, validate};
+use crate::sandboxes::{NewSandbox, Owner, placement, validate};
 use crate::state::AppState;
 
 /// The inputs of a run as one tar archive: the given archive, then the named files.
@@ -158,22 +157,12 @@ async fn affordable(
     let owner = Owner::of(principal);
     let keys = crate::keys::with_ancestors(&state.db, owner.api_key_id).await?;
     let probe = Uuid::now_v7();
-    let admitted = state
+    placement::reserve(state, owner.team_id, &keys, probe, first_minute, 1).await?;
+    let _ = state
         .admission
-        .reserve(&state.db, owner.team_id, &keys, probe, first_minute, 1)
-        .await
-        .map_err(|error| ApiError::Unavailable(format!("credit admission: {error:#}")))?;
-    match admitted {
-        Admitted::Yes => {
-            let _ = state
-                .admission
-                .release(owner.team_id, &keys, probe, first_minute)
-                .await;
-            Ok(())
-        }
-        Admitted::InsufficientCredits => Err(ApiError::InsufficientCredits),
-        Admitted::KeyCapReached => Err(ApiError::SpendCapReached),
-    }
+        .release(owner.team_id, &keys, probe, first_minute)
+        .await;
+    Ok(())
 }
 
 /// A checked run, ready to be written and queued.

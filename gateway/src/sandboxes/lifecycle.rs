@@ -225,12 +225,15 @@ pub async fn lock_team_quota(
             .bind(team_id)
             .fetch_one(&mut *connection)
             .await?;
-    let held: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM sandboxes WHERE team_id = $1 AND state <> $2")
-            .bind(team_id)
-            .bind(SandboxState::Stopped)
-            .fetch_one(connection)
-            .await?;
+    // The predicate is written out (not bound) so the planner can use the partial index
+    // `sandboxes_team_live`, which holds only live sandboxes: the count never walks a team's
+    // history.
+    let held: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sandboxes WHERE team_id = $1 AND state <> 'stopped'",
+    )
+    .bind(team_id)
+    .fetch_one(connection)
+    .await?;
     Ok(Quota {
         held: u32::try_from(held).unwrap_or(u32::MAX),
         max: own_max.map_or(default_max, |max| max.max(1) as u32),

@@ -39,7 +39,7 @@ pub async fn create(
     // What the key spends counts against its ancestors' caps too.
     let keys = crate::keys::with_ancestors(&state.db, owner.api_key_id).await?;
     if first_minute > 0 {
-        reserve(state, owner.team_id, &keys, id, first_minute).await?;
+        reserve(state, owner.team_id, &keys, id, first_minute, 60_000).await?;
     }
     let created = place(state, owner, audit, sandbox, id).await;
     if created.is_err() && first_minute > 0 {
@@ -51,16 +51,20 @@ pub async fn create(
     created
 }
 
-async fn reserve(
+/// Reserves `amount` for `ttl_ms` against the team's credits and the caps of `keys` (a key
+/// and its ancestors): 402 `insufficient_credits` or `spend_cap_reached` when one refuses,
+/// 503 when Redis cannot answer (spend control fails closed).
+pub async fn reserve(
     state: &AppState,
     team_id: Uuid,
     keys: &[Uuid],
     id: Uuid,
     amount: i64,
+    ttl_ms: u64,
 ) -> ApiResult<()> {
     let admitted = state
         .admission
-        .reserve(&state.db, team_id, keys, id, amount, 60_000)
+        .reserve(&state.db, team_id, keys, id, amount, ttl_ms)
         .await
         .map_err(|error| ApiError::Unavailable(format!("credit admission: {error:#}")))?;
     match admitted {
