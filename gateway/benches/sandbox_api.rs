@@ -141,6 +141,8 @@ fn main() -> anyhow::Result<()> {
         settings.sandboxes.default_resources.memory_mb = LIMITS.memory_mb;
         settings.sandboxes.default_resources.disk_mb = LIMITS.disk_mb;
         settings.sandboxes.default_resources.pids = LIMITS.pids;
+        // The density run holds hundreds of sandboxes for one team.
+        settings.sandboxes.max_per_team = 100_000;
         let application = Application::build(settings).await?;
         let url = format!("http://{}", application.local_addr());
         tokio::spawn(application.run_until_stopped(std::future::pending()));
