@@ -17,12 +17,21 @@ use serde_json::Value;
 
 use crate::testbed::{TestWorker, create_ok, sandbox_app, sh, worker_config};
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// A base port for the egress proxy: it binds TCP `port`, `port + 1`, `port + 2` and UDP
+/// `port + 3` on every address. Taken below the kernel's ephemeral range, where the suite's
+/// own outgoing connections (which take ephemeral ports) cannot be holding one of them.
+pub fn proxy_ports() -> u16 {
+    use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+    for _ in 0..1000 {
+        let base: u16 = rand::random_range(20_000..32_000);
+        let at = |offset: u16| SocketAddr::from((Ipv4Addr::UNSPECIFIED, base + offset));
+        let free = (0..3).all(|offset| TcpListener::bind(at(offset)).is_ok())
+            && UdpSocket::bind(at(3)).is_ok();
+        if free {
+            return base;
+        }
+    }
+    panic!("no four free ports for the egress proxy");
 }
 
 /// The `sandbase` executable, whose `egress-proxy` the worker runs (scripts/test builds it).
@@ -81,7 +90,7 @@ async fn egress_scene() -> (Scene, TestWorker) {
     let mut config = worker_config(&app, "w", 8, 0);
     config.node.egress = Some(EgressConfig {
         pool: "10.213.0.0".parse().unwrap(),
-        proxy_port: free_port(),
+        proxy_port: proxy_ports(),
         resolver: Resolver::Fixed(HashMap::from([
             ("allowed.test.example".to_owned(), vec![public]),
             ("denied.test.example".to_owned(), vec![public]),
@@ -554,7 +563,7 @@ pub fn credentials_worker(
         .push(("base".to_owned(), TemplateSource::Tarball(tarball.into())));
     config.node.egress = Some(EgressConfig {
         pool: "10.214.0.0".parse().unwrap(),
-        proxy_port: free_port(),
+        proxy_port: proxy_ports(),
         resolver: Resolver::Fixed(HashMap::from([
             ("api.test.example".to_owned(), vec![public]),
             ("git.test.example".to_owned(), vec![public]),
