@@ -129,25 +129,26 @@ impl Client {
         check(response).await
     }
 
-    /// An operator call on an internal route, with the node token instead of an API key.
+    /// An operator call on the internal listener, with the operator token instead of an API
+    /// key.
     pub async fn operator(
         &self,
         method: Method,
         path: &str,
-        node_token: &str,
+        (internal_url, operator_token): (&str, &str),
         content_type: &str,
         body: reqwest::Body,
     ) -> anyhow::Result<reqwest::Response> {
-        let url = format!("{}{path}", self.base_url);
+        let base = internal_url.trim_end_matches('/');
         let response = self
             .http
-            .request(method, &url)
-            .header("x-sandbase-node-token", node_token)
+            .request(method, format!("{base}{path}"))
+            .bearer_auth(operator_token)
             .header("content-type", content_type)
             .body(body)
             .send()
             .await
-            .with_context(|| format!("cannot reach the SandBase API at {}", self.base_url))?;
+            .with_context(|| format!("cannot reach the gateway's internal listener at {base}"))?;
         check(response).await
     }
 

@@ -10,7 +10,6 @@ use rand::Rng;
 use rand::distr::Alphanumeric;
 use sandbase_api::Role;
 use sandbase_gateway::auth::api_key::{ApiKeyToken, KeyRecord};
-use sandbase_gateway::auth::password;
 use sandbase_gateway::{Application, Settings, accounts, admin, startup};
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
@@ -155,7 +154,11 @@ pub fn server(args: ServerArgs) -> anyhow::Result<ExitCode> {
     let _telemetry = telemetry::init(&settings.telemetry)?;
     runtime()?.block_on(async move {
         let application = Application::build(settings).await?;
-        tracing::info!(address = %application.local_addr(), "gateway listening");
+        tracing::info!(
+            address = %application.local_addr(),
+            internal = %application.internal_addr(),
+            "gateway listening"
+        );
         application
             .run_until_stopped(crate::signal::shutdown_signal())
             .await
@@ -175,6 +178,7 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     defaults.redis.url = Some(SecretString::from(DEV_REDIS_URL));
     defaults.auth.jwt_secret = Some(SecretString::from(state.jwt_secret.clone()));
     defaults.workers.node_token = Some(SecretString::from(state.node_token.clone()));
+    defaults.auth.operator_token = Some(SecretString::from(state.operator_token.clone()));
     defaults.vault.keys = vec![SecretString::from(state.vault_key.clone())];
     let mut settings = Settings::load_with_defaults(defaults, args.config.as_deref())?;
     settings.server.listen = args.listen;
@@ -189,6 +193,7 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async move {
         let application = Application::build(settings).await?;
         let address = application.local_addr();
+        let internal = format!("http://{}", application.internal_addr());
         let api_key = ensure_dev_account(&application, &mut state).await?;
         state.save(&state_dir)?;
         let url = format!("http://{address}");
@@ -199,7 +204,7 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         let worker = if args.no_worker {
             None
         } else {
-            let config = args.node.service_config(&url, &node_token)?;
+            let config = args.node.service_config(&internal, &node_token)?;
             println!(
                 "  starting the worker (templates are built on first start; `base` takes a minute)"
             );
@@ -213,8 +218,13 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         println!("  API key    {api_key}");
         println!("  Login      {} / {}", state.email, state.password);
         println!("  OpenAPI    {url}/v1/openapi.json");
+        println!("  Internal   {internal} (workers, templates, /metrics)");
         println!();
         println!("  export SANDBASE_URL={url} SANDBASE_API_KEY={api_key}");
+        println!(
+            "  operator:  export SANDBASE_INTERNAL_URL={internal} SANDBASE_OPERATOR_TOKEN={}",
+            state.operator_token
+        );
         if saved {
             println!("  (saved for the CLI: `sandbase whoami` works as is)");
         }
@@ -398,6 +408,9 @@ struct DevState {
     /// Shared by the dev gateway and its worker.
     #[serde(default = "new_node_token")]
     node_token: String,
+    /// The dev operator's token (admin routes, template operations).
+    #[serde(default = "new_node_token")]
+    operator_token: String,
     /// The dev vault's key-encryption key.
     #[serde(default = "new_vault_key")]
     vault_key: String,
@@ -425,6 +438,7 @@ impl DevState {
                 password: random_string(20),
                 api_key: None,
                 node_token: new_node_token(),
+                operator_token: new_node_token(),
                 vault_key: new_vault_key(),
             }),
             Err(error) => Err(error).with_context(|| format!("reading {}", path.display())),
@@ -470,7 +484,10 @@ async fn ensure_dev_account(
                 (team.id, user.id)
             }
             None => {
-                let hash = password::hash(SecretString::from(state.password.clone()))
+                let hash = application
+                    .state()
+                    .passwords
+                    .hash(SecretString::from(state.password.clone()))
                     .await
                     .map_err(|error| anyhow::anyhow!("hashing the dev password: {error}"))?;
                 let (user, team) =

@@ -1,5 +1,5 @@
-//! `sandbase template …`: the operator's templates (import, pull, remove need the node
-//! token) and the list every team sees.
+//! `sandbase template …`: the operator's templates (import, pull and remove go to the
+//! gateway's internal listener with the operator token) and the list every team sees.
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -54,9 +54,24 @@ pub enum TemplateCommand {
 
 #[derive(clap::Args)]
 pub struct OperatorArgs {
-    /// The deployment's node token (the gateway's `workers.node_token`).
-    #[arg(long, env = "SANDBASE_NODE_TOKEN", hide_env_values = true)]
-    node_token: String,
+    /// The deployment's operator token (the gateway's `auth.operator_token`).
+    #[arg(long, env = "SANDBASE_OPERATOR_TOKEN", hide_env_values = true)]
+    operator_token: String,
+    /// The gateway's internal listener (`server.internal_listen`), where template
+    /// operations are served.
+    #[arg(
+        long,
+        env = "SANDBASE_INTERNAL_URL",
+        default_value = "http://127.0.0.1:8081"
+    )]
+    internal_url: String,
+}
+
+impl OperatorArgs {
+    /// The internal listener's URL and the operator token.
+    fn credentials(&self) -> (&str, &str) {
+        (&self.internal_url, &self.operator_token)
+    }
 }
 
 fn print_templates(list: &Value) {
@@ -106,7 +121,7 @@ pub async fn run(global: &GlobalArgs, command: TemplateCommand) -> anyhow::Resul
                 .operator(
                     Method::POST,
                     &paths::template_pull(&name),
-                    &operator.node_token,
+                    operator.credentials(),
                     "application/json",
                     serde_json::to_vec(&body)?.into(),
                 )
@@ -118,7 +133,7 @@ pub async fn run(global: &GlobalArgs, command: TemplateCommand) -> anyhow::Resul
                 .operator(
                     Method::DELETE,
                     &paths::template(&name),
-                    &operator.node_token,
+                    operator.credentials(),
                     "application/json",
                     reqwest::Body::from(Vec::new()),
                 )
@@ -254,7 +269,7 @@ async fn import(
         .operator(
             Method::PUT,
             &format!("{}?format={format}", paths::template(name)),
-            &operator.node_token,
+            operator.credentials(),
             "application/x-tar",
             reqwest::Body::wrap_stream(chunks),
         )

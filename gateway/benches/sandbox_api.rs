@@ -145,6 +145,7 @@ fn main() -> anyhow::Result<()> {
         settings.sandboxes.max_per_team = 100_000;
         let application = Application::build(settings).await?;
         let url = format!("http://{}", application.local_addr());
+        let internal = format!("http://{}", application.internal_addr());
         tokio::spawn(application.run_until_stopped(std::future::pending()));
 
         let socket = std::env::var("SANDBASE_CONTAINERD_SOCKET")
@@ -169,7 +170,7 @@ fn main() -> anyhow::Result<()> {
             },
             listen: "127.0.0.1:0".parse()?,
             advertise_url: None,
-            gateway_url: url.clone(),
+            gateway_url: internal.clone(),
             node_token: NODE_TOKEN.to_owned(),
             worker_id: "bench".to_owned(),
             heartbeat_interval: Duration::from_millis(500),

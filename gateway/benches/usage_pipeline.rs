@@ -175,6 +175,7 @@ fn main() -> anyhow::Result<()> {
         let db = sqlx::PgPool::connect(database_url.expose_secret()).await?;
         let application = Application::build(settings).await?;
         let url = format!("http://{}", application.local_addr());
+        let internal = format!("http://{}", application.internal_addr());
         tokio::spawn(application.run_until_stopped(std::future::pending()));
         let http = reqwest::Client::new();
         let signup: Value = http
@@ -215,7 +216,7 @@ fn main() -> anyhow::Result<()> {
                 .execute(&db)
                 .await?;
             http_samples +=
-                ingest_over_http(&http, &url, sample_batches(&sandboxes, 1 + round * 1000, half), Vec::new()).await;
+                ingest_over_http(&http, &internal, sample_batches(&sandboxes, 1 + round * 1000, half), Vec::new()).await;
         }
         let events: Vec<UsageEvent> = (0..total)
             .map(|index| UsageEvent {
@@ -229,7 +230,7 @@ fn main() -> anyhow::Result<()> {
             .collect();
         let event_batches: Vec<Vec<UsageEvent>> =
             events.chunks(REPORT).map(<[UsageEvent]>::to_vec).collect();
-        let http_events = ingest_over_http(&http, &url, Vec::new(), event_batches).await;
+        let http_events = ingest_over_http(&http, &internal, Vec::new(), event_batches).await;
         loop {
             let (waiting,): (i64,) = sqlx::query_as(
                 "SELECT (SELECT count(*) FROM usage_samples WHERE NOT processed) + \

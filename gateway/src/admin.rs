@@ -3,7 +3,7 @@
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::auth::api_key::{Invalidation, Invalidator, KeyCache};
+use crate::auth::key_cache::{Invalidation, Invalidator, KeyCache};
 
 /// Sets (or with `None`, clears) a team's rate limit, and tells every gateway.
 pub async fn set_team_rate_limit(
@@ -32,7 +32,7 @@ pub async fn set_team_rate_limit(
     let invalidator = Invalidator::new(
         redis,
         crate::startup::invalidation_channel(key_prefix),
-        std::sync::Arc::new(KeyCache::new(1)),
+        std::sync::Arc::new(KeyCache::new(1, std::time::Duration::ZERO)),
     );
     invalidator.publish(Invalidation::Team(team_id)).await;
     Ok(())

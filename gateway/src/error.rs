@@ -110,8 +110,10 @@ pub enum ApiError {
     /// 401 `invalid_node_token`: an internal call without this deployment's node token.
     #[error("missing or wrong node token")]
     InvalidNodeToken,
-    /// 401 `invalid_operator_token`: an operator route without the node token.
-    #[error("operator routes take the node token (`Authorization: Bearer <workers.node_token>`)")]
+    /// 401 `invalid_operator_token`: an operator route without the operator token.
+    #[error(
+        "operator routes take the operator token (`Authorization: Bearer <auth.operator_token>`)"
+    )]
     InvalidOperatorToken,
     /// 422 `unknown_price`: a usage event the price table has no price for.
     #[error("{0}")]
@@ -151,6 +153,9 @@ pub enum ApiError {
     /// A worker's answer passed on: its own status and code, or 502.
     #[error(transparent)]
     Worker(#[from] WorkerError),
+    /// 503 `busy`: every password-hashing slot is taken; retry in a second.
+    #[error("the server is busy checking passwords; retry in a second")]
+    Busy,
     /// 503: a dependency (Postgres, Redis) is unavailable.
     #[error("service unavailable: {0}")]
     Unavailable(String),
@@ -204,7 +209,7 @@ impl ApiError {
             ApiError::RateLimited { .. } | ApiError::SandboxQuotaReached(_) => {
                 StatusCode::TOO_MANY_REQUESTS
             }
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::Busy => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::NoWorkers | ApiError::NoCapacity => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::SandboxNotRunning(_) => StatusCode::CONFLICT,
             ApiError::Worker(error) => error.status_code(),
@@ -255,6 +260,7 @@ impl ApiError {
             ApiError::NoArtifact => "no_artifact",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Unavailable(_) => "unavailable",
+            ApiError::Busy => "busy",
             ApiError::SandboxQuotaReached(_) => "sandbox_quota_reached",
             ApiError::NoWorkers => "no_workers",
             ApiError::NoCapacity => "no_capacity",

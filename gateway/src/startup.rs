@@ -1,7 +1,7 @@
 //! Building and running the gateway: `Application::build` connects, migrates and binds
 //! (port 0 works, for tests); `run_until_stopped` serves until the shutdown future fires.
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -16,7 +16,8 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use crate::auth::api_key::{self, Invalidator, KeyCache, LastUsed};
+use crate::auth::api_key::LastUsed;
+use crate::auth::key_cache::{self, Invalidator, KeyCache};
 use crate::auth::session::SessionKeys;
 use crate::config::Settings;
 use crate::credits::Admission;
@@ -31,6 +32,9 @@ pub struct Application {
     listener: TcpListener,
     local_addr: SocketAddr,
     router: Router,
+    internal_listener: TcpListener,
+    internal_addr: SocketAddr,
+    internal_router: Router,
     state: AppState,
     background: Vec<JoinHandle<()>>,
 }
@@ -72,6 +76,46 @@ pub async fn connect_redis(settings: &Settings) -> anyhow::Result<redis::aio::Co
         .context("connecting to Redis (redis.url)")
 }
 
+/// Binds a listener (port 0 works) and reads back its address.
+async fn bind(address: SocketAddr, key: &str) -> anyhow::Result<(TcpListener, SocketAddr)> {
+    let listener = TcpListener::bind(address)
+        .await
+        .with_context(|| format!("binding {key} ({address})"))?;
+    let bound = listener
+        .local_addr()
+        .with_context(|| format!("reading the address bound for {key}"))?;
+    Ok((listener, bound))
+}
+
+/// The periodic jobs, the key-invalidation listener and the run dispatcher.
+fn spawn_background(
+    state: &AppState,
+    redis_client: redis::Client,
+    channel: String,
+    keys: Arc<KeyCache>,
+) -> Vec<JoinHandle<()>> {
+    let mut background = crate::jobs::spawn_all(state);
+    background.push(tokio::spawn(
+        key_cache::run_invalidation_listener(
+            redis_client,
+            channel,
+            keys,
+            Duration::from_secs(state.settings.auth.key_cache_ping_secs),
+        )
+        .instrument(tracing::info_span!("key_invalidation")),
+    ));
+    background.push(tokio::spawn(
+        crate::runs::dispatch::dispatch_forever(
+            state.clone(),
+            Arc::new(tokio::sync::Semaphore::new(
+                state.settings.runs.max_concurrent,
+            )),
+        )
+        .instrument(tracing::info_span!("run_dispatcher")),
+    ));
+    background
+}
+
 impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Application> {
         let db = connect_database(&settings).await?;
@@ -82,7 +126,10 @@ impl Application {
         let redis_client = redis::Client::open(settings.redis_url()?.expose_secret())
             .context("parsing redis.url")?;
 
-        let keys = Arc::new(KeyCache::new(settings.auth.key_cache_capacity));
+        let keys = Arc::new(KeyCache::new(
+            settings.auth.key_cache_capacity,
+            Duration::from_secs(settings.auth.key_cache_ttl_secs),
+        ));
         let channel = invalidation_channel(&settings.redis.key_prefix);
         let invalidator = Invalidator::new(redis.clone(), channel.clone(), keys.clone());
         let jwt_secret = settings
@@ -116,6 +163,15 @@ impl Application {
                 .context("building the HTTP client")?,
             worker_client: Arc::new(WorkerClient::new(settings.workers.node_token.clone())?),
             routes: Arc::new(RouteCache::default()),
+            ip_guard: Arc::new(crate::ip_guard::IpGuard::new(
+                settings.server.requests_per_ip_per_second,
+                settings.server.requests_per_ip_burst,
+                settings.auth.failed_auth_per_minute,
+            )),
+            passwords: Arc::new(crate::auth::password::Passwords::new(
+                settings.auth.password_slots,
+                Duration::from_secs(1),
+            )),
             failed_auth: Arc::new(crate::failed_auth::FailedAuthBook::new(
                 Duration::from_secs(settings.auth.failed_auth_window_secs),
             )),
@@ -127,30 +183,23 @@ impl Application {
             settings: Arc::new(settings),
         });
         let router = routes.into_router(state.clone());
+        let internal_router = crate::http::internal_router(state.clone());
 
-        let mut background = crate::jobs::spawn_all(&state);
-        background.push(tokio::spawn(
-            api_key::run_invalidation_listener(redis_client, channel, keys)
-                .instrument(tracing::info_span!("key_invalidation")),
-        ));
-        background.push(tokio::spawn(
-            crate::runs::dispatch::dispatch_forever(
-                state.clone(),
-                Arc::new(tokio::sync::Semaphore::new(
-                    state.settings.runs.max_concurrent,
-                )),
-            )
-            .instrument(tracing::info_span!("run_dispatcher")),
-        ));
+        let background = spawn_background(&state, redis_client, channel, keys);
 
-        let listener = TcpListener::bind(state.settings.server.listen)
-            .await
-            .with_context(|| format!("binding server.listen ({})", state.settings.server.listen))?;
-        let local_addr = listener.local_addr().context("reading the bound address")?;
+        let (listener, local_addr) = bind(state.settings.server.listen, "server.listen").await?;
+        let (internal_listener, internal_addr) = bind(
+            state.settings.server.internal_listen,
+            "server.internal_listen",
+        )
+        .await?;
         Ok(Application {
             listener,
             local_addr,
             router,
+            internal_listener,
+            internal_addr,
+            internal_router,
             state,
             background,
         })
@@ -159,6 +208,11 @@ impl Application {
     /// The address actually bound (useful with port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The internal listener's address (workers and the operator's tools).
+    pub fn internal_addr(&self) -> SocketAddr {
+        self.internal_addr
     }
 
     pub fn state(&self) -> &AppState {
@@ -174,20 +228,29 @@ impl Application {
         let Application {
             listener,
             router,
+            internal_listener,
+            internal_router,
             state,
             background,
             ..
         } = self;
-        let (stop_sender, mut stop_receiver) = tokio::sync::watch::channel(false);
-        let server = axum::serve(
+        let (stop_sender, stop_receiver) = tokio::sync::watch::channel(false);
+        let grace = Duration::from_secs(state.settings.server.shutdown_grace_secs);
+        let limits = crate::http::serve::Limits::from_settings(&state.settings.server);
+        let internal = tokio::spawn(crate::http::serve::serve(
+            internal_listener,
+            internal_router,
+            limits,
+            stop_receiver.clone(),
+            grace,
+        ));
+        let mut server = tokio::spawn(crate::http::serve::serve(
             listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move {
-            let _ = stop_receiver.wait_for(|stop| *stop).await;
-        })
-        .into_future();
-        tokio::pin!(server);
+            router,
+            limits,
+            stop_receiver,
+            grace,
+        ));
         tokio::select! {
             result = &mut server => {
                 result.context("serving HTTP")?;
@@ -195,13 +258,11 @@ impl Application {
             () = shutdown => {
                 tracing::info!("shutting down: finishing in-flight requests");
                 let _ = stop_sender.send(true);
-                let grace = Duration::from_secs(state.settings.server.shutdown_grace_secs);
-                match tokio::time::timeout(grace, &mut server).await {
-                    Ok(result) => result.context("serving HTTP")?,
-                    Err(_) => tracing::warn!("in-flight requests did not finish within the grace period"),
-                }
+                server.await.context("serving HTTP")?;
             }
         }
+        let _ = stop_sender.send(true);
+        internal.await.context("serving the internal plane")?;
         for task in background {
             task.abort();
         }

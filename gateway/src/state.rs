@@ -6,7 +6,8 @@ use std::sync::Arc;
 use metrics_exporter_prometheus::PrometheusHandle;
 use sqlx::PgPool;
 
-use crate::auth::api_key::{Invalidator, KeyCache, LastUsed};
+use crate::auth::api_key::LastUsed;
+use crate::auth::key_cache::{Invalidator, KeyCache};
 use crate::auth::session::SessionKeys;
 use crate::config::Settings;
 use crate::credits::Admission;
@@ -59,6 +60,10 @@ pub struct Services {
     pub artifacts: Arc<ArtifactStore>,
     /// Credit reservations in Redis.
     pub admission: Arc<Admission>,
+    /// Per-address request and failed-authentication limits, in memory.
+    pub ip_guard: Arc<crate::ip_guard::IpGuard>,
+    /// Argon2 with a bounded number of hashes at once.
+    pub passwords: Arc<crate::auth::password::Passwords>,
     /// Failed authentications counted between their audit rows.
     pub failed_auth: Arc<FailedAuthBook>,
     /// Cached sandbox → worker routes.

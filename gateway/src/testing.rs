@@ -16,6 +16,9 @@ use crate::config::Settings;
 pub const DEFAULT_DATABASE_URL: &str = "postgres://sandbase:sandbase@127.0.0.1:5432/sandbase";
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 
+/// The operator token of test gateways.
+pub const OPERATOR_TOKEN: &str = "test-operator-token-0123456789";
+
 pub fn redis_url() -> String {
     std::env::var("SANDBASE_TEST_REDIS_URL").unwrap_or_else(|_| DEFAULT_REDIS_URL.to_owned())
 }
@@ -54,10 +57,16 @@ pub async fn settings() -> Settings {
         Uuid::new_v4().simple(),
         Uuid::new_v4().simple()
     )));
+    settings.server.internal_listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    settings.auth.operator_token = Some(SecretString::from(OPERATOR_TOKEN));
     settings.rate_limit.per_second = 10_000;
     settings.rate_limit.burst = 10_000;
     // Every test signs up from 127.0.0.1; the abuse tests set the real limits.
     settings.auth.signups_per_hour = 1_000_000;
     settings.auth.logins_per_minute = 1_000_000;
+    // Likewise every request (many failing on purpose) and every connection.
+    settings.server.requests_per_ip_per_second = 0;
+    settings.auth.failed_auth_per_minute = 0;
+    settings.server.max_connections_per_ip = 0;
     settings
 }

@@ -17,10 +17,15 @@ use uuid::Uuid;
 
 pub const BINARY: &str = env!("CARGO_BIN_EXE_sandbase");
 
+/// The operator token of the test servers.
+pub const OPERATOR_TOKEN: &str = "cli-test-operator-token-0123456789";
+
 /// A `sandbase server` child process with its own database and Redis prefix.
 pub struct Server {
     pub child: Child,
     pub url: String,
+    /// The internal listener: workers and the operator's template commands.
+    pub internal: String,
     pub config_home: PathBuf,
     pub database_url: String,
 }
@@ -30,6 +35,7 @@ impl Server {
         install_crypto_provider();
         let database_url = sandbase_gateway::testing::fresh_database().await;
         let port = free_port();
+        let internal_port = free_port();
         let config_home =
             std::env::temp_dir().join(format!("sandbase-cli-{}", Uuid::new_v4().simple()));
         let mut command = Command::new(BINARY);
@@ -48,6 +54,11 @@ impl Server {
                 format!("{}{}", Uuid::new_v4().simple(), Uuid::new_v4().simple()),
             )
             .env("SANDBASE_SERVER__SHUTDOWN_GRACE_SECS", "10")
+            .env(
+                "SANDBASE_SERVER__INTERNAL_LISTEN",
+                format!("127.0.0.1:{internal_port}"),
+            )
+            .env("SANDBASE_AUTH__OPERATOR_TOKEN", OPERATOR_TOKEN)
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         for (key, value) in extra_env {
@@ -57,6 +68,7 @@ impl Server {
         let server = Server {
             child,
             url: format!("http://127.0.0.1:{port}"),
+            internal: format!("http://127.0.0.1:{internal_port}"),
             config_home,
             database_url,
         };
@@ -88,6 +100,7 @@ impl Server {
             .env("HOME", &self.config_home)
             .env("XDG_CONFIG_HOME", &self.config_home)
             .env("SANDBASE_URL", &self.url)
+            .env("SANDBASE_INTERNAL_URL", &self.internal)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

@@ -190,7 +190,7 @@ async fn first_sandbox(server: &Server, extra: &[&str]) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_cli_creates_runs_copies_and_destroys_sandboxes() {
     let server = sandbox_server().await;
-    let worker = WorkerProcess::start(&server.url);
+    let worker = WorkerProcess::start(&server.internal);
     sign_up(&server, "Sandboxes");
 
     let id = first_sandbox(&server, &["--timeout", "600", "--env", "WHO=cli"]).await;
@@ -385,7 +385,7 @@ async fn the_cli_creates_runs_copies_and_destroys_sandboxes() {
         .status()
         .unwrap();
     assert!(packed.success());
-    let operator = [("SANDBASE_NODE_TOKEN", NODE_TOKEN)];
+    let operator = [("SANDBASE_OPERATOR_TOKEN", crate::OPERATOR_TOKEN)];
     let output = server.cli(
         &[
             "template",
@@ -409,7 +409,7 @@ async fn the_cli_creates_runs_copies_and_destroys_sandboxes() {
             "tiny",
             "--rootfs",
         ],
-        &[("SANDBASE_NODE_TOKEN", "wrong-token-0123456789")],
+        &[("SANDBASE_OPERATOR_TOKEN", NODE_TOKEN)],
         None,
     );
     assert!(!output.status.success());
@@ -450,7 +450,7 @@ async fn the_cli_creates_runs_copies_and_destroys_sandboxes() {
 async fn a_worker_killed_with_sigkill_leaves_nothing_once_restarted() {
     let server = sandbox_server().await;
     let unique = Uuid::new_v4().simple().to_string();
-    let mut worker = WorkerProcess::start_as(&server.url, &unique);
+    let mut worker = WorkerProcess::start_as(&server.internal, &unique);
     sign_up(&server, "Crash");
     let id = first_sandbox(&server, &[]).await;
     let output = server.cli(
@@ -492,7 +492,7 @@ async fn a_worker_killed_with_sigkill_leaves_nothing_once_restarted() {
     worker.child.wait().unwrap();
     assert_eq!(worker.containers().len(), before.len());
 
-    let restarted = WorkerProcess::start_as(&server.url, &unique);
+    let restarted = WorkerProcess::start_as(&server.internal, &unique);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let output = server.cli(&["sandbox", "get", &id], &[], None);

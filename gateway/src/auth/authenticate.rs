@@ -8,6 +8,7 @@ use chrono::Utc;
 use sandbase_api::Role;
 
 use super::api_key::{self, ApiKeyToken, KeyRecord};
+use super::key_cache::Lookup;
 use super::session;
 use super::{Actor, Principal};
 use crate::error::ApiError;
@@ -40,13 +41,18 @@ pub async fn authenticate(
 async fn authenticate_api_key(token: &str, state: &AppState) -> Result<Principal, ApiError> {
     let token = ApiKeyToken::parse(token).ok_or(ApiError::InvalidApiKey { team_id: None })?;
     let record = match state.keys.get(&token.public_id) {
-        Some(record) => record,
-        None => {
+        Lookup::Known(record) => record,
+        Lookup::Unknown => return Err(ApiError::InvalidApiKey { team_id: None }),
+        Lookup::Miss => {
             let epoch = state.keys.epoch();
-            let record = KeyRecord::load(&state.db, &token.public_id)
-                .await?
-                .ok_or(ApiError::InvalidApiKey { team_id: None })?;
-            state.keys.insert(epoch, Arc::new(record))
+            state.keys.note_lookup();
+            match KeyRecord::load(&state.db, &token.public_id).await? {
+                Some(record) => state.keys.insert(epoch, Arc::new(record)),
+                None => {
+                    state.keys.insert_unknown(epoch, &token.public_id);
+                    return Err(ApiError::InvalidApiKey { team_id: None });
+                }
+            }
         }
     };
     // Check the secret before saying anything about the key's state, so a guessed

@@ -5,6 +5,7 @@
 pub mod abuse;
 pub mod api_key;
 pub mod authenticate;
+pub mod key_cache;
 pub mod password;
 pub mod session;
 

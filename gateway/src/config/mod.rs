@@ -12,7 +12,10 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 
+mod cidr;
 mod sections;
+
+pub use cidr::Cidr;
 
 pub use sections::{
     AuthSettings, BillingSettings, ConfigError, DatabaseSettings, EVENT_KINDS, LogFormat, Price,
@@ -43,9 +46,15 @@ impl Default for Settings {
         Settings {
             server: ServerSettings {
                 listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+                internal_listen: SocketAddr::from(([127, 0, 0, 1], 8081)),
                 body_limit_bytes: 1024 * 1024,
-                trust_forwarded_for: false,
+                trusted_proxies: Vec::new(),
                 shutdown_grace_secs: 30,
+                header_read_timeout_secs: 10,
+                max_connections: 10_000,
+                max_connections_per_ip: 256,
+                requests_per_ip_per_second: 200,
+                requests_per_ip_burst: 400,
             },
             database: DatabaseSettings {
                 url: None,
@@ -60,9 +69,14 @@ impl Default for Settings {
                 jwt_secret: None,
                 session_ttl_secs: 3600,
                 key_cache_capacity: 100_000,
+                key_cache_ttl_secs: 60,
+                key_cache_ping_secs: 5,
                 signups_per_hour: 10,
                 logins_per_minute: 30,
                 failed_auth_window_secs: 60,
+                operator_token: None,
+                failed_auth_per_minute: 60,
+                password_slots: 0,
             },
             rate_limit: RateLimitSettings {
                 per_second: 50,
@@ -204,6 +218,73 @@ impl Settings {
                     .to_owned(),
             ));
         }
+        if !(1..=3600).contains(&self.auth.key_cache_ttl_secs)
+            || !(1..=60).contains(&self.auth.key_cache_ping_secs)
+        {
+            return Err(ConfigError(
+                "key `auth.key_cache_ttl_secs` must be between 1 and 3600, and \
+                 `auth.key_cache_ping_secs` between 1 and 60"
+                    .to_owned(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The node and operator tokens: long enough, and not one another.
+    fn validate_tokens(&self) -> Result<(), ConfigError> {
+        if let Some(token) = &self.workers.node_token
+            && token.expose_secret().len() < 16
+        {
+            return Err(ConfigError(
+                "key `workers.node_token` (SANDBASE_WORKERS__NODE_TOKEN) needs at least 16 characters".to_owned(),
+            ));
+        }
+        if let Some(operator) = &self.auth.operator_token {
+            let operator = operator.expose_secret();
+            if operator.len() < 16 {
+                return Err(ConfigError(
+                    "key `auth.operator_token` (SANDBASE_AUTH__OPERATOR_TOKEN) needs at least 16 characters".to_owned(),
+                ));
+            }
+            if self
+                .workers
+                .node_token
+                .as_ref()
+                .is_some_and(|node| node.expose_secret() == operator)
+            {
+                return Err(ConfigError(
+                    "key `auth.operator_token` must differ from `workers.node_token`: a worker's token must not be the operator's".to_owned(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The listener's limits.
+    fn validate_server(&self) -> Result<(), ConfigError> {
+        let server = &self.server;
+        if server.body_limit_bytes < 1024 {
+            return Err(ConfigError(
+                "key `server.body_limit_bytes` must be at least 1024".to_owned(),
+            ));
+        }
+        if !(1..=300).contains(&server.header_read_timeout_secs) {
+            return Err(ConfigError(
+                "key `server.header_read_timeout_secs` must be between 1 and 300".to_owned(),
+            ));
+        }
+        if server.max_connections == 0 {
+            return Err(ConfigError(
+                "key `server.max_connections` must be at least 1".to_owned(),
+            ));
+        }
+        if server.requests_per_ip_per_second > 0 && server.requests_per_ip_burst == 0 {
+            return Err(ConfigError(
+                "key `server.requests_per_ip_burst` must be at least 1 when \
+                 `server.requests_per_ip_per_second` is set"
+                    .to_owned(),
+            ));
+        }
         Ok(())
     }
 
@@ -220,11 +301,7 @@ impl Settings {
                 "keys `rate_limit.per_second` and `rate_limit.burst` must be at least 1".to_owned(),
             ));
         }
-        if self.server.body_limit_bytes < 1024 {
-            return Err(ConfigError(
-                "key `server.body_limit_bytes` must be at least 1024".to_owned(),
-            ));
-        }
+        self.validate_server()?;
         if self.database.max_connections == 0 {
             return Err(ConfigError(
                 "key `database.max_connections` must be at least 1".to_owned(),
@@ -254,13 +331,7 @@ impl Settings {
                 "key `sandboxes.default_timeout_secs` must be between 1 and `sandboxes.max_timeout_secs`".to_owned(),
             ));
         }
-        if let Some(token) = &self.workers.node_token
-            && token.expose_secret().len() < 16
-        {
-            return Err(ConfigError(
-                "key `workers.node_token` (SANDBASE_WORKERS__NODE_TOKEN) needs at least 16 characters".to_owned(),
-            ));
-        }
+        self.validate_tokens()?;
         if self.workers.heartbeat_ttl_secs == 0
             || self.workers.lost_after_secs < self.workers.heartbeat_ttl_secs
         {

@@ -227,12 +227,27 @@ pub struct WorkerSettings {
 pub struct ServerSettings {
     /// Address the public API listens on.
     pub listen: SocketAddr,
+    /// Address of the internal plane: worker registration, heartbeats and usage reports,
+    /// template operations and `/metrics`. Keep it private (loopback, or a network only
+    /// workers and the operator reach); these routes answer 404 on the public listener.
+    pub internal_listen: SocketAddr,
     /// Largest accepted request body, in bytes.
     pub body_limit_bytes: usize,
-    /// Take the client address from `X-Forwarded-For` (only behind a trusted load balancer).
-    pub trust_forwarded_for: bool,
+    /// Proxies (addresses or blocks) whose `X-Forwarded-For` is believed: the client is
+    /// the rightmost address in it that is not one of them.
+    pub trusted_proxies: Vec<super::Cidr>,
     /// How long in-flight requests may take to finish after SIGTERM.
     pub shutdown_grace_secs: u64,
+    /// How long a client may take to send a request's headers (slow clients are cut off).
+    pub header_read_timeout_secs: u64,
+    /// Most connections open at once; further ones wait to be accepted.
+    pub max_connections: usize,
+    /// Most connections open at once from one address (0: no limit); further ones are closed.
+    pub max_connections_per_ip: usize,
+    /// Requests per second one address may make, before anything else (0: no limit).
+    pub requests_per_ip_per_second: u32,
+    /// Requests one address may make at once above that rate.
+    pub requests_per_ip_burst: u32,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -266,6 +281,12 @@ pub struct AuthSettings {
     pub session_ttl_secs: u64,
     /// Most API keys kept in each gateway's in-process cache.
     pub key_cache_capacity: usize,
+    /// How long a cached key is trusted before it is read again: the longest a revocation
+    /// can go unseen should the invalidation subscription die unnoticed.
+    pub key_cache_ttl_secs: u64,
+    /// How often the invalidation subscription is pinged; unanswered within as long, the
+    /// cache is bypassed until a new subscription is up.
+    pub key_cache_ping_secs: u64,
     /// Sign-ups from one address an hour (IPv6: one /64; an IPv4 /24 gets three times as many).
     pub signups_per_hour: u32,
     /// Logins from one address a minute (IPv6: one /64; an IPv4 /24 gets three times as many).
@@ -273,6 +294,16 @@ pub struct AuthSettings {
     /// Failed authentications of one address and credential are audited once at once, then as
     /// one row with their count per this many seconds.
     pub failed_auth_window_secs: u64,
+    /// The operator's token: `/v1/admin/*` and template operations (`Authorization: Bearer`).
+    /// Unset, those routes refuse everybody. Must differ from `workers.node_token`.
+    #[serde(serialize_with = "serialize_optional_secret")]
+    pub operator_token: Option<SecretString>,
+    /// Failed authentications one address may make a minute; past it, its credentials are not
+    /// even looked at (429) until the minute has passed (0: no limit).
+    pub failed_auth_per_minute: u32,
+    /// Passwords hashed or verified at once (0: one per core); a login waiting longer than
+    /// a second for a slot is answered 503 `busy`.
+    pub password_slots: usize,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize)]

@@ -50,7 +50,7 @@ pub async fn middleware(
             .extensions()
             .get::<RequestId>()
             .map(|id| id.0.clone()),
-        super::client_ip::client_ip(&request, state.settings.server.trust_forwarded_for),
+        super::client_ip::client_ip(&request, &state.settings.server.trusted_proxies),
     );
     // Kept (a reference-counted clone) for the failure path only; most requests never
     // need its label.

@@ -1,5 +1,5 @@
 //! How an [`ApiError`] is answered: its status, `{"error":{"code","message","request_id"}}`,
-//! `Retry-After` on 429 and `WWW-Authenticate` on 401. Internal causes are logged here and
+//! `Retry-After` on 429 and `busy` and `WWW-Authenticate` on 401. Internal causes are logged here and
 //! never sent.
 
 use axum::Json;
@@ -29,8 +29,13 @@ impl IntoResponse for ApiError {
             },
         };
         let mut response = (status, Json(body)).into_response();
-        if let ApiError::RateLimited { retry_after_secs } = self
-            && let Ok(value) = HeaderValue::from_str(&retry_after_secs.to_string())
+        let retry_after = match self {
+            ApiError::RateLimited { retry_after_secs } => Some(retry_after_secs),
+            ApiError::Busy => Some(1),
+            _ => None,
+        };
+        if let Some(seconds) = retry_after
+            && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
         {
             response.headers_mut().insert(header::RETRY_AFTER, value);
         }

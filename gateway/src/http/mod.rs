@@ -10,10 +10,12 @@ pub mod client_ip;
 pub mod error;
 pub mod extract;
 pub mod internal;
+pub mod ip_limit;
 pub mod metrics;
 pub mod node_token;
 pub mod principal;
 pub mod request_id;
+pub mod serve;
 pub mod worker_answer;
 
 use anyhow::Context;
@@ -46,19 +48,33 @@ impl Routes {
         })
     }
 
-    /// The whole application: request id → body limit → metrics (route layer) → audit
-    /// (route layer, API routes only) → handlers.
+    /// The public listener's application: request id → the address's rate → body limit →
+    /// metrics (route layer) → audit (route layer, API routes only) → handlers.
     pub fn into_router(self, state: AppState) -> Router {
         let body_limit = state.settings.server.body_limit_bytes;
         self.api
             .route_layer(from_fn_with_state(state.clone(), audit::middleware))
             .merge(self.operations)
-            .merge(internal::router())
             .route_layer(from_fn(metrics::middleware))
             .fallback(api::fallback)
             .method_not_allowed_fallback(api::method_not_allowed)
-            .with_state(state)
+            .with_state(state.clone())
             .layer(DefaultBodyLimit::max(body_limit))
+            .layer(from_fn_with_state(state, ip_limit::middleware))
             .layer(from_fn(request_id::middleware))
     }
+}
+
+/// The internal listener's application: what workers call (registration, heartbeats, usage
+/// reports), the operator's template operations and `/metrics`.
+pub fn internal_router(state: AppState) -> Router {
+    let body_limit = state.settings.server.body_limit_bytes;
+    internal::router()
+        .route("/metrics", axum::routing::get(api::health::metrics))
+        .route_layer(from_fn(metrics::middleware))
+        .fallback(api::fallback)
+        .method_not_allowed_fallback(api::method_not_allowed)
+        .with_state(state)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(from_fn(request_id::middleware))
 }

@@ -1,17 +1,18 @@
-//! The one check of the node token: workers' calls to the internal API (the
-//! `x-sandbase-node-token` header) and the operator's routes (the same header, or
-//! `Authorization: Bearer <node token>`).
+//! The two machine credentials: the node token on workers' calls to the internal plane (the
+//! `x-sandbase-node-token` header), and the operator token on `/v1/admin/*` and template
+//! operations (`Authorization: Bearer <operator token>`). Neither opens the other's routes.
 
 use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use sandbase_api::internal::NODE_TOKEN_HEADER;
+use secrecy::ExposeSecret;
+use subtle::ConstantTimeEq;
 
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// A caller that presented this deployment's node token in its header: a worker, or the
-/// operator's tools.
+/// A caller that presented this deployment's node token in its header: a worker.
 pub struct NodeToken;
 
 impl FromRequestParts<AppState> for NodeToken {
@@ -25,31 +26,31 @@ impl FromRequestParts<AppState> for NodeToken {
     }
 }
 
-/// The operator, by the node token as `Authorization: Bearer …` or in the node-token header.
+/// The operator, by the operator token (`auth.operator_token`) as `Authorization: Bearer …`.
+/// A worker's node token is not enough.
 pub struct Operator;
 
 impl FromRequestParts<AppState> for Operator {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let bearer = parts
+        let presented = parts
             .headers
             .get(AUTHORIZATION)
             .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "))
-            .map(str::as_bytes);
-        let header = parts
-            .headers
-            .get(NODE_TOKEN_HEADER)
-            .map(|value| value.as_bytes());
-        if [bearer, header]
-            .into_iter()
-            .flatten()
-            .any(|presented| state.worker_client.accepts(presented))
-        {
-            Ok(Operator)
-        } else {
-            Err(ApiError::InvalidOperatorToken)
+            .and_then(|value| value.strip_prefix("Bearer "));
+        let expected = state.settings.auth.operator_token.as_ref();
+        match (presented, expected) {
+            (Some(presented), Some(expected))
+                if bool::from(
+                    presented
+                        .as_bytes()
+                        .ct_eq(expected.expose_secret().as_bytes()),
+                ) =>
+            {
+                Ok(Operator)
+            }
+            _ => Err(ApiError::InvalidOperatorToken),
         }
     }
 }

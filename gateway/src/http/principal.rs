@@ -1,11 +1,13 @@
 //! [`Principal`] as an extractor: extracting it authenticates the request, tells the audit
-//! layer who called (or that authentication failed), and counts the request against the
+//! layer who called (or that authentication failed), refuses an address that failed too
+//! often before looking anything up, and counts the request against the
 //! caller's rate limit.
 
 use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 
+use super::client_ip::ClientIp;
 use crate::audit::AuditSlot;
 use crate::auth::Principal;
 use crate::auth::authenticate::{authenticate, rate_limit};
@@ -17,7 +19,21 @@ impl FromRequestParts<AppState> for Principal {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let slot = parts.extensions.get::<AuditSlot>().cloned();
+        // An address that spent its failed authentications is not even looked up.
+        let ip = ClientIp::from_request_parts(parts, state).await?.0;
+        if let Some(ip) = ip {
+            state
+                .ip_guard
+                .may_authenticate(ip)
+                .map_err(|retry_after_secs| ApiError::RateLimited { retry_after_secs })?;
+        }
         let result = authenticate(parts.headers.get(AUTHORIZATION), state).await;
+        if let (Some(ip), Err(error)) = (ip, &result)
+            && error.is_authentication_failure()
+            && !matches!(error, ApiError::Unauthenticated)
+        {
+            state.ip_guard.failed(ip);
+        }
         if let Some(slot) = slot {
             match &result {
                 Ok(principal) => slot.set_principal(principal),

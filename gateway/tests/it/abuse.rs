@@ -14,7 +14,7 @@ async fn abuse_app() -> TestApp {
         let defaults = sandbase_gateway::Settings::default();
         settings.auth.signups_per_hour = defaults.auth.signups_per_hour;
         settings.auth.logins_per_minute = defaults.auth.logins_per_minute;
-        settings.server.trust_forwarded_for = true;
+        settings.server.trusted_proxies = vec!["127.0.0.1".parse().unwrap()];
     })
     .await
 }

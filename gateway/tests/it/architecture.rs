@@ -273,13 +273,15 @@ fn only_the_gateways_http_layer_knows_axum() {
         .filter(|(path, text)| {
             !path.starts_with("gateway/src/http/")
                 && path != "gateway/src/startup.rs"
-                && code_lines(text).iter().any(|line| line.contains("axum"))
+                && code_lines(text)
+                    .iter()
+                    .any(|line| line.contains("axum") || line.contains("hyper"))
         })
         .map(|(path, _)| path)
         .collect();
     assert!(
         offenders.is_empty(),
-        "axum outside gateway/src/http: {offenders:?}"
+        "axum or hyper outside gateway/src/http: {offenders:?}"
     );
 }
 

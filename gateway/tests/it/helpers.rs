@@ -13,9 +13,13 @@ use uuid::Uuid;
 
 pub struct TestApp {
     pub address: String,
+    /// The internal listener (`http://…`): workers' and operator routes, `/metrics`.
+    pub internal: String,
     pub db: PgPool,
     pub settings: Settings,
     pub http: reqwest::Client,
+    /// The gateway's own state, for what a test cannot see over HTTP.
+    pub state: sandbase_gateway::state::AppState,
     _shutdown: oneshot::Sender<()>,
 }
 
@@ -107,6 +111,8 @@ pub async fn spawn_with_settings(settings: Settings) -> TestApp {
         .await
         .expect("build the application");
     let address = format!("http://{}", application.local_addr());
+    let internal = format!("http://{}", application.internal_addr());
+    let state = application.state().clone();
     let (shutdown, stopped) = oneshot::channel::<()>();
     tokio::spawn(application.run_until_stopped(async move {
         let _ = stopped.await;
@@ -123,9 +129,11 @@ pub async fn spawn_with_settings(settings: Settings) -> TestApp {
     .expect("connect to the test database");
     TestApp {
         address,
+        internal,
         db,
         settings,
         http: reqwest::Client::new(),
+        state,
         _shutdown: shutdown,
     }
 }
@@ -286,4 +294,22 @@ async fn answer(response: reqwest::Response) -> Answer {
 /// A unique e-mail address for this test.
 pub fn email(name: &str) -> String {
     format!("{name}-{}@example.com", Uuid::new_v4().simple())
+}
+
+/// The test Redis's address (from `SANDBASE_TEST_REDIS_URL`).
+pub fn redis_address() -> std::net::SocketAddr {
+    let url = testing::redis_url();
+    let authority = url
+        .trim_start_matches("redis://")
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .rsplit('@')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    std::net::ToSocketAddrs::to_socket_addrs(&authority)
+        .expect("a Redis address")
+        .next()
+        .expect("a Redis address")
 }

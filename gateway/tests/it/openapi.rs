@@ -12,7 +12,6 @@ use crate::helpers::{email, spawn_app};
 const ROUTES: &[(&str, &str)] = &[
     ("GET", "/healthz"),
     ("GET", "/readyz"),
-    ("GET", "/metrics"),
     ("GET", "/v1/openapi.json"),
     ("POST", "/v1/auth/signup"),
     ("POST", "/v1/auth/login"),

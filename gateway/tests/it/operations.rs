@@ -16,9 +16,12 @@ async fn health_readiness_and_metrics() {
     assert_eq!(ready.body["redis"], "ok");
 
     app.signup(&email("metrics"), "Metrics").await;
+    // Metrics are on the internal listener only.
+    let public = app.request(Method::GET, "/metrics", None, None).await;
+    assert_eq!(public.status, 404);
     let response = app
         .http
-        .get(format!("{}/metrics", app.address))
+        .get(format!("{}/metrics", app.internal))
         .send()
         .await
         .unwrap();

@@ -473,7 +473,7 @@ async fn runs_are_refused_at_enqueue_without_credits_or_beyond_the_longest_lifet
     let granted = app
         .post(
             &format!("/v1/admin/teams/{}/grants", broke.team.id),
-            crate::testbed::NODE_TOKEN,
+            sandbase_gateway::testing::OPERATOR_TOKEN,
             json!({ "credits": "5" }),
         )
         .await;

@@ -644,11 +644,27 @@ async fn two_workers_share_sandboxes_and_full_workers_refuse() {
         let answer = app.post("/v1/sandboxes", token, body.clone()).await;
         assert_eq!(answer.status.as_u16(), 422, "{body}: {}", answer.body);
     }
-    // Internal routes refuse callers without the node token.
+    // Internal routes refuse callers without the node token, and are not on the public
+    // listener at all.
+    let heartbeat =
+        json!({ "id": "x", "url": "http://x", "capacity": 1, "templates": [], "sandboxes": [] });
     let answer = app
-        .request(Method::POST, "/internal/v1/workers/heartbeat", None, Some(json!({ "id": "x", "url": "http://x", "capacity": 1, "templates": [], "sandboxes": [] })))
+        .http
+        .post(format!("{}/internal/v1/workers/heartbeat", app.internal))
+        .json(&heartbeat)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::UNAUTHORIZED);
+    let answer = app
+        .request(
+            Method::POST,
+            "/internal/v1/workers/heartbeat",
+            None,
+            Some(heartbeat),
+        )
         .await;
-    assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
     first.clean_up().await;
     second.clean_up().await;
 }

@@ -12,7 +12,7 @@ use uuid::Uuid;
 use crate::helpers::TestApp;
 use crate::testbed::{TestWorker, create, sandbox_app, sh, wait_until, worker_config};
 
-const NODE_TOKEN: &str = "test-node-token-0123456789";
+const OPERATOR: &str = sandbase_gateway::testing::OPERATOR_TOKEN;
 
 enum Item<'a> {
     File(&'a str, &'a str),
@@ -142,8 +142,8 @@ async fn operator(
 ) -> (StatusCode, Vec<Value>) {
     let response = app
         .http
-        .request(method, format!("{}{path}", app.address))
-        .header("x-sandbase-node-token", token)
+        .request(method, format!("{}{path}", app.internal))
+        .bearer_auth(token)
         .header("content-type", "application/json")
         .body(body)
         .send()
@@ -314,7 +314,7 @@ async fn images_become_templates_by_import_and_pull_and_hostile_ones_are_refused
         Method::PUT,
         "/internal/v1/templates/imported",
         oci_archive(&layers),
-        NODE_TOKEN,
+        OPERATOR,
     )
     .await;
     assert_eq!(status, StatusCode::OK);
@@ -344,7 +344,7 @@ async fn images_become_templates_by_import_and_pull_and_hostile_ones_are_refused
         Method::PUT,
         "/internal/v1/templates/saved",
         docker_archive(&layers),
-        NODE_TOKEN,
+        OPERATOR,
     )
     .await;
     assert!(done(&lines), "{lines:?}");
@@ -373,7 +373,7 @@ async fn images_become_templates_by_import_and_pull_and_hostile_ones_are_refused
         Method::POST,
         "/internal/v1/templates/pulled/pull",
         body.clone(),
-        NODE_TOKEN,
+        OPERATOR,
     )
     .await;
     assert_eq!(status, StatusCode::OK);
@@ -403,7 +403,7 @@ async fn images_become_templates_by_import_and_pull_and_hostile_ones_are_refused
         Method::POST,
         "/internal/v1/templates/pulled/pull",
         body,
-        NODE_TOKEN,
+        OPERATOR,
     )
     .await;
     assert!(
@@ -420,7 +420,7 @@ async fn images_become_templates_by_import_and_pull_and_hostile_ones_are_refused
         Method::POST,
         "/internal/v1/templates/none/pull",
         missing,
-        NODE_TOKEN,
+        OPERATOR,
     )
     .await;
     assert!(
@@ -447,7 +447,7 @@ async fn images_become_templates_by_import_and_pull_and_hostile_ones_are_refused
         Method::PUT,
         "/internal/v1/templates/hostile",
         oci_archive(&hostile),
-        NODE_TOKEN,
+        OPERATOR,
     )
     .await;
     assert!(!done(&lines), "{lines:?}");
@@ -465,7 +465,7 @@ async fn images_become_templates_by_import_and_pull_and_hostile_ones_are_refused
         Method::PUT,
         "/internal/v1/templates/hostile",
         oci_archive(&hostile),
-        NODE_TOKEN,
+        OPERATOR,
     )
     .await;
     assert!(!done(&lines), "{lines:?}");
@@ -476,7 +476,7 @@ async fn images_become_templates_by_import_and_pull_and_hostile_ones_are_refused
         Method::PUT,
         "/internal/v1/templates/garbage",
         b"not a tar".to_vec(),
-        NODE_TOKEN,
+        OPERATOR,
     )
     .await;
     assert!(!done(&lines), "{lines:?}");
@@ -491,12 +491,31 @@ async fn images_become_templates_by_import_and_pull_and_hostile_ones_are_refused
     )
     .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // A worker's node token is not the operator's.
+    let (status, _) = operator(
+        &app,
+        Method::PUT,
+        "/internal/v1/templates/x",
+        Vec::new(),
+        crate::testbed::NODE_TOKEN,
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // The internal plane is not on the public listener.
+    let public = app
+        .http
+        .put(format!("{}/internal/v1/templates/x", app.address))
+        .bearer_auth(OPERATOR)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(public.status(), StatusCode::NOT_FOUND);
     let (status, _) = operator(
         &app,
         Method::PUT,
         "/internal/v1/templates/Bad..Name",
         Vec::new(),
-        NODE_TOKEN,
+        OPERATOR,
     )
     .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
@@ -508,7 +527,7 @@ async fn images_become_templates_by_import_and_pull_and_hostile_ones_are_refused
             Method::DELETE,
             &format!("/internal/v1/templates/{name}"),
             Vec::new(),
-            NODE_TOKEN,
+            OPERATOR,
         )
         .await;
         assert_eq!(status, StatusCode::OK);

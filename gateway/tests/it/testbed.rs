@@ -78,7 +78,7 @@ pub fn worker_config(app: &TestApp, id: &str, capacity: usize, warm: usize) -> S
         },
         listen: "127.0.0.1:0".parse().unwrap(),
         advertise_url: None,
-        gateway_url: app.address.clone(),
+        gateway_url: app.internal.clone(),
         node_token: NODE_TOKEN.to_owned(),
         worker_id: format!("{id}-{unique}"),
         heartbeat_interval: Duration::from_millis(300),

@@ -8,6 +8,7 @@ use chrono::Utc;
 use reqwest::StatusCode;
 use sandbase_api::internal::{UsageEvent, UsageReport, UsageSample};
 use sandbase_gateway::config::Price;
+use sandbase_gateway::testing::OPERATOR_TOKEN;
 use sandbase_worker::service;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -58,7 +59,7 @@ async fn assert_ledger_consistent(app: &TestApp) {
 async fn report(app: &TestApp, token: &str, report: &UsageReport) -> (StatusCode, Value) {
     let response = app
         .http
-        .post(format!("{}/internal/v1/usage", app.address))
+        .post(format!("{}/internal/v1/usage", app.internal))
         .header(sandbase_api::internal::NODE_TOKEN_HEADER, token)
         .json(report)
         .send()
@@ -172,7 +173,7 @@ async fn duplicate_and_out_of_order_usage_is_charged_exactly_once() {
         for batch in &batches {
             let (app_http, address, worker, batch) = (
                 app.http.clone(),
-                app.address.clone(),
+                app.internal.clone(),
                 worker.clone(),
                 batch.clone(),
             );
@@ -575,10 +576,14 @@ async fn operators_grant_credits_over_http_once_per_key() {
     app.post(&path, token, body.clone())
         .await
         .assert_error(401, "invalid_operator_token");
-    let granted = app.post(&path, NODE_TOKEN, body.clone()).await;
+    // A worker's node token does not grant credits.
+    app.post(&path, NODE_TOKEN, body.clone())
+        .await
+        .assert_error(401, "invalid_operator_token");
+    let granted = app.post(&path, OPERATOR_TOKEN, body.clone()).await;
     assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.body);
     assert_eq!(granted.body["granted"], true);
-    let again = app.post(&path, NODE_TOKEN, body).await;
+    let again = app.post(&path, OPERATOR_TOKEN, body).await;
     assert_eq!(again.body["granted"], false);
     let after = app.get("/v1/billing/balance", token).await.body["available_micro"]
         .as_i64()
@@ -586,12 +591,12 @@ async fn operators_grant_credits_over_http_once_per_key() {
     assert_eq!(after - before, 25_000_000);
     app.post(
         &format!("/v1/admin/teams/{}/grants", Uuid::new_v4()),
-        NODE_TOKEN,
+        OPERATOR_TOKEN,
         json!({ "credits": "1" }),
     )
     .await
     .assert_error(404, "not_found");
-    app.post(&path, NODE_TOKEN, json!({ "credits": "0" }))
+    app.post(&path, OPERATOR_TOKEN, json!({ "credits": "0" }))
         .await
         .assert_error(422, "invalid_request");
     assert_eq!(

@@ -12,7 +12,7 @@ use uuid::Uuid;
 use crate::accounts::{self, API_KEY_COLUMNS, ApiKeyRow};
 use crate::audit::RequestContext;
 use crate::auth::Principal;
-use crate::auth::api_key::Invalidation;
+use crate::auth::key_cache::Invalidation;
 use crate::error::{ApiError, ApiResult};
 use crate::http::extract::{ApiJson, ApiPath};
 use crate::keys;

@@ -46,7 +46,10 @@ async fn signup(
     let email = accounts::parse_email(&request.email)?;
     let team_name = accounts::parse_name("team_name", &request.team_name)?;
     password::check_new(&request.password)?;
-    let password_hash = password::hash(SecretString::from(request.password)).await?;
+    let password_hash = state
+        .passwords
+        .hash(SecretString::from(request.password))
+        .await?;
 
     let mut transaction = state.db.begin().await?;
     let (user, team) =
@@ -109,7 +112,10 @@ async fn login(
     let mut connection = state.db.acquire().await?;
     let user = accounts::find_user_by_email(&mut connection, request.email.trim()).await?;
     let stored_hash = user.as_ref().map(|user| user.password_hash.clone());
-    let verified = password::verify(SecretString::from(request.password), stored_hash).await?;
+    let verified = state
+        .passwords
+        .verify(SecretString::from(request.password), stored_hash)
+        .await?;
     let user = match user {
         Some(user) if verified => user,
         _ => return Err(ApiError::InvalidCredentials),

@@ -1,4 +1,4 @@
-//! Liveness, readiness and metrics.
+//! Liveness and readiness (public), and the metrics the internal listener serves.
 
 use std::time::Duration;
 
@@ -18,7 +18,6 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(healthz))
         .routes(routes!(readyz))
-        .routes(routes!(metrics))
 }
 
 /// Liveness: the process is up and serving.
@@ -73,10 +72,8 @@ async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) 
     )
 }
 
-/// Prometheus metrics in the text exposition format.
-#[utoipa::path(get, path = "/metrics", tag = "operations",
-    responses((status = 200, description = "OK", content_type = "text/plain", body = String)))]
-async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+/// Prometheus metrics in the text exposition format (internal listener only).
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     state.metrics.run_upkeep();
     (
         [(

@@ -12,7 +12,7 @@ use uuid::Uuid;
 use crate::accounts::{MEMBER_SELECT, MemberRow};
 use crate::audit::RequestContext;
 use crate::auth::Principal;
-use crate::auth::api_key::Invalidation;
+use crate::auth::key_cache::Invalidation;
 use crate::error::ApiResult;
 use crate::http::extract::{ApiJson, ApiPath};
 use crate::state::AppState;

@@ -7,7 +7,7 @@ mod audit;
 mod auth;
 mod billing;
 mod egress;
-mod health;
+pub mod health;
 mod me;
 mod members;
 mod runs;

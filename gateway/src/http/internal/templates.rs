@@ -14,7 +14,7 @@ use serde::Deserialize;
 
 use crate::error::{ApiError, ApiResult};
 use crate::http::extract::{ApiJson, ApiPath};
-use crate::http::node_token::NodeToken;
+use crate::http::node_token::Operator;
 use crate::state::AppState;
 use crate::templates::{self, Progress};
 
@@ -47,7 +47,7 @@ pub struct ImportQuery {
 /// file system tarball) as template `name` on every live worker.
 pub async fn import(
     State(state): State<AppState>,
-    _operator: NodeToken,
+    _operator: Operator,
     ApiPath(name): ApiPath<String>,
     Query(query): Query<ImportQuery>,
     body: Body,
@@ -72,7 +72,7 @@ pub async fn import(
 /// Pull an image from a registry into template `name` on every live worker.
 pub async fn pull(
     State(state): State<AppState>,
-    _operator: NodeToken,
+    _operator: Operator,
     ApiPath(name): ApiPath<String>,
     ApiJson(request): ApiJson<PullTemplate>,
 ) -> ApiResult<Response> {
@@ -83,7 +83,7 @@ pub async fn pull(
 /// Remove template `name` from every live worker.
 pub async fn remove(
     State(state): State<AppState>,
-    _operator: NodeToken,
+    _operator: Operator,
     ApiPath(name): ApiPath<String>,
 ) -> ApiResult<Response> {
     let name = template_name(&name)?;
