@@ -123,8 +123,20 @@ pub struct Exec {
     pub background: bool,
 }
 
-/// The header carrying the node token on internal calls (both directions).
+/// The header carrying a worker's credential on internal calls (both directions: a worker
+/// presents its own to the gateway, the gateway presents the worker's to it).
 pub const NODE_TOKEN_HEADER: &str = "x-sandbase-node-token";
+
+/// Worker credentials are `swc_<worker id>.<tag>`: the gateway derives the tag from the
+/// deployment's node secret and the id; a worker holds only its own credential.
+pub const WORKER_CREDENTIAL_PREFIX: &str = "swc_";
+
+/// The worker a credential names (whether it is genuine only the gateway can tell).
+pub fn credential_worker_id(credential: &str) -> Option<&str> {
+    let rest = credential.strip_prefix(WORKER_CREDENTIAL_PREFIX)?;
+    let (worker_id, tag) = rest.rsplit_once('.')?;
+    (!worker_id.is_empty() && !tag.is_empty()).then_some(worker_id)
+}
 
 /// The paths of the internal API, one function each, used by the routers that serve them
 /// (with `{id}`-style placeholders as arguments, which gives the route pattern) and by the

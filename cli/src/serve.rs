@@ -69,6 +69,14 @@ pub enum AdminCommand {
         #[arg(long, env = "SANDBASE_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Print the credential of worker `--worker-id`, derived from `workers.node_token`: give
+    /// it to that worker alone (`sandbase worker --credential`).
+    WorkerCredential {
+        #[arg(long)]
+        worker_id: String,
+        #[arg(long, env = "SANDBASE_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// Recompute every balance from the ledger's entries and compare (exit 1 on a mismatch).
     Reconcile {
         #[arg(long, env = "SANDBASE_CONFIG")]
@@ -179,6 +187,7 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     defaults.auth.jwt_secret = Some(SecretString::from(state.jwt_secret.clone()));
     defaults.workers.node_token = Some(SecretString::from(state.node_token.clone()));
     defaults.auth.operator_token = Some(SecretString::from(state.operator_token.clone()));
+    defaults.internal_tls = Some(dev_channel(&state_dir)?);
     defaults.vault.keys = vec![SecretString::from(state.vault_key.clone())];
     let mut settings = Settings::load_with_defaults(defaults, args.config.as_deref())?;
     settings.server.listen = args.listen;
@@ -204,7 +213,17 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         let worker = if args.no_worker {
             None
         } else {
-            let config = args.node.service_config(&internal, &node_token)?;
+            let worker_id = args.node.id_for("");
+            let credential = sandbase_gateway::workers::credential::derive(
+                &SecretString::from(node_token.clone()),
+                &worker_id,
+            );
+            let mut config = args.node.service_config(&internal, &credential)?;
+            config.tls = Some(
+                dev_channel(&state_dir)?
+                    .load()
+                    .map_err(|error| anyhow::anyhow!("the dev channel's TLS: {error}"))?,
+            );
             println!(
                 "  starting the worker (templates are built on first start; `base` takes a minute)"
             );
@@ -261,6 +280,29 @@ pub fn migrate(database_url: String) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Prints the credential of `worker_id`, derived from the configured node secret.
+fn print_worker_credential(worker_id: &str, config: Option<&Path>) -> anyhow::Result<()> {
+    let mut defaults = Settings::default();
+    // Placeholders that only satisfy validation: this reads the node secret and nothing else.
+    defaults.auth.jwt_secret = Some(SecretString::from("x".repeat(32)));
+    defaults.database.url = Some(SecretString::from("postgres://unused"));
+    defaults.redis.url = Some(SecretString::from("redis://unused"));
+    let settings = Settings::load_with_defaults(defaults, config)?;
+    let secret = settings
+        .workers
+        .node_token
+        .context("workers.node_token is not configured")?;
+    anyhow::ensure!(
+        !worker_id.is_empty() && worker_id.len() <= 200,
+        "--worker-id must be 1 to 200 characters"
+    );
+    println!(
+        "{}",
+        sandbase_gateway::workers::credential::derive(&secret, worker_id)
+    );
+    Ok(())
+}
+
 pub fn admin(command: AdminCommand) -> anyhow::Result<ExitCode> {
     telemetry::init_client();
     match command {
@@ -305,6 +347,9 @@ pub fn admin(command: AdminCommand) -> anyhow::Result<ExitCode> {
                 Some(grant) => println!("granted {amount} credits to team {team} (grant {grant})"),
                 None => println!("already granted with this key: nothing changed"),
             }
+        }
+        AdminCommand::WorkerCredential { worker_id, config } => {
+            print_worker_credential(&worker_id, config.as_deref())?;
         }
         AdminCommand::Reconcile { config } => {
             let settings = load_operator_settings(config.as_deref())?;
@@ -388,6 +433,26 @@ fn load_operator_settings(config: Option<&Path>) -> anyhow::Result<Settings> {
     // A placeholder that only satisfies validation: operator commands sign nothing.
     defaults.auth.jwt_secret = Some(SecretString::from("x".repeat(32)));
     Ok(Settings::load_with_defaults(defaults, config)?)
+}
+
+/// The dev server's internal channel: a CA and a certificate for this machine's loopback,
+/// generated on the first start and kept in the state directory (the key readable by its
+/// owner only).
+fn dev_channel(state_dir: &Path) -> anyhow::Result<sandbase_egress::channel::ChannelFiles> {
+    let files = sandbase_egress::channel::ChannelFiles {
+        ca_file: state_dir.join("channel-ca.pem"),
+        cert_file: state_dir.join("channel-cert.pem"),
+        key_file: state_dir.join("channel-key.pem"),
+    };
+    if !files.key_file.exists() {
+        let (ca, certificate, key) =
+            sandbase_egress::channel::generate(&["127.0.0.1", "localhost", "::1"])
+                .map_err(|error| anyhow::anyhow!("generating the dev channel's TLS: {error}"))?;
+        std::fs::write(&files.ca_file, ca)?;
+        std::fs::write(&files.cert_file, certificate)?;
+        credentials::write_private(&files.key_file, key.as_bytes())?;
+    }
+    Ok(files)
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

@@ -20,9 +20,19 @@ pub struct WorkerArgs {
     /// The gateway this worker serves.
     #[arg(long, env = "SANDBASE_GATEWAY_URL")]
     pub gateway: String,
-    /// The deployment's node token (the gateway's `workers.node_token`).
-    #[arg(long, env = "SANDBASE_NODE_TOKEN", hide_env_values = true)]
-    pub node_token: String,
+    /// This worker's credential (`sandbase admin worker-credential --worker-id ID` prints
+    /// it); it names the worker, so `--worker-id` may be left out.
+    #[arg(long, env = "SANDBASE_WORKER_CREDENTIAL", hide_env_values = true)]
+    pub credential: String,
+    /// TLS of the internal channel: the operator's CA (PEM), which the gateway's certificate
+    /// must chain to; with `--tls-cert` and `--tls-key`, this worker serves its API over
+    /// https with them. The gateway then sends it credentials.
+    #[arg(long, env = "SANDBASE_TLS_CA", requires_all = ["tls_cert", "tls_key"])]
+    pub tls_ca: Option<PathBuf>,
+    #[arg(long, env = "SANDBASE_TLS_CERT", requires = "tls_ca")]
+    pub tls_cert: Option<PathBuf>,
+    #[arg(long, env = "SANDBASE_TLS_KEY", requires = "tls_ca")]
+    pub tls_key: Option<PathBuf>,
     #[command(flatten)]
     pub node: NodeArgs,
 }
@@ -36,7 +46,7 @@ pub struct NodeArgs {
     /// URL the gateway uses to reach this worker (default: http://<worker-listen>).
     #[arg(long)]
     pub advertise_url: Option<String>,
-    /// This worker's name (default: the host name).
+    /// This worker's name (default: the one its credential names, else the host name).
     #[arg(long = "worker-id", env = "SANDBASE_WORKER_ID")]
     pub worker_id: Option<String>,
     /// containerd's socket.
@@ -123,11 +133,19 @@ fn parse_pool(value: &str) -> Result<(String, usize), String> {
 }
 
 impl NodeArgs {
+    /// This worker's id: `--worker-id`, else the one `credential` names, else the host name.
+    pub fn id_for(&self, credential: &str) -> String {
+        self.worker_id
+            .clone()
+            .or_else(|| sandbase_api::internal::credential_worker_id(credential).map(str::to_owned))
+            .unwrap_or_else(hostname)
+    }
+
     /// The service configuration for a gateway at `gateway_url`.
     pub fn service_config(
         &self,
         gateway_url: &str,
-        node_token: &str,
+        credential: &str,
     ) -> anyhow::Result<ServiceConfig> {
         let agent = match &self.agent {
             Some(agent) => agent.clone(),
@@ -194,11 +212,9 @@ impl NodeArgs {
             listen: self.worker_listen,
             advertise_url: self.advertise_url.clone(),
             gateway_url: gateway_url.to_owned(),
-            node_token: node_token.to_owned(),
-            worker_id: match &self.worker_id {
-                Some(id) => id.clone(),
-                None => hostname(),
-            },
+            credential: credential.to_owned(),
+            tls: None,
+            worker_id: self.id_for(credential),
             heartbeat_interval: Duration::from_secs(2),
             usage_interval: Duration::from_secs(5),
             templates,
@@ -238,7 +254,21 @@ fn hostname() -> String {
 
 pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     crate::telemetry::init_with_level("info");
-    let config = args.node.service_config(&args.gateway, &args.node_token)?;
+    let mut config = args.node.service_config(&args.gateway, &args.credential)?;
+    if let (Some(ca_file), Some(cert_file), Some(key_file)) =
+        (&args.tls_ca, &args.tls_cert, &args.tls_key)
+    {
+        let files = sandbase_egress::channel::ChannelFiles {
+            ca_file: ca_file.clone(),
+            cert_file: cert_file.clone(),
+            key_file: key_file.clone(),
+        };
+        config.tls = Some(
+            files
+                .load()
+                .map_err(|error| anyhow::anyhow!("TLS: {error}"))?,
+        );
+    }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?

@@ -10,7 +10,10 @@
 //! closed when idle. `dns`: the node's DNS responder
 //! (answers only names a sandbox's policy allows).
 //! `process`: the proxy as a process of its own, ordered about by its worker over a pipe.
+//! `channel`: TLS for SandBase's internal channel (gateway ↔ workers), which the gateway and
+//! the workers share with this crate's TLS code.
 
+pub mod channel;
 pub mod credentials;
 pub mod dns;
 pub mod policy;

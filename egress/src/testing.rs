@@ -76,6 +76,7 @@ plain.serve_forever()
 
 /// A namespace with an HTTP echo server on port 80 at `address`.
 pub struct Upstream {
+    slot: u8,
     namespace: String,
     host_link: String,
     pub address: Ipv4Addr,
@@ -118,7 +119,7 @@ fn ip(args: &[&str]) {
 impl Upstream {
     pub fn start() -> Upstream {
         let tag = &format!("{:08x}", rand_u32())[..6];
-        let slot = (u32::from_str_radix(tag, 16).unwrap() % 60) as u8;
+        let slot = claim_slot(u32::from_str_radix(tag, 16).unwrap());
         let (host, peer) = (
             Ipv4Addr::new(203, 0, 113, slot * 4 + 1),
             Ipv4Addr::new(203, 0, 113, slot * 4 + 2),
@@ -168,6 +169,7 @@ impl Upstream {
             .spawn()
             .unwrap();
         Upstream {
+            slot,
             namespace,
             host_link,
             address: peer,
@@ -201,6 +203,7 @@ impl Upstream {
 
 impl Drop for Upstream {
     fn drop(&mut self) {
+        taken_slots().remove(&self.slot);
         let _ = self.server.kill();
         let _ = self.server.wait();
         let _ = Command::new("ip")
@@ -211,6 +214,34 @@ impl Drop for Upstream {
             .output();
         let _ = std::fs::remove_dir_all(&self.directory);
     }
+}
+
+fn taken_slots() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<u8>> {
+    static TAKEN: std::sync::Mutex<std::collections::BTreeSet<u8>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    TAKEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A /30 of 203.0.113.0/24 that no other upstream of this process holds and no interface of
+/// the host has (a crashed run's leftovers), starting the search at `seed`.
+fn claim_slot(seed: u32) -> u8 {
+    let listed = Command::new("ip")
+        .args(["-o", "-4", "addr", "show"])
+        .output()
+        .map(|output| String::from_utf8_lossy(&output.stdout).into_owned())
+        .unwrap_or_default();
+    let mut taken = taken_slots();
+    for offset in 0..60 {
+        let slot = ((seed + offset) % 60) as u8;
+        let host = format!(" {}/30 ", Ipv4Addr::new(203, 0, 113, slot * 4 + 1));
+        if !taken.contains(&slot) && !listed.contains(&host) {
+            taken.insert(slot);
+            return slot;
+        }
+    }
+    panic!("every upstream slot of 203.0.113.0/24 is taken");
 }
 
 fn rand_u32() -> u32 {

@@ -112,12 +112,14 @@ async fn ingest_over_http(
         }))
         .collect();
     let (http, url) = (http.clone(), format!("{url}/internal/v1/usage"));
+    let credential =
+        sandbase_gateway::workers::credential::derive(&NODE_TOKEN.to_owned().into(), WORKER);
     drive(reports, move |report| {
-        let (http, url) = (http.clone(), url.clone());
+        let (http, url, credential) = (http.clone(), url.clone(), credential.clone());
         async move {
             let response = http
                 .post(url)
-                .header(NODE_TOKEN_HEADER, NODE_TOKEN)
+                .header(NODE_TOKEN_HEADER, credential)
                 .json(&report)
                 .send()
                 .await

@@ -107,9 +107,12 @@ pub enum ApiError {
     /// 404 `unknown_worker`: a heartbeat from a worker that never registered.
     #[error("this worker is not registered")]
     UnknownWorker,
-    /// 401 `invalid_node_token`: an internal call without this deployment's node token.
-    #[error("missing or wrong node token")]
+    /// 401 `invalid_node_token`: an internal call without a genuine worker credential.
+    #[error("missing or wrong worker credential")]
     InvalidNodeToken,
+    /// 403 `worker_mismatch`: a worker speaking for another worker.
+    #[error("this credential belongs to another worker")]
+    WorkerMismatch,
     /// 401 `invalid_operator_token`: an operator route without the operator token.
     #[error(
         "operator routes take the operator token (`Authorization: Bearer <auth.operator_token>`)"
@@ -144,6 +147,11 @@ pub enum ApiError {
     /// 503 `no_workers`: no worker is connected.
     #[error("no worker is connected to this gateway")]
     NoWorkers,
+    /// 503 `no_secure_worker`: credentials go to workers only over TLS, and none is reached so.
+    #[error(
+        "credentials travel to workers only over TLS, and no worker that could host this sandbox is reached over https (the operator configures internal_tls)"
+    )]
+    NoSecureWorker,
     /// 503 `no_capacity`: every worker that could host the sandbox is full.
     #[error("every worker with this template is full; retry later")]
     NoCapacity,
@@ -204,13 +212,16 @@ impl ApiError {
             ApiError::WorkerUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::UnknownWorker | ApiError::NoArtifact => StatusCode::NOT_FOUND,
             ApiError::InvalidNodeToken | ApiError::InvalidOperatorToken => StatusCode::UNAUTHORIZED,
+            ApiError::WorkerMismatch => StatusCode::FORBIDDEN,
             ApiError::StripeError => StatusCode::BAD_GATEWAY,
             ApiError::InvalidSignature => StatusCode::BAD_REQUEST,
             ApiError::RateLimited { .. } | ApiError::SandboxQuotaReached(_) => {
                 StatusCode::TOO_MANY_REQUESTS
             }
             ApiError::Unavailable(_) | ApiError::Busy => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::NoWorkers | ApiError::NoCapacity => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::NoWorkers | ApiError::NoCapacity | ApiError::NoSecureWorker => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::SandboxNotRunning(_) => StatusCode::CONFLICT,
             ApiError::Worker(error) => error.status_code(),
             ApiError::Database(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -251,6 +262,7 @@ impl ApiError {
             ApiError::WorkerUnavailable => "worker_unavailable",
             ApiError::UnknownWorker => "unknown_worker",
             ApiError::InvalidNodeToken => "invalid_node_token",
+            ApiError::WorkerMismatch => "worker_mismatch",
             ApiError::InvalidOperatorToken => "invalid_operator_token",
             ApiError::UnknownPrice(_) => "unknown_price",
             ApiError::BillingNotConfigured(_) => "billing_not_configured",
@@ -261,6 +273,7 @@ impl ApiError {
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Busy => "busy",
+            ApiError::NoSecureWorker => "no_secure_worker",
             ApiError::SandboxQuotaReached(_) => "sandbox_quota_reached",
             ApiError::NoWorkers => "no_workers",
             ApiError::NoCapacity => "no_capacity",

@@ -110,6 +110,28 @@ impl Lease {
     }
 }
 
+/// The leases of team buckets this gateway holds, one per team seen lately (bounded: past
+/// `TEAM_LEASES` teams the map starts over, which can only under-admit).
+#[derive(Default)]
+pub struct TeamLeases {
+    leases: std::sync::Mutex<std::collections::HashMap<uuid::Uuid, Arc<Lease>>>,
+}
+
+const TEAM_LEASES: usize = 100_000;
+
+impl TeamLeases {
+    pub fn of(&self, team: uuid::Uuid) -> Arc<Lease> {
+        let mut leases = self
+            .leases
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if leases.len() >= TEAM_LEASES && !leases.contains_key(&team) {
+            leases.clear();
+        }
+        Arc::clone(leases.entry(team).or_default())
+    }
+}
+
 /// The result of one admission check.
 #[derive(Debug, Clone, Copy)]
 pub enum Decision {

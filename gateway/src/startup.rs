@@ -141,6 +141,14 @@ impl Application {
         let last_used = Arc::new(LastUsed::default());
 
         let routes = Routes::new(&settings)?;
+        let internal_tls = match &settings.internal_tls {
+            Some(files) => Some(
+                files
+                    .load()
+                    .map_err(|error| anyhow::anyhow!("internal_tls: {error}"))?,
+            ),
+            None => None,
+        };
         let openapi = Arc::new(routes.openapi.clone());
         let vault = settings
             .vault
@@ -161,8 +169,13 @@ impl Application {
                 .connect_timeout(Duration::from_secs(5))
                 .build()
                 .context("building the HTTP client")?,
-            worker_client: Arc::new(WorkerClient::new(settings.workers.node_token.clone())?),
+            worker_client: Arc::new(WorkerClient::new(
+                settings.workers.node_token.clone(),
+                internal_tls.as_ref().map(|tls| tls.client.as_ref()),
+            )?),
+            channel: internal_tls,
             routes: Arc::new(RouteCache::default()),
+            team_leases: Arc::default(),
             ip_guard: Arc::new(crate::ip_guard::IpGuard::new(
                 settings.server.requests_per_ip_per_second,
                 settings.server.requests_per_ip_burst,
@@ -241,6 +254,7 @@ impl Application {
             internal_listener,
             internal_router,
             limits,
+            state.channel.as_ref().map(|tls| Arc::clone(&tls.server)),
             stop_receiver.clone(),
             grace,
         ));
@@ -248,6 +262,7 @@ impl Application {
             listener,
             router,
             limits,
+            None,
             stop_receiver,
             grace,
         ));

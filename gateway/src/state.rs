@@ -60,6 +60,10 @@ pub struct Services {
     pub artifacts: Arc<ArtifactStore>,
     /// Credit reservations in Redis.
     pub admission: Arc<Admission>,
+    /// TLS of the internal channel, when configured.
+    pub channel: Option<sandbase_egress::channel::ChannelTls>,
+    /// This gateway's leases of team rate-limit buckets.
+    pub team_leases: Arc<crate::ratelimit::TeamLeases>,
     /// Per-address request and failed-authentication limits, in memory.
     pub ip_guard: Arc<crate::ip_guard::IpGuard>,
     /// Argon2 with a bounded number of hashes at once.

@@ -41,7 +41,12 @@ pub async fn import(
                 .await;
             let answer = state
                 .worker_client
-                .import_template(&worker.url, &name, &format, archive.clone())
+                .import_template(
+                    &crate::workers::registry::address(worker),
+                    &name,
+                    &format,
+                    archive.clone(),
+                )
                 .await;
             let _ = sender.send(outcome(&worker.id, answer)).await;
         }
@@ -58,7 +63,7 @@ pub async fn pull(state: AppState, name: TemplateName, pull: PullTemplate) -> Ap
         for worker in workers.iter() {
             match state
                 .worker_client
-                .pull_template(&worker.url, &name, &pull)
+                .pull_template(&crate::workers::registry::address(worker), &name, &pull)
                 .await
             {
                 Ok(answer) => relay_progress(&worker.id, answer, &sender).await,
@@ -106,7 +111,7 @@ pub async fn remove(state: AppState, name: TemplateName) -> ApiResult<Progress> 
         for worker in workers.iter() {
             let answer = state
                 .worker_client
-                .remove_template(&worker.url, &name)
+                .remove_template(&crate::workers::registry::address(worker), &name)
                 .await;
             let _ = sender.send(outcome(&worker.id, answer)).await;
         }

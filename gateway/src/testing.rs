@@ -16,6 +16,41 @@ use crate::config::Settings;
 pub const DEFAULT_DATABASE_URL: &str = "postgres://sandbase:sandbase@127.0.0.1:5432/sandbase";
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 
+/// The internal channel of every test gateway and worker of this process: a CA and one
+/// certificate for 127.0.0.1 and localhost, generated once and written to a private
+/// directory.
+pub fn channel_files() -> sandbase_egress::channel::ChannelFiles {
+    static FILES: std::sync::OnceLock<sandbase_egress::channel::ChannelFiles> =
+        std::sync::OnceLock::new();
+    FILES
+        .get_or_init(|| {
+            let (ca, certificate, key) =
+                sandbase_egress::channel::generate(&["127.0.0.1", "localhost"])
+                    .expect("generate the test channel's certificates");
+            let directory = std::env::temp_dir()
+                .join(format!("sandbase-test-channel-{}", Uuid::new_v4().simple()));
+            std::fs::create_dir_all(&directory).expect("create the test channel's directory");
+            let write = |name: &str, text: &str| {
+                let path = directory.join(name);
+                std::fs::write(&path, text).expect("write the test channel's files");
+                path
+            };
+            sandbase_egress::channel::ChannelFiles {
+                ca_file: write("ca.pem", &ca),
+                cert_file: write("cert.pem", &certificate),
+                key_file: write("key.pem", &key),
+            }
+        })
+        .clone()
+}
+
+/// The test channel, loaded.
+pub fn channel() -> sandbase_egress::channel::ChannelTls {
+    channel_files()
+        .load()
+        .expect("load the test channel's certificates")
+}
+
 /// The operator token of test gateways.
 pub const OPERATOR_TOKEN: &str = "test-operator-token-0123456789";
 
@@ -58,9 +93,12 @@ pub async fn settings() -> Settings {
         Uuid::new_v4().simple()
     )));
     settings.server.internal_listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    settings.internal_tls = Some(channel_files());
     settings.auth.operator_token = Some(SecretString::from(OPERATOR_TOKEN));
     settings.rate_limit.per_second = 10_000;
     settings.rate_limit.burst = 10_000;
+    settings.rate_limit.team_per_second = 10_000;
+    settings.rate_limit.team_burst = 10_000;
     // Every test signs up from 127.0.0.1; the abuse tests set the real limits.
     settings.auth.signups_per_hour = 1_000_000;
     settings.auth.logins_per_minute = 1_000_000;

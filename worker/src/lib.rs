@@ -21,4 +21,5 @@ pub mod runtime;
 pub mod service;
 pub mod spec;
 pub mod templates;
+pub mod tls_listener;
 pub mod usage;

@@ -14,22 +14,35 @@ use crate::node::Node;
 pub struct GatewayLink {
     /// The gateway's base URL, e.g. `http://127.0.0.1:8080`.
     pub gateway_url: String,
-    pub node_token: String,
+    pub credential: String,
     /// This worker's stable name (its node name).
     pub worker_id: String,
     /// Where the gateway reaches this worker's internal API.
     pub advertise_url: String,
     pub heartbeat_interval: Duration,
+    /// The internal channel's client side, when it has TLS.
+    pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 /// How many heartbeats between two sweeps for orphans.
 const ORPHAN_SWEEP_EVERY: u32 = 15;
 
+/// A client of the gateway's internal listener: verified against the channel's CA when the
+/// channel has TLS.
+pub fn gateway_client(
+    tls: Option<&rustls::ClientConfig>,
+    timeout: Duration,
+) -> anyhow::Result<reqwest::Client> {
+    let mut builder = reqwest::Client::builder().timeout(timeout);
+    if let Some(tls) = tls {
+        builder = builder.use_preconfigured_tls(tls.clone());
+    }
+    Ok(builder.build()?)
+}
+
 impl GatewayLink {
-    fn client() -> anyhow::Result<reqwest::Client> {
-        Ok(reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .build()?)
+    fn client(&self) -> anyhow::Result<reqwest::Client> {
+        gateway_client(self.tls.as_deref(), Duration::from_secs(10))
     }
 
     pub async fn register(&self, client: &reqwest::Client, node: &Node) -> anyhow::Result<()> {
@@ -42,7 +55,7 @@ impl GatewayLink {
         };
         let answer = client
             .post(format!("{}{}", self.gateway_url, paths::WORKER_REGISTER))
-            .header(NODE_TOKEN_HEADER, &self.node_token)
+            .header(NODE_TOKEN_HEADER, &self.credential)
             .json(&body)
             .send()
             .await
@@ -72,7 +85,7 @@ impl GatewayLink {
         };
         let answer = client
             .post(format!("{}{}", self.gateway_url, paths::WORKER_HEARTBEAT))
-            .header(NODE_TOKEN_HEADER, &self.node_token)
+            .header(NODE_TOKEN_HEADER, &self.credential)
             .json(&body)
             .send()
             .await
@@ -90,7 +103,7 @@ impl GatewayLink {
 
     /// Registers (retrying until the gateway answers) and heartbeats until `stop` resolves.
     pub async fn run(self, node: Arc<Node>, stop: impl std::future::Future<Output = ()>) {
-        let client = match Self::client() {
+        let client = match self.client() {
             Ok(client) => client,
             Err(error) => {
                 tracing::error!(

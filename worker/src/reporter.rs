@@ -16,9 +16,11 @@ const REPORT_CHUNK: usize = 2000;
 #[derive(Debug, Clone)]
 pub struct Reporter {
     pub gateway_url: String,
-    pub node_token: String,
+    pub credential: String,
     pub worker_id: String,
     pub interval: Duration,
+    /// The internal channel's client side, when it has TLS.
+    pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 impl Reporter {
@@ -66,7 +68,7 @@ impl Reporter {
     ) -> anyhow::Result<()> {
         let answer = client
             .post(format!("{}{}", self.gateway_url, paths::USAGE))
-            .header(NODE_TOKEN_HEADER, &self.node_token)
+            .header(NODE_TOKEN_HEADER, &self.credential)
             .json(&UsageReport {
                 worker: self.worker_id.clone(),
                 samples: samples.to_vec(),
@@ -94,16 +96,15 @@ impl Reporter {
         node: std::sync::Arc<crate::node::Node>,
         stop: impl std::future::Future<Output = ()>,
     ) {
-        let client = match reqwest::Client::builder()
-            .timeout(Duration::from_secs(15))
-            .build()
-        {
-            Ok(client) => client,
-            Err(error) => {
-                tracing::error!(error = %error, "no HTTP client for usage reports");
-                return;
-            }
-        };
+        let client =
+            match crate::registration::gateway_client(self.tls.as_deref(), Duration::from_secs(15))
+            {
+                Ok(client) => client,
+                Err(error) => {
+                    tracing::error!(error = %error, "no HTTP client for usage reports");
+                    return;
+                }
+            };
         tokio::pin!(stop);
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -32,7 +32,10 @@ pub struct ServiceConfig {
     /// The URL the gateway should call; `http://<bound address>` when absent.
     pub advertise_url: Option<String>,
     pub gateway_url: String,
-    pub node_token: String,
+    pub credential: String,
+    /// TLS of the internal channel: this worker serves its API with it and verifies the
+    /// gateway against its CA.
+    pub tls: Option<sandbase_egress::channel::ChannelTls>,
     pub worker_id: String,
     pub heartbeat_interval: Duration,
     /// How often hosted sandboxes' usage is sampled and reported (at most 10 s).
@@ -51,8 +54,44 @@ pub struct RunningService {
     stop: tokio::sync::watch::Sender<bool>,
 }
 
+/// Serves the worker's internal API (over TLS with `tls`) until `stop` turns true.
+async fn serve(
+    listener: TcpListener,
+    router: axum::Router,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let shutdown = async move {
+        let _ = stop.wait_for(|stop| *stop).await;
+    };
+    let served = match tls {
+        None => {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+        Some(tls) => {
+            axum::serve(crate::tls_listener::TlsListener::new(listener, tls), router)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+    };
+    if let Err(error) = served {
+        tracing::error!(error = %error, "the worker's internal API stopped");
+    }
+}
+
 /// Starts the worker service; it runs until [`RunningService::stop`].
 pub async fn start(config: ServiceConfig) -> anyhow::Result<RunningService> {
+    let named = sandbase_api::internal::credential_worker_id(&config.credential);
+    anyhow::ensure!(
+        named == Some(config.worker_id.as_str()),
+        "the worker credential names {}, not this worker ({}): get this worker's own with \
+         `sandbase admin worker-credential --worker-id {}`",
+        named.unwrap_or("no worker"),
+        config.worker_id,
+        config.worker_id
+    );
     let (worker, removed) = Runtime::start(config.worker.clone()).await?;
     if removed > 0 {
         tracing::warn!(removed, "removed sandboxes a previous worker left behind");
@@ -82,33 +121,36 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<RunningService> {
         .with_context(|| format!("binding the worker's internal API to {}", config.listen))?;
     let local_addr = listener.local_addr()?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let router = crate::api::router(Arc::clone(&node), &config.node_token);
-    let mut server_stop = stopped.clone();
-    let server = tokio::spawn(async move {
-        let served = axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                let _ = server_stop.wait_for(|stop| *stop).await;
-            })
-            .await;
-        if let Err(error) = served {
-            tracing::error!(error = %error, "the worker's internal API stopped");
-        }
-    });
+    let router = crate::api::router(Arc::clone(&node), &config.credential);
+    let server = tokio::spawn(serve(
+        listener,
+        router,
+        config.tls.as_ref().map(|tls| Arc::clone(&tls.server)),
+        stopped.clone(),
+    ));
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let client_tls = config.tls.as_ref().map(|tls| Arc::clone(&tls.client));
     let link = GatewayLink {
         gateway_url: config.gateway_url.trim_end_matches('/').to_owned(),
-        node_token: config.node_token.clone(),
+        credential: config.credential.clone(),
         worker_id: config.worker_id.clone(),
         advertise_url: config
             .advertise_url
             .clone()
-            .unwrap_or_else(|| format!("http://{local_addr}")),
+            .unwrap_or_else(|| format!("{scheme}://{local_addr}")),
         heartbeat_interval: config.heartbeat_interval,
+        tls: client_tls.clone(),
     };
     let usage = crate::reporter::Reporter {
         gateway_url: link.gateway_url.clone(),
-        node_token: config.node_token.clone(),
+        credential: config.credential.clone(),
         worker_id: config.worker_id.clone(),
         interval: config.usage_interval.min(Duration::from_secs(10)),
+        tls: client_tls,
     };
     let mut reporter_stop = stopped.clone();
     let reporter = tokio::spawn(usage.clone().run(Arc::clone(&node), async move {
@@ -171,9 +213,8 @@ impl RunningService {
         self.node.shut_down().await;
         // The last samples of what shut-down destroyed, and the last egress usage.
         self.node.sample_all();
-        if let Ok(client) = reqwest::Client::builder()
-            .timeout(Duration::from_secs(5))
-            .build()
+        if let Ok(client) =
+            crate::registration::gateway_client(self.usage.tls.as_deref(), Duration::from_secs(5))
             && let Err(error) = self.usage.flush(&client, self.node.usage()).await
         {
             tracing::warn!(error = format!("{error:#}"), "the last usage report failed");

@@ -30,11 +30,20 @@ impl WorkerProcess {
             .unwrap_or_else(|_| "/run/sandbase/containerd.sock".to_owned());
         let run_dir = std::env::temp_dir().join(format!("sandbase-cli-run-{unique}"));
         let slot = u32::from_str_radix(&unique[..4], 16).unwrap() % 1000;
+        // The operator hands this worker its own credential.
+        let worker_id = format!("cli-{unique}");
+        let minted = Command::new(BINARY)
+            .args(["admin", "worker-credential", "--worker-id", &worker_id])
+            .env("SANDBASE_WORKERS__NODE_TOKEN", NODE_TOKEN)
+            .output()
+            .expect("run sandbase admin worker-credential");
+        assert!(minted.status.success(), "{}", stderr(&minted));
+        let credential = stdout(&minted).trim().to_owned();
         let child = Command::new(BINARY)
             .args(["worker", "--gateway", gateway])
             .args(["--worker-listen", &format!("127.0.0.1:{}", free_port())])
             .args(["--egress-proxy-port", &free_port().to_string()])
-            .args(["--worker-id", &format!("cli-{unique}")])
+            .args(["--worker-id", &worker_id])
             .args(["--namespace", &namespace, "--containerd-socket", &socket])
             .arg("--run-dir")
             .arg(&run_dir)
@@ -48,7 +57,7 @@ impl WorkerProcess {
                 "--default-pids",
                 "64",
             ])
-            .env("SANDBASE_NODE_TOKEN", NODE_TOKEN)
+            .env("SANDBASE_WORKER_CREDENTIAL", credential)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

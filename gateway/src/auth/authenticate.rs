@@ -111,7 +111,8 @@ async fn authenticate_session(token: &str, state: &AppState) -> Result<Principal
     })
 }
 
-/// Counts a request against the caller's rate limit.
+/// Counts a request against the caller's rate limit, then against its team's ceiling (so a
+/// team cannot multiply its rate by minting keys).
 pub async fn rate_limit(principal: &Principal, state: &AppState) -> Result<(), ApiError> {
     let defaults = state.settings.rate_limit;
     let (subject, lease) = match &principal.actor {
@@ -121,10 +122,27 @@ pub async fn rate_limit(principal: &Principal, state: &AppState) -> Result<(), A
     let (per_second, burst) = principal
         .rate_limit
         .unwrap_or((defaults.per_second, defaults.burst));
+    check(state, &subject, lease, (per_second, burst)).await?;
+    let team_lease = state.team_leases.of(principal.team_id);
+    let ceiling = (
+        defaults.team_per_second.max(per_second),
+        defaults.team_burst.max(burst),
+    );
+    let subject = format!("team:{}", principal.team_id);
+    check(state, &subject, Some(&team_lease), ceiling).await
+}
+
+/// One bucket's check; Redis failing admits (capacity, not correctness).
+async fn check(
+    state: &AppState,
+    subject: &str,
+    lease: Option<&Arc<crate::ratelimit::Lease>>,
+    (per_second, burst): (u32, u32),
+) -> Result<(), ApiError> {
     let mut redis = state.redis.clone();
     match state
         .rate_limiter
-        .check(&mut redis, &subject, lease, per_second, burst)
+        .check(&mut redis, subject, lease, per_second, burst)
         .await
     {
         Ok(Decision::Allowed) => Ok(()),

@@ -39,6 +39,11 @@ pub struct Settings {
     pub billing: BillingSettings,
     pub stripe: StripeSettings,
     pub vault: VaultSettings,
+    /// TLS on the internal channel (the internal listener, and calls to workers): the
+    /// operator's CA, and the gateway's certificate and key. Without it, workers are reached
+    /// over plain HTTP and sandboxes with credentials are refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub internal_tls: Option<sandbase_egress::channel::ChannelFiles>,
 }
 
 impl Default for Settings {
@@ -81,6 +86,8 @@ impl Default for Settings {
             rate_limit: RateLimitSettings {
                 per_second: 50,
                 burst: 100,
+                team_per_second: 200,
+                team_burst: 400,
             },
             telemetry: TelemetrySettings {
                 otlp_endpoint: None,
@@ -103,6 +110,7 @@ impl Default for Settings {
             billing: BillingSettings::default(),
             stripe: StripeSettings::default(),
             vault: VaultSettings::default(),
+            internal_tls: None,
         }
     }
 }
@@ -296,9 +304,13 @@ impl Settings {
                 "key `sandboxes.max_per_team` must be at least 1".to_owned(),
             ));
         }
-        if self.rate_limit.per_second == 0 || self.rate_limit.burst == 0 {
+        if self.rate_limit.per_second == 0
+            || self.rate_limit.burst == 0
+            || self.rate_limit.team_per_second == 0
+            || self.rate_limit.team_burst == 0
+        {
             return Err(ConfigError(
-                "keys `rate_limit.per_second` and `rate_limit.burst` must be at least 1".to_owned(),
+                "keys `rate_limit.per_second`, `rate_limit.burst`, `rate_limit.team_per_second` and `rate_limit.team_burst` must be at least 1".to_owned(),
             ));
         }
         self.validate_server()?;

@@ -313,6 +313,12 @@ pub struct RateLimitSettings {
     pub per_second: u32,
     /// Requests that may arrive at once above the sustained rate.
     pub burst: u32,
+    /// Sustained requests per second of a whole team, whatever its number of keys and
+    /// sessions (at least its per-key rate), so minting keys does not multiply a team's rate.
+    pub team_per_second: u32,
+    /// Requests a whole team may make at once above its sustained rate (at least its
+    /// per-key burst).
+    pub team_burst: u32,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -1,5 +1,5 @@
-//! The two machine credentials: the node token on workers' calls to the internal plane (the
-//! `x-sandbase-node-token` header), and the operator token on `/v1/admin/*` and template
+//! The two machine credentials: a worker's own credential on its calls to the internal plane
+//! (the `x-sandbase-node-token` header, checked against the worker it names), and the operator token on `/v1/admin/*` and template
 //! operations (`Authorization: Bearer <operator token>`). Neither opens the other's routes.
 
 use axum::extract::FromRequestParts;
@@ -12,17 +12,32 @@ use subtle::ConstantTimeEq;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// A caller that presented this deployment's node token in its header: a worker.
-pub struct NodeToken;
+/// A worker, by the credential it presented (`x-sandbase-node-token`): the id it names.
+/// What the worker says about itself must be about this id ([`WorkerIdentity::speaks_for`]).
+pub struct WorkerIdentity(pub String);
 
-impl FromRequestParts<AppState> for NodeToken {
+impl WorkerIdentity {
+    /// 403 `worker_mismatch` unless `worker_id` is this worker's own.
+    pub fn speaks_for(&self, worker_id: &str) -> Result<(), ApiError> {
+        if self.0 == worker_id {
+            Ok(())
+        } else {
+            Err(ApiError::WorkerMismatch)
+        }
+    }
+}
+
+impl FromRequestParts<AppState> for WorkerIdentity {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        match parts.headers.get(NODE_TOKEN_HEADER) {
-            Some(presented) if state.worker_client.accepts(presented.as_bytes()) => Ok(NodeToken),
-            _ => Err(ApiError::InvalidNodeToken),
-        }
+        parts
+            .headers
+            .get(NODE_TOKEN_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|presented| state.worker_client.verify(presented))
+            .map(|worker_id| WorkerIdentity(worker_id.to_owned()))
+            .ok_or(ApiError::InvalidNodeToken)
     }
 }
 

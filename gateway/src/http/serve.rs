@@ -36,15 +36,18 @@ impl Limits {
     }
 }
 
-/// Serves `router` until `stop` turns true, then waits for open connections to finish their
-/// requests for at most `grace`. Handlers see the peer as `ConnectInfo<SocketAddr>`.
+/// Serves `router` (over TLS with `tls`) until `stop` turns true, then waits for open
+/// connections to finish their requests for at most `grace`. Handlers see the peer as
+/// `ConnectInfo<SocketAddr>`.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     limits: Limits,
+    tls: Option<Arc<rustls::ServerConfig>>,
     mut stop: watch::Receiver<bool>,
     grace: Duration,
 ) {
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let per_ip = Arc::new(PerIp::default());
     loop {
@@ -61,28 +64,22 @@ pub async fn serve(
             continue;
         };
         let router = router.clone();
-        let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
-            request.extensions_mut().insert(ConnectInfo(peer));
-            router.clone().oneshot(request)
-        });
-        let connection = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_read_timeout)
-            .serve_connection(TokioIo::new(stream), service)
-            .with_upgrades();
-        let mut stop = stop.clone();
+        let stop = stop.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let mut connection = std::pin::pin!(connection);
-            let ended = tokio::select! {
-                ended = connection.as_mut() => ended,
-                () = stopped(&mut stop) => {
-                    // Finish the request in flight (if any), then close.
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
+            match tls {
+                None => connection(stream, peer, router, limits, stop).await,
+                Some(acceptor) => {
+                    // The handshake gets as long as the headers would.
+                    let handshake = acceptor.accept(stream);
+                    match tokio::time::timeout(limits.header_read_timeout, handshake).await {
+                        Ok(Ok(stream)) => connection(stream, peer, router, limits, stop).await,
+                        Ok(Err(error)) => {
+                            tracing::debug!(error = %error, %peer, "TLS handshake failed");
+                        }
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
                 }
-            };
-            if let Err(error) = ended {
-                tracing::debug!(error = %error, %peer, "connection ended with an error");
             }
             drop(entry);
             drop(slot);
@@ -96,6 +93,38 @@ pub async fn serve(
         .is_err()
     {
         tracing::warn!("in-flight requests did not finish within the grace period");
+    }
+}
+
+/// Serves one connection until it ends, or until `stop` (then after its request in flight).
+async fn connection<I>(
+    io: I,
+    peer: SocketAddr,
+    router: Router,
+    limits: Limits,
+    mut stop: watch::Receiver<bool>,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+        request.extensions_mut().insert(ConnectInfo(peer));
+        router.clone().oneshot(request)
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .serve_connection(TokioIo::new(io), service)
+        .with_upgrades();
+    let mut connection = std::pin::pin!(connection);
+    let ended = tokio::select! {
+        ended = connection.as_mut() => ended,
+        () = stopped(&mut stop) => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(error) = ended {
+        tracing::debug!(error = %error, %peer, "connection ended with an error");
     }
 }
 

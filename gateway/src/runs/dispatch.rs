@@ -22,6 +22,7 @@ use super::lifecycle::{self, Claimed};
 use crate::error::ApiError;
 use crate::sandboxes::{NewSandbox, Owner, placement, teardown};
 use crate::state::AppState;
+use crate::workers::WorkerAddress;
 use crate::workers::client::ArchiveOwner;
 
 /// Output of the command kept on the run (each stream).
@@ -262,7 +263,7 @@ async fn carry_out(
     let mut connection = state.db.acquire().await?;
     lifecycle::set_sandbox(&mut connection, run, sandbox).await?;
     drop(connection);
-    let result = in_sandbox(state, run, claimed, sandbox, &created.worker_url).await;
+    let result = in_sandbox(state, run, claimed, sandbox, &created.worker).await;
     if let Err(error) = teardown::destroy_for_system(state, sandbox).await {
         tracing::warn!(%sandbox, error = format!("{error:#}"), "destroying a run's sandbox failed (the reaper will)");
     }
@@ -274,7 +275,7 @@ async fn in_sandbox(
     run: Uuid,
     claimed: &Claimed,
     sandbox: Uuid,
-    worker_url: &str,
+    worker: &WorkerAddress,
 ) -> anyhow::Result<Outcome> {
     let workers = &state.worker_client;
     if claimed.has_inputs {
@@ -284,7 +285,7 @@ async fn in_sandbox(
             .await?
             .context("the run's inputs are missing from the store")?;
         workers
-            .put_archive(worker_url, sandbox, "/work/in", ArchiveOwner::Root, inputs)
+            .put_archive(worker, sandbox, "/work/in", ArchiveOwner::Root, inputs)
             .await
             .context("unpacking the inputs")?;
         // Read-only to the command, whatever modes the archive carried.
@@ -292,24 +293,24 @@ async fn in_sandbox(
             .map(str::to_owned)
             .to_vec();
         workers
-            .exec(worker_url, sandbox, &command(chmod, RunAs::Root, None))
+            .exec(worker, sandbox, &command(chmod, RunAs::Root, None))
             .await?;
     }
     let mkdir = vec!["mkdir".to_owned(), "-p".to_owned(), claimed.outputs.clone()];
     workers
-        .exec(worker_url, sandbox, &command(mkdir, RunAs::User, None))
+        .exec(worker, sandbox, &command(mkdir, RunAs::User, None))
         .await?;
     let timeout_ms = Some(claimed.timeout_secs as u64 * 1000);
     let result = workers
         .exec(
-            worker_url,
+            worker,
             sandbox,
             &command(claimed.argv.0.clone(), RunAs::User, timeout_ms),
         )
         .await?;
     // The outputs directory, as the artifact; none when the command removed it.
     let artifact_size = match workers
-        .get_archive(worker_url, sandbox, &claimed.outputs)
+        .get_archive(worker, sandbox, &claimed.outputs)
         .await?
     {
         Some(answer) => Some(store_artifact(state, claimed.team_id, run, answer).await?),

@@ -8,10 +8,11 @@ use super::lifecycle::{self, SandboxState, StopReason};
 use super::route_cache::Route;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
+use crate::workers::WorkerAddress;
 use crate::workers::client::{SandboxCall, WorkerAnswer};
 
 /// The id and internal URL of the worker hosting a running sandbox of `team_id`.
-pub async fn route(state: &AppState, team_id: Uuid, id: Uuid) -> ApiResult<(String, String)> {
+pub async fn route(state: &AppState, team_id: Uuid, id: Uuid) -> ApiResult<WorkerAddress> {
     let worker_id = match state.routes.get(id) {
         Some(route) if route.team_id == team_id => route.worker_id,
         Some(_) => return Err(ApiError::NotFound("sandbox")),
@@ -34,8 +35,7 @@ pub async fn route(state: &AppState, team_id: Uuid, id: Uuid) -> ApiResult<(Stri
             Some(found) => return Err(not_running(found.state, found.stop_reason)),
         },
     };
-    let url = state.workers.url_of(&worker_id).await?;
-    Ok((worker_id, url))
+    state.workers.address_of(&worker_id).await
 }
 
 /// 409 `sandbox_not_running`, saying what the sandbox is and why.
@@ -54,8 +54,8 @@ pub async fn forward(
     id: Uuid,
     call: SandboxCall,
 ) -> ApiResult<WorkerAnswer> {
-    let (_, url) = route(state, team_id, id).await?;
-    match state.worker_client.sandbox_call(&url, id, call).await {
+    let worker = route(state, team_id, id).await?;
+    match state.worker_client.sandbox_call(&worker, id, call).await {
         Ok(answer) => Ok(answer),
         Err(error) if error.is_sandbox_not_found() => {
             state.routes.forget(id);

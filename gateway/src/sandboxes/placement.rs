@@ -81,10 +81,17 @@ async fn place(
     sandbox: NewSandbox,
     id: Uuid,
 ) -> ApiResult<Created> {
-    let candidates = state
+    let mut candidates = state
         .workers
         .candidates_with(sandbox.template.as_str(), &sandbox.mounts)
         .await?;
+    // Credentials travel to a worker only over TLS.
+    if !sandbox.credentials.is_empty() {
+        candidates.retain(|worker| worker.url.starts_with("https://"));
+        if candidates.is_empty() {
+            return Err(ApiError::NoSecureWorker);
+        }
+    }
     // Decrypted only for the worker's request (unknown names refused before anything is
     // written), and wiped once it has been sent.
     let credentials =
@@ -138,15 +145,12 @@ async fn send_create(
     let id = request.id;
     let mut last_problem = None;
     for worker in candidates {
+        let address = crate::workers::registry::address(&worker);
         let mut connection = state.db.acquire().await?;
         lifecycle::assign_worker(&mut connection, id, &worker.id).await?;
         drop(connection);
         state.workers.placed(&worker.id);
-        match state
-            .worker_client
-            .create_sandbox(&worker.url, request)
-            .await
-        {
+        match state.worker_client.create_sandbox(&address, request).await {
             Ok(()) => {
                 let mut transaction = state.db.begin().await?;
                 let row = lifecycle::mark_running(&mut transaction, id).await?;
@@ -174,7 +178,7 @@ async fn send_create(
                 );
                 return Ok(Created {
                     row,
-                    worker_url: worker.url,
+                    worker: address,
                 });
             }
             Err(error) if error.is_at_capacity() => last_problem = Some(error),

@@ -124,7 +124,7 @@ impl Owner {
 /// A sandbox just started, and where.
 pub struct Created {
     pub row: SandboxRow,
-    pub worker_url: String,
+    pub worker: crate::workers::WorkerAddress,
 }
 
 /// One sandbox of a team.

@@ -33,10 +33,10 @@ pub async fn destroy_for_system(state: &AppState, id: Uuid) -> anyhow::Result<()
 
 /// Asks a worker to remove a sandbox; failures are left to the heartbeat reconciliation.
 pub async fn remove_on_worker(state: &AppState, worker_id: &str, id: Uuid) {
-    let Ok(url) = state.workers.url_of(worker_id).await else {
+    let Ok(worker) = state.workers.address_of(worker_id).await else {
         return;
     };
-    if let Err(error) = state.worker_client.remove_sandbox(&url, id).await {
+    if let Err(error) = state.worker_client.remove_sandbox(&worker, id).await {
         tracing::warn!(%id, error = %error, "removing a sandbox on its worker failed");
     }
 }

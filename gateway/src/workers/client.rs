@@ -9,7 +9,7 @@ use http::StatusCode;
 use sandbase_api::ErrorBody;
 use sandbase_api::internal::{CreateSandbox, Exec, NODE_TOKEN_HEADER, PullTemplate, paths};
 use sandbase_api::sandboxes::{EgressPolicy, ExecResult, TemplateName};
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::SecretString;
 use uuid::Uuid;
 
 /// Creating a sandbox includes starting it (and, cold, waiting for its agent).
@@ -234,46 +234,58 @@ pub enum ArchiveOwner {
     Root,
 }
 
-/// The HTTP client of every worker, carrying this deployment's node token.
+/// Which worker to call: its id (whose credential the call carries) and its URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerAddress {
+    pub id: String,
+    pub url: String,
+}
+
+/// The HTTP client of every worker, presenting each one its own credential.
 pub struct WorkerClient {
     http: reqwest::Client,
-    token: Option<SecretString>,
+    /// The deployment's node secret, from which every worker's credential is derived.
+    secret: Option<SecretString>,
 }
 
 impl WorkerClient {
-    pub fn new(token: Option<SecretString>) -> anyhow::Result<WorkerClient> {
+    /// `tls`: how to verify workers served over https (the internal channel's CA).
+    pub fn new(
+        secret: Option<SecretString>,
+        tls: Option<&rustls::ClientConfig>,
+    ) -> anyhow::Result<WorkerClient> {
+        let mut http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .pool_idle_timeout(Duration::from_secs(60));
+        if let Some(tls) = tls {
+            http = http.use_preconfigured_tls(tls.clone());
+        }
         Ok(WorkerClient {
-            http: reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(2))
-                .pool_idle_timeout(Duration::from_secs(60))
-                .build()?,
-            token,
+            http: http.build()?,
+            secret,
         })
     }
 
-    /// Whether `presented` is this deployment's node token (never, without one). The one
-    /// check of the node token, for workers' calls and the operator's.
-    pub fn accepts(&self, presented: &[u8]) -> bool {
-        use subtle::ConstantTimeEq;
-        let Some(token) = &self.token else {
-            return false;
-        };
-        bool::from(presented.ct_eq(token.expose_secret().as_bytes()))
+    /// The worker a presented credential belongs to, when it is genuine (never, without a
+    /// node secret configured). The one check of worker credentials.
+    pub fn verify<'a>(&self, presented: &'a str) -> Option<&'a str> {
+        super::credential::verify(self.secret.as_ref()?, presented)
     }
 
     fn request(
         &self,
         method: reqwest::Method,
-        worker_url: &str,
+        worker: &WorkerAddress,
         path: &str,
     ) -> reqwest::RequestBuilder {
-        let token = self
-            .token
+        let credential = self
+            .secret
             .as_ref()
-            .map_or("", |token| token.expose_secret());
+            .map(|secret| super::credential::derive(secret, &worker.id))
+            .unwrap_or_default();
         self.http
-            .request(method, format!("{worker_url}{path}"))
-            .header(NODE_TOKEN_HEADER, token)
+            .request(method, format!("{}{path}", worker.url))
+            .header(NODE_TOKEN_HEADER, credential)
     }
 
     async fn send(
@@ -294,22 +306,31 @@ impl WorkerClient {
     /// Starts a sandbox on a worker.
     pub async fn create_sandbox(
         &self,
-        worker_url: &str,
+        worker: &WorkerAddress,
         request: &CreateSandbox,
     ) -> Result<(), WorkerError> {
+        if !request.credentials.is_empty() && !worker.url.starts_with("https://") {
+            return Err(WorkerError::Failed(
+                "credentials are sent to workers only over TLS".to_owned(),
+            ));
+        }
         let call = self
-            .request(reqwest::Method::POST, worker_url, paths::SANDBOXES)
+            .request(reqwest::Method::POST, worker, paths::SANDBOXES)
             .timeout(CREATE_TIMEOUT)
             .json(request);
         Self::send(call, "creating a sandbox").await.map(drop)
     }
 
     /// Removes a sandbox and everything of it from its worker.
-    pub async fn remove_sandbox(&self, worker_url: &str, id: Uuid) -> Result<(), WorkerError> {
+    pub async fn remove_sandbox(
+        &self,
+        worker: &WorkerAddress,
+        id: Uuid,
+    ) -> Result<(), WorkerError> {
         let call = self
             .request(
                 reqwest::Method::DELETE,
-                worker_url,
+                worker,
                 &paths::sandbox(&id.to_string()),
             )
             .timeout(REMOVE_TIMEOUT);
@@ -320,7 +341,7 @@ impl WorkerClient {
     /// as long as they take; the caller's disconnect ends them).
     pub async fn sandbox_call(
         &self,
-        worker_url: &str,
+        worker: &WorkerAddress,
         id: Uuid,
         call: SandboxCall,
     ) -> Result<WorkerAnswer, WorkerError> {
@@ -329,24 +350,24 @@ impl WorkerClient {
             SandboxCall::Exec(exec) => self
                 .request(
                     reqwest::Method::POST,
-                    worker_url,
+                    worker,
                     &paths::sandbox_part(&id, "exec"),
                 )
                 .json(&exec),
             SandboxCall::Processes => self.request(
                 reqwest::Method::GET,
-                worker_url,
+                worker,
                 &paths::sandbox_part(&id, "processes"),
             ),
             SandboxCall::Process { pid } => self.request(
                 reqwest::Method::GET,
-                worker_url,
+                worker,
                 &paths::process(&id, &pid.to_string()),
             ),
             SandboxCall::ProcessStdin { pid, close, body } => self
                 .request(
                     reqwest::Method::POST,
-                    worker_url,
+                    worker,
                     &paths::process_part(&id, &pid.to_string(), "stdin"),
                 )
                 .query(&[("close", close)])
@@ -354,21 +375,21 @@ impl WorkerClient {
             SandboxCall::ProcessSignal { pid, signal } => self
                 .request(
                     reqwest::Method::POST,
-                    worker_url,
+                    worker,
                     &paths::process_part(&id, &pid.to_string(), "signal"),
                 )
                 .json(&serde_json::json!({ "signal": signal })),
             SandboxCall::ReadPath { path } => self
                 .request(
                     reqwest::Method::GET,
-                    worker_url,
+                    worker,
                     &paths::sandbox_part(&id, "files"),
                 )
                 .query(&[("path", path.as_str())]),
             SandboxCall::WriteFile { path, body } => self
                 .request(
                     reqwest::Method::PUT,
-                    worker_url,
+                    worker,
                     &paths::sandbox_part(&id, "files"),
                 )
                 .query(&[("path", path.as_str())])
@@ -376,7 +397,7 @@ impl WorkerClient {
             SandboxCall::RemovePath { path, recursive } => self
                 .request(
                     reqwest::Method::DELETE,
-                    worker_url,
+                    worker,
                     &paths::sandbox_part(&id, "files"),
                 )
                 .query(&[
@@ -386,14 +407,14 @@ impl WorkerClient {
             SandboxCall::ArchiveOut { path } => self
                 .request(
                     reqwest::Method::GET,
-                    worker_url,
+                    worker,
                     &paths::sandbox_part(&id, "archive"),
                 )
                 .query(&[("path", path.as_str())]),
             SandboxCall::ArchiveIn { path, body } => self
                 .request(
                     reqwest::Method::PUT,
-                    worker_url,
+                    worker,
                     &paths::sandbox_part(&id, "archive"),
                 )
                 .query(&[("path", path.as_str())])
@@ -401,13 +422,13 @@ impl WorkerClient {
             SandboxCall::SetEgressPolicy(policy) => self
                 .request(
                     reqwest::Method::PUT,
-                    worker_url,
+                    worker,
                     &paths::sandbox_part(&id, "egress-policy"),
                 )
                 .json(&policy),
             SandboxCall::EgressFlows => self.request(
                 reqwest::Method::GET,
-                worker_url,
+                worker,
                 &paths::sandbox_part(&id, "egress"),
             ),
         };
@@ -419,7 +440,7 @@ impl WorkerClient {
     /// Unpacks a tar archive into `path` of a sandbox, owned by `owner`.
     pub async fn put_archive(
         &self,
-        worker_url: &str,
+        worker: &WorkerAddress,
         id: Uuid,
         path: &str,
         owner: ArchiveOwner,
@@ -428,7 +449,7 @@ impl WorkerClient {
         let mut request = self
             .request(
                 reqwest::Method::PUT,
-                worker_url,
+                worker,
                 &paths::sandbox_part(&id.to_string(), "archive"),
             )
             .query(&[("path", path)])
@@ -442,14 +463,14 @@ impl WorkerClient {
     /// Runs a command to its end and returns its result.
     pub async fn exec(
         &self,
-        worker_url: &str,
+        worker: &WorkerAddress,
         id: Uuid,
         exec: &Exec,
     ) -> Result<ExecResult, WorkerError> {
         let request = self
             .request(
                 reqwest::Method::POST,
-                worker_url,
+                worker,
                 &paths::sandbox_part(&id.to_string(), "exec"),
             )
             .json(exec);
@@ -463,14 +484,14 @@ impl WorkerClient {
     /// A directory of a sandbox as a tar stream, or `None` when it does not exist.
     pub async fn get_archive(
         &self,
-        worker_url: &str,
+        worker: &WorkerAddress,
         id: Uuid,
         path: &str,
     ) -> Result<Option<reqwest::Response>, WorkerError> {
         let request = self
             .request(
                 reqwest::Method::GET,
-                worker_url,
+                worker,
                 &paths::sandbox_part(&id.to_string(), "archive"),
             )
             .query(&[("path", path)]);
@@ -485,7 +506,7 @@ impl WorkerClient {
     /// tarball (`format`: `image` or `rootfs`).
     pub async fn import_template(
         &self,
-        worker_url: &str,
+        worker: &WorkerAddress,
         name: &TemplateName,
         format: &str,
         archive: bytes::Bytes,
@@ -493,7 +514,7 @@ impl WorkerClient {
         let request = self
             .request(
                 reqwest::Method::PUT,
-                worker_url,
+                worker,
                 &paths::template(name.as_str()),
             )
             .query(&[("format", format)])
@@ -505,14 +526,14 @@ impl WorkerClient {
     /// Pulls an image into template `name` on a worker; the answer is its NDJSON progress.
     pub async fn pull_template(
         &self,
-        worker_url: &str,
+        worker: &WorkerAddress,
         name: &TemplateName,
         pull: &PullTemplate,
     ) -> Result<reqwest::Response, WorkerError> {
         let request = self
             .request(
                 reqwest::Method::POST,
-                worker_url,
+                worker,
                 &paths::template_pull(name.as_str()),
             )
             .timeout(PULL_TIMEOUT)
@@ -523,12 +544,12 @@ impl WorkerClient {
     /// Removes template `name` from a worker.
     pub async fn remove_template(
         &self,
-        worker_url: &str,
+        worker: &WorkerAddress,
         name: &TemplateName,
     ) -> Result<(), WorkerError> {
         let request = self.request(
             reqwest::Method::DELETE,
-            worker_url,
+            worker,
             &paths::template(name.as_str()),
         );
         Self::send(request, "removing a template").await.map(drop)

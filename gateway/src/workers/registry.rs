@@ -10,6 +10,7 @@ use sandbase_api::internal::{TemplateInfo, WorkerStatus};
 
 use crate::config::Settings;
 use crate::error::{ApiError, ApiResult};
+use crate::workers::WorkerAddress;
 
 /// How long a read of the live workers is reused.
 const SNAPSHOT_TTL: Duration = Duration::from_millis(500);
@@ -101,13 +102,13 @@ impl Workers {
             .collect())
     }
 
-    /// The internal API address of a live worker.
-    pub async fn url_of(&self, worker_id: &str) -> ApiResult<String> {
+    /// The id and internal API address of a live worker.
+    pub async fn address_of(&self, worker_id: &str) -> ApiResult<WorkerAddress> {
         let find = |workers: &[WorkerStatus]| {
             workers
                 .iter()
                 .find(|worker| worker.id == worker_id)
-                .map(|worker| worker.url.clone())
+                .map(address)
         };
         if let Some(url) = find(&self.live().await?) {
             return Ok(url);
@@ -147,5 +148,13 @@ impl Workers {
         self.snapshot
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Where to reach a worker, and who it is.
+pub fn address(worker: &WorkerStatus) -> WorkerAddress {
+    WorkerAddress {
+        id: worker.id.clone(),
+        url: worker.url.clone(),
     }
 }

@@ -13,8 +13,11 @@ use uuid::Uuid;
 
 pub struct TestApp {
     pub address: String,
-    /// The internal listener (`http://…`): workers' and operator routes, `/metrics`.
+    /// The internal listener (`https://…` with the test channel's TLS): workers' and
+    /// operator routes, `/metrics`.
     pub internal: String,
+    /// A client of the internal listener, trusting the test channel's CA.
+    pub internal_http: reqwest::Client,
     pub db: PgPool,
     pub settings: Settings,
     pub http: reqwest::Client,
@@ -111,7 +114,16 @@ pub async fn spawn_with_settings(settings: Settings) -> TestApp {
         .await
         .expect("build the application");
     let address = format!("http://{}", application.local_addr());
-    let internal = format!("http://{}", application.internal_addr());
+    let scheme = if settings.internal_tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let internal = format!("{scheme}://{}", application.internal_addr());
+    let internal_http = reqwest::Client::builder()
+        .use_preconfigured_tls(testing::channel().client.as_ref().clone())
+        .build()
+        .expect("a client of the internal listener");
     let state = application.state().clone();
     let (shutdown, stopped) = oneshot::channel::<()>();
     tokio::spawn(application.run_until_stopped(async move {
@@ -130,6 +142,7 @@ pub async fn spawn_with_settings(settings: Settings) -> TestApp {
     TestApp {
         address,
         internal,
+        internal_http,
         db,
         settings,
         http: reqwest::Client::new(),

@@ -29,3 +29,4 @@ mod stripe;
 mod templates;
 mod testbed;
 mod usage;
+mod worker_credentials;

@@ -20,7 +20,7 @@ async fn health_readiness_and_metrics() {
     let public = app.request(Method::GET, "/metrics", None, None).await;
     assert_eq!(public.status, 404);
     let response = app
-        .http
+        .internal_http
         .get(format!("{}/metrics", app.internal))
         .send()
         .await

@@ -72,3 +72,40 @@ async fn a_hot_key_is_held_to_its_limit_across_gateways() {
     // Leases may strand a few tokens, never most of the burst.
     assert!(admitted >= 80.0, "only {admitted} admitted");
 }
+
+#[tokio::test]
+async fn minting_keys_does_not_multiply_a_teams_rate() {
+    let app = crate::helpers::spawn_app_with(|settings| {
+        settings.rate_limit.per_second = 5;
+        settings.rate_limit.burst = 10;
+        settings.rate_limit.team_per_second = 5;
+        settings.rate_limit.team_burst = 20;
+    })
+    .await;
+    let owner = app.signup(&email("mint"), "Mint").await;
+    let mut keys = vec![owner.api_key.token.clone()];
+    for index in 0..5 {
+        let (_, key) = app
+            .create_key(
+                &owner.api_key.token,
+                serde_json::json!({ "name": format!("k{index}") }),
+            )
+            .await;
+        keys.push(key);
+    }
+    // Let the buckets the key creations used refill.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Six keys with a burst of 10 each would admit 60 at once; the team's ceiling is 20.
+    let requests = (0..120).map(|index| app.get("/v1/me", &keys[index % keys.len()]));
+    let answers = futures_util::future::join_all(requests).await;
+    let admitted = answers.iter().filter(|answer| answer.status == 200).count();
+    assert!((18..=26).contains(&admitted), "{admitted} of 120 admitted");
+    assert!(
+        answers
+            .iter()
+            .all(|answer| answer.status == 200 || answer.status == 429)
+    );
+    // Another team has a ceiling of its own.
+    let other = app.signup(&email("other-mint"), "Other").await;
+    assert_eq!(app.get("/v1/me", &other.api_key.token).await.status, 200);
+}

@@ -649,7 +649,7 @@ async fn two_workers_share_sandboxes_and_full_workers_refuse() {
     let heartbeat =
         json!({ "id": "x", "url": "http://x", "capacity": 1, "templates": [], "sandboxes": [] });
     let answer = app
-        .http
+        .internal_http
         .post(format!("{}/internal/v1/workers/heartbeat", app.internal))
         .json(&heartbeat)
         .send()

@@ -141,7 +141,7 @@ async fn operator(
     token: &str,
 ) -> (StatusCode, Vec<Value>) {
     let response = app
-        .http
+        .internal_http
         .request(method, format!("{}{path}", app.internal))
         .bearer_auth(token)
         .header("content-type", "application/json")

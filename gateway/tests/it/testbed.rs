@@ -24,6 +24,11 @@ pub const LIMITS: Limits = Limits {
     pids: 64,
 };
 
+/// What a worker named `worker_id` holds to speak to the test gateways.
+pub fn worker_credential(worker_id: &str) -> String {
+    sandbase_gateway::workers::credential::derive(&NODE_TOKEN.to_owned().into(), worker_id)
+}
+
 /// The node token, the busybox template and the test size.
 pub fn configure_sandboxes(settings: &mut sandbase_gateway::Settings) {
     settings.workers.node_token = Some(NODE_TOKEN.to_owned().into());
@@ -53,6 +58,7 @@ pub struct TestWorker {
 
 pub fn worker_config(app: &TestApp, id: &str, capacity: usize, warm: usize) -> ServiceConfig {
     let unique = Uuid::new_v4().simple().to_string();
+    let worker_id = format!("{id}-{unique}");
     let slot = u32::from_str_radix(&unique[..4], 16).unwrap() % 1000;
     ServiceConfig {
         worker: RuntimeConfig {
@@ -79,8 +85,13 @@ pub fn worker_config(app: &TestApp, id: &str, capacity: usize, warm: usize) -> S
         listen: "127.0.0.1:0".parse().unwrap(),
         advertise_url: None,
         gateway_url: app.internal.clone(),
-        node_token: NODE_TOKEN.to_owned(),
-        worker_id: format!("{id}-{unique}"),
+        credential: worker_credential(&worker_id),
+        tls: app
+            .settings
+            .internal_tls
+            .as_ref()
+            .map(|_| sandbase_gateway::testing::channel()),
+        worker_id,
         heartbeat_interval: Duration::from_millis(300),
         usage_interval: Duration::from_millis(500),
         templates: vec![("busybox".to_owned(), TemplateSource::Busybox)],

@@ -56,9 +56,19 @@ async fn assert_ledger_consistent(app: &TestApp) {
     assert_eq!(unbalanced, 0);
 }
 
+/// Reports usage with the credential of the worker the report names.
+async fn report_as_worker(app: &TestApp, usage: &UsageReport) -> (StatusCode, Value) {
+    report(
+        app,
+        &crate::testbed::worker_credential(&usage.worker),
+        usage,
+    )
+    .await
+}
+
 async fn report(app: &TestApp, token: &str, report: &UsageReport) -> (StatusCode, Value) {
     let response = app
-        .http
+        .internal_http
         .post(format!("{}/internal/v1/usage", app.internal))
         .header(sandbase_api::internal::NODE_TOKEN_HEADER, token)
         .json(report)
@@ -172,7 +182,7 @@ async fn duplicate_and_out_of_order_usage_is_charged_exactly_once() {
     for round in 0..3 {
         for batch in &batches {
             let (app_http, address, worker, batch) = (
-                app.http.clone(),
+                app.internal_http.clone(),
                 app.internal.clone(),
                 worker.clone(),
                 batch.clone(),
@@ -183,7 +193,10 @@ async fn duplicate_and_out_of_order_usage_is_charged_exactly_once() {
                 }
                 app_http
                     .post(format!("{address}/internal/v1/usage"))
-                    .header(sandbase_api::internal::NODE_TOKEN_HEADER, NODE_TOKEN)
+                    .header(
+                        sandbase_api::internal::NODE_TOKEN_HEADER,
+                        crate::testbed::worker_credential(&worker),
+                    )
                     .json(&UsageReport {
                         worker,
                         samples: batch,
@@ -261,9 +274,8 @@ async fn duplicate_and_out_of_order_usage_is_charged_exactly_once() {
         event(sandbox, "call-3", "api_calls", "search", 1),
     ];
     for _ in 0..2 {
-        let (status, receipt) = report(
+        let (status, receipt) = report_as_worker(
             &app,
-            NODE_TOKEN,
             &UsageReport {
                 worker: worker.clone(),
                 samples: Vec::new(),
@@ -314,9 +326,8 @@ async fn duplicate_and_out_of_order_usage_is_charged_exactly_once() {
     )
     .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
-    let (status, body) = report(
+    let (status, body) = report_as_worker(
         &app,
-        NODE_TOKEN,
         &UsageReport {
             worker: worker.clone(),
             samples: vec![good, sample(sandbox, 0, false)],
@@ -327,9 +338,8 @@ async fn duplicate_and_out_of_order_usage_is_charged_exactly_once() {
     .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(body["error"]["code"], "invalid_request");
-    let (status, body) = report(
+    let (status, body) = report_as_worker(
         &app,
-        NODE_TOKEN,
         &UsageReport {
             worker: worker.clone(),
             samples: vec![good],
@@ -339,9 +349,8 @@ async fn duplicate_and_out_of_order_usage_is_charged_exactly_once() {
     )
     .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
-    let (status, body) = report(
+    let (status, body) = report_as_worker(
         &app,
-        NODE_TOKEN,
         &UsageReport {
             worker: worker.clone(),
             samples: vec![good],
@@ -357,9 +366,8 @@ async fn duplicate_and_out_of_order_usage_is_charged_exactly_once() {
         before
     );
     // Another worker cannot report for this sandbox.
-    let (status, receipt) = report(
+    let (status, receipt) = report_as_worker(
         &app,
-        NODE_TOKEN,
         &UsageReport {
             worker: "someone-else".to_owned(),
             samples: vec![good],
@@ -510,9 +518,8 @@ async fn spend_caps_stop_sandboxes_and_refuse_keys_at_their_cap() {
     app.post("/v1/sandboxes", &capped_key, json!({}))
         .await
         .assert_error(402, "spend_cap_reached");
-    let (status, receipt) = report(
+    let (status, receipt) = report_as_worker(
         &app,
-        NODE_TOKEN,
         &UsageReport {
             worker: worker.config.worker_id.clone(),
             samples: Vec::new(),
@@ -639,7 +646,7 @@ async fn children_spend_against_their_parents_cap() {
         )],
         ..Default::default()
     };
-    assert_eq!(report(&app, NODE_TOKEN, &usage).await.0, StatusCode::OK);
+    assert_eq!(report_as_worker(&app, &usage).await.0, StatusCode::OK);
     wait_until("the parent's cap", Duration::from_secs(20), || async {
         app.get(&format!("/v1/sandboxes/{sandbox}"), token)
             .await

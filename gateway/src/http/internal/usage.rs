@@ -6,14 +6,15 @@ use sandbase_api::internal::{UsageReceipt, UsageReport};
 
 use crate::error::ApiResult;
 use crate::http::extract::ApiJson;
-use crate::http::node_token::NodeToken;
+use crate::http::node_token::WorkerIdentity;
 use crate::state::AppState;
 
 pub async fn report(
     State(state): State<AppState>,
-    _worker: NodeToken,
+    worker: WorkerIdentity,
     ApiJson(report): ApiJson<UsageReport>,
 ) -> ApiResult<Json<UsageReceipt>> {
+    worker.speaks_for(&report.worker)?;
     Ok(Json(
         crate::usage::ingest::ingest(&state.db, &state.settings.billing, &report).await?,
     ))

@@ -7,16 +7,17 @@ use sandbase_api::internal::{Heartbeat, HeartbeatReply, RegisterWorker};
 
 use crate::error::ApiResult;
 use crate::http::extract::ApiJson;
-use crate::http::node_token::NodeToken;
+use crate::http::node_token::WorkerIdentity;
 use crate::state::AppState;
 use crate::workers::reconcile;
 
 /// A worker (re)starting: it hosts nothing, so whatever it hosted before is lost.
 pub async fn register(
     State(state): State<AppState>,
-    _worker: NodeToken,
+    worker: WorkerIdentity,
     ApiJson(body): ApiJson<RegisterWorker>,
 ) -> ApiResult<StatusCode> {
+    worker.speaks_for(&body.id)?;
     reconcile::register(&state, body).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -24,8 +25,9 @@ pub async fn register(
 /// A worker's periodic report; the answer lists sandboxes it should remove.
 pub async fn heartbeat(
     State(state): State<AppState>,
-    _worker: NodeToken,
+    worker: WorkerIdentity,
     ApiJson(body): ApiJson<Heartbeat>,
 ) -> ApiResult<Json<HeartbeatReply>> {
+    worker.speaks_for(&body.id)?;
     Ok(Json(reconcile::heartbeat(&state, body).await?))
 }
