@@ -135,13 +135,24 @@ impl Client {
         &self,
         method: Method,
         path: &str,
-        (internal_url, operator_token): (&str, &str),
+        (internal_url, operator_token, ca): (&str, &str, Option<&std::path::Path>),
         content_type: &str,
         body: reqwest::Body,
     ) -> anyhow::Result<reqwest::Response> {
         let base = internal_url.trim_end_matches('/');
-        let response = self
-            .http
+        let http = match ca {
+            None => self.http.clone(),
+            Some(ca) => {
+                let pem = std::fs::read(ca)
+                    .with_context(|| format!("reading the internal CA {}", ca.display()))?;
+                let tls = sandbase_egress::channel::client_trusting(&pem)
+                    .map_err(|error| anyhow::anyhow!("the internal CA: {error}"))?;
+                reqwest::Client::builder()
+                    .use_preconfigured_tls(tls)
+                    .build()?
+            }
+        };
+        let response = http
             .request(method, format!("{base}{path}"))
             .bearer_auth(operator_token)
             .header("content-type", content_type)

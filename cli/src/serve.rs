@@ -202,7 +202,7 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async move {
         let application = Application::build(settings).await?;
         let address = application.local_addr();
-        let internal = format!("http://{}", application.internal_addr());
+        let internal = format!("https://{}", application.internal_addr());
         let api_key = ensure_dev_account(&application, &mut state).await?;
         state.save(&state_dir)?;
         let url = format!("http://{address}");
@@ -241,7 +241,8 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         println!();
         println!("  export SANDBASE_URL={url} SANDBASE_API_KEY={api_key}");
         println!(
-            "  operator:  export SANDBASE_INTERNAL_URL={internal} SANDBASE_OPERATOR_TOKEN={}",
+            "  operator:  export SANDBASE_INTERNAL_URL={internal} SANDBASE_INTERNAL_CA={} SANDBASE_OPERATOR_TOKEN={}",
+            dev_channel(&state_dir)?.ca_file.display(),
             state.operator_token
         );
         if saved {

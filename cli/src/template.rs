@@ -65,12 +65,19 @@ pub struct OperatorArgs {
         default_value = "http://127.0.0.1:8081"
     )]
     internal_url: String,
+    /// The internal channel's CA (PEM), when the internal listener speaks TLS.
+    #[arg(long, env = "SANDBASE_INTERNAL_CA")]
+    internal_ca: Option<std::path::PathBuf>,
 }
 
 impl OperatorArgs {
-    /// The internal listener's URL and the operator token.
-    fn credentials(&self) -> (&str, &str) {
-        (&self.internal_url, &self.operator_token)
+    /// The internal listener's URL, the operator token and the CA to trust there.
+    fn credentials(&self) -> (&str, &str, Option<&std::path::Path>) {
+        (
+            &self.internal_url,
+            &self.operator_token,
+            self.internal_ca.as_deref(),
+        )
     }
 }
 

@@ -56,8 +56,8 @@ impl ChannelFiles {
     }
 }
 
-/// Builds an end from PEM text: the CA certificate(s), this end's chain and its key.
-pub fn from_pem(ca: &[u8], chain: &[u8], key: &[u8]) -> Result<ChannelTls, String> {
+/// The CA certificate(s) in `ca` (PEM) as the only roots.
+fn roots(ca: &[u8]) -> Result<RootCertStore, String> {
     let mut roots = RootCertStore::empty();
     for certificate in CertificateDer::pem_slice_iter(ca) {
         let certificate = certificate.map_err(|error| format!("the CA file: {error}"))?;
@@ -68,6 +68,21 @@ pub fn from_pem(ca: &[u8], chain: &[u8], key: &[u8]) -> Result<ChannelTls, Strin
     if roots.is_empty() {
         return Err("the CA file holds no certificate".to_owned());
     }
+    Ok(roots)
+}
+
+/// A client of the channel that trusts only the CA in `ca` (PEM): the operator's tools.
+pub fn client_trusting(ca: &[u8]) -> Result<ClientConfig, String> {
+    Ok(ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|error| error.to_string())?
+        .with_root_certificates(roots(ca)?)
+        .with_no_client_auth())
+}
+
+/// Builds an end from PEM text: the CA certificate(s), this end's chain and its key.
+pub fn from_pem(ca: &[u8], chain: &[u8], key: &[u8]) -> Result<ChannelTls, String> {
+    let client = client_trusting(ca)?;
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain)
         .collect::<Result<_, _>>()
         .map_err(|error| format!("the certificate file: {error}"))?;
@@ -82,11 +97,6 @@ pub fn from_pem(ca: &[u8], chain: &[u8], key: &[u8]) -> Result<ChannelTls, Strin
         .with_no_client_auth()
         .with_single_cert(chain, key)
         .map_err(|error| format!("the certificate and key: {error}"))?;
-    let client = ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|error| error.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
     Ok(ChannelTls {
         server: Arc::new(server),
         client: Arc::new(client),
