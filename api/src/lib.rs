@@ -113,6 +113,21 @@ pub struct SignupRequest {
     pub team_name: String,
 }
 
+/// The answer to a sign-up when the gateway verifies e-mail addresses: the same whether the
+/// address was new or already registered (a mail went to it either way).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SignupAccepted {
+    /// `verification_sent`.
+    pub status: String,
+    pub email: String,
+}
+
+/// The token mailed to a new account's address.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct VerifyEmailRequest {
+    pub token: String,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct SignupResponse {
     pub user: User,

@@ -540,35 +540,36 @@ async fn ensure_dev_account(
         return Ok(key.clone());
     }
     let mut transaction = db.begin().await?;
-    let (team_id, user_id) =
-        match accounts::find_user_by_email(&mut transaction, &state.email).await? {
-            Some(user) => {
-                let memberships = accounts::memberships(&mut transaction, user.id).await?;
-                let (team, _) = memberships
-                    .first()
-                    .context("the dev user belongs to no team; remove it or the state file")?;
-                (team.id, user.id)
-            }
-            None => {
-                let hash = application
-                    .state()
-                    .passwords
-                    .hash(SecretString::from(state.password.clone()))
+    let (team_id, user_id) = match accounts::find_user_by_email(&mut transaction, &state.email)
+        .await?
+    {
+        Some(user) => {
+            let memberships = accounts::memberships(&mut transaction, user.id).await?;
+            let (team, _) = memberships
+                .first()
+                .context("the dev user belongs to no team; remove it or the state file")?;
+            (team.id, user.id)
+        }
+        None => {
+            let hash = application
+                .state()
+                .passwords
+                .hash(SecretString::from(state.password.clone()))
+                .await
+                .map_err(|error| anyhow::anyhow!("hashing the dev password: {error}"))?;
+            let (user, team) =
+                accounts::create_user_with_team(&mut transaction, &state.email, &hash, "dev", true)
                     .await
-                    .map_err(|error| anyhow::anyhow!("hashing the dev password: {error}"))?;
-                let (user, team) =
-                    accounts::create_user_with_team(&mut transaction, &state.email, &hash, "dev")
-                        .await
-                        .map_err(|error| anyhow::anyhow!("creating the dev account: {error}"))?;
-                sandbase_gateway::credits::grant_starter(
-                    &mut transaction,
-                    team.id,
-                    &application.state().settings.billing,
-                )
-                .await?;
-                (team.id, user.id)
-            }
-        };
+                    .map_err(|error| anyhow::anyhow!("creating the dev account: {error}"))?;
+            sandbase_gateway::credits::grant_starter(
+                &mut transaction,
+                team.id,
+                &application.state().settings.billing,
+            )
+            .await?;
+            (team.id, user.id)
+        }
+    };
     let created = accounts::create_api_key(
         &mut transaction,
         team_id,

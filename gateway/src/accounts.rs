@@ -111,19 +111,24 @@ pub fn parse_name(field: &str, name: &str) -> Result<String, ApiError> {
 }
 
 /// Creates a user, a team, and the user's owner membership.
+/// Makes a user and their team; `verified`: whether the address counts as proved already
+/// (always, unless the gateway verifies e-mail addresses).
 pub async fn create_user_with_team(
     connection: &mut PgConnection,
     email: &str,
     password_hash: &str,
     team_name: &str,
+    verified: bool,
 ) -> Result<(UserRow, TeamRow), ApiError> {
     let user: UserRow = sqlx::query_as(
-        "INSERT INTO users (id, email, password_hash) VALUES ($1, $2, $3) \
+        "INSERT INTO users (id, email, password_hash, email_verified_at) \
+         VALUES ($1, $2, $3, CASE WHEN $4 THEN now() END) \
          RETURNING id, email, password_hash, created_at",
     )
     .bind(Uuid::now_v7())
     .bind(email)
     .bind(password_hash)
+    .bind(verified)
     .fetch_one(&mut *connection)
     .await
     .map_err(|error| map_unique_violation(error, ApiError::EmailTaken))?;

@@ -161,6 +161,12 @@ pub enum ApiError {
     /// A worker's answer passed on: its own status and code, or 502.
     #[error(transparent)]
     Worker(#[from] WorkerError),
+    /// 422 `invalid_verification`: an unknown, used or expired verification code.
+    #[error("this verification code is unknown, used or expired: sign up again for a new one")]
+    InvalidVerification,
+    /// 403 `email_not_verified`: the account's address is not proved yet.
+    #[error("confirm your e-mail address first: the code is in the mail sent at sign-up")]
+    EmailNotVerified,
     /// 503 `busy`: every password-hashing slot is taken; retry in a second.
     #[error("the server is busy checking passwords; retry in a second")]
     Busy,
@@ -212,7 +218,8 @@ impl ApiError {
             ApiError::WorkerUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::UnknownWorker | ApiError::NoArtifact => StatusCode::NOT_FOUND,
             ApiError::InvalidNodeToken | ApiError::InvalidOperatorToken => StatusCode::UNAUTHORIZED,
-            ApiError::WorkerMismatch => StatusCode::FORBIDDEN,
+            ApiError::WorkerMismatch | ApiError::EmailNotVerified => StatusCode::FORBIDDEN,
+            ApiError::InvalidVerification => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::StripeError => StatusCode::BAD_GATEWAY,
             ApiError::InvalidSignature => StatusCode::BAD_REQUEST,
             ApiError::RateLimited { .. } | ApiError::SandboxQuotaReached(_) => {
@@ -273,6 +280,8 @@ impl ApiError {
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Busy => "busy",
+            ApiError::InvalidVerification => "invalid_verification",
+            ApiError::EmailNotVerified => "email_not_verified",
             ApiError::NoSecureWorker => "no_secure_worker",
             ApiError::SandboxQuotaReached(_) => "sandbox_quota_reached",
             ApiError::NoWorkers => "no_workers",

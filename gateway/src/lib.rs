@@ -16,6 +16,7 @@ pub mod http;
 pub mod ip_guard;
 pub mod jobs;
 pub mod keys;
+pub mod mail;
 pub mod ratelimit;
 pub mod runs;
 pub mod sandboxes;
@@ -29,6 +30,7 @@ pub mod templates;
 pub mod testing;
 mod text_enum;
 pub mod usage;
+pub mod verification;
 pub mod workers;
 
 pub use config::Settings;

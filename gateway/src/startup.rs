@@ -87,6 +87,28 @@ async fn bind(address: SocketAddr, key: &str) -> anyhow::Result<(TcpListener, So
     Ok((listener, bound))
 }
 
+/// The internal channel's TLS (when configured) and the client of the workers that uses it.
+fn worker_client(
+    settings: &Settings,
+) -> anyhow::Result<(
+    Arc<WorkerClient>,
+    Option<sandbase_egress::channel::ChannelTls>,
+)> {
+    let tls = match &settings.internal_tls {
+        Some(files) => Some(
+            files
+                .load()
+                .map_err(|error| anyhow::anyhow!("internal_tls: {error}"))?,
+        ),
+        None => None,
+    };
+    let client = WorkerClient::new(
+        settings.workers.node_token.clone(),
+        tls.as_ref().map(|tls| tls.client.as_ref()),
+    )?;
+    Ok((Arc::new(client), tls))
+}
+
 /// The periodic jobs, the key-invalidation listener and the run dispatcher.
 fn spawn_background(
     state: &AppState,
@@ -137,18 +159,14 @@ impl Application {
             .jwt_secret
             .clone()
             .context("auth.jwt_secret is missing")?;
-        let sessions = Arc::new(SessionKeys::new(jwt_secret, settings.auth.session_ttl_secs));
+        let sessions = Arc::new(SessionKeys::new(
+            jwt_secret,
+            settings.auth.session_ttl_secs,
+        )?);
         let last_used = Arc::new(LastUsed::default());
 
         let routes = Routes::new(&settings)?;
-        let internal_tls = match &settings.internal_tls {
-            Some(files) => Some(
-                files
-                    .load()
-                    .map_err(|error| anyhow::anyhow!("internal_tls: {error}"))?,
-            ),
-            None => None,
-        };
+        let (worker_client, internal_tls) = worker_client(&settings)?;
         let openapi = Arc::new(routes.openapi.clone());
         let vault = settings
             .vault
@@ -169,13 +187,14 @@ impl Application {
                 .connect_timeout(Duration::from_secs(5))
                 .build()
                 .context("building the HTTP client")?,
-            worker_client: Arc::new(WorkerClient::new(
-                settings.workers.node_token.clone(),
-                internal_tls.as_ref().map(|tls| tls.client.as_ref()),
-            )?),
+            worker_client,
             channel: internal_tls,
             routes: Arc::new(RouteCache::default()),
             team_leases: Arc::default(),
+            mailer: match settings.auth.verify_email {
+                true => Some(Arc::new(crate::mail::Mailer::new(&settings.smtp)?)),
+                false => None,
+            },
             ip_guard: Arc::new(crate::ip_guard::IpGuard::new(
                 settings.server.requests_per_ip_per_second,
                 settings.server.requests_per_ip_burst,

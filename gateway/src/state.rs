@@ -62,6 +62,8 @@ pub struct Services {
     pub admission: Arc<Admission>,
     /// TLS of the internal channel, when configured.
     pub channel: Option<sandbase_egress::channel::ChannelTls>,
+    /// Outgoing mail, when e-mail verification is on.
+    pub mailer: Option<Arc<crate::mail::Mailer>>,
     /// This gateway's leases of team rate-limit buckets.
     pub team_leases: Arc<crate::ratelimit::TeamLeases>,
     /// Per-address request and failed-authentication limits, in memory.

@@ -1,24 +1,20 @@
-//! Dashboard session tokens: compact JWS (JWT) signed with HMAC-SHA256.
+//! Dashboard session tokens: JWTs signed with HMAC-SHA256, through the `jsonwebtoken` crate
+//! (its RustCrypto backend, without PEM support).
 //!
-//! Only HS256 is produced or accepted; the header is compared byte for byte, so
-//! `alg: none` and algorithm-confusion tokens are rejected before any claim is read.
-//! A general JWT library would bring RSA and elliptic-curve code this gateway never
-//! uses, which matters for build time on small machines.
+//! Only HS256 is produced or accepted: a token whose header names another algorithm —
+//! `none`, or an asymmetric one for algorithm confusion — is refused before its signature or
+//! claims are looked at. Issuer, subject, issue and expiry times are required; the times are
+//! checked against the caller's clock (with a few seconds' leeway between gateways).
 
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
-use hmac::{Hmac, Mac};
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
-use sha2::Sha256;
 use uuid::Uuid;
 
 use crate::error::ApiError;
 
 const ISSUER: &str = "sandbase";
-/// `{"alg":"HS256","typ":"JWT"}`: the only header this gateway issues or accepts.
-const HEADER_JSON: &str = r#"{"alg":"HS256","typ":"JWT"}"#;
 /// Clock skew tolerated between gateways when checking `exp` and `iat`.
 const LEEWAY_SECS: i64 = 5;
 
@@ -36,20 +32,33 @@ pub struct Claims {
 
 /// Signs and verifies session tokens with one secret.
 pub struct SessionKeys {
-    secret: SecretString,
+    encoding: EncodingKey,
+    decoding: DecodingKey,
+    validation: Validation,
     ttl_secs: i64,
 }
 
 impl SessionKeys {
-    pub fn new(secret: SecretString, ttl_secs: u64) -> Self {
-        SessionKeys {
-            secret,
+    pub fn new(secret: SecretString, ttl_secs: u64) -> anyhow::Result<Self> {
+        let bytes = secret.expose_secret().as_bytes();
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.algorithms = vec![Algorithm::HS256];
+        validation.set_issuer(&[ISSUER]);
+        validation.set_required_spec_claims(&["iss", "sub", "iat", "exp"]);
+        // Expiry is checked against the caller's clock in `verify`.
+        validation.validate_exp = false;
+        Ok(SessionKeys {
+            encoding: EncodingKey::from_secret(bytes)
+                .map_err(|error| anyhow::anyhow!("the session signing key: {error}"))?,
+            decoding: DecodingKey::from_secret(bytes)
+                .map_err(|error| anyhow::anyhow!("the session signing key: {error}"))?,
+            validation,
             ttl_secs: i64::try_from(ttl_secs).unwrap_or(i64::MAX),
-        }
+        })
     }
 
     /// Issues a token for `user` acting in `team`.
-    pub fn issue(&self, user: Uuid, team: Uuid) -> (String, DateTime<Utc>) {
+    pub fn issue(&self, user: Uuid, team: Uuid) -> Result<(String, DateTime<Utc>), ApiError> {
         let now = Utc::now();
         let expires_at = now + chrono::Duration::seconds(self.ttl_secs);
         let claims = Claims {
@@ -60,59 +69,24 @@ impl SessionKeys {
             exp: expires_at.timestamp(),
             jti: Uuid::new_v4(),
         };
-        // Serializing a struct of strings, ids and integers cannot fail.
-        let claims_json = serde_json::to_vec(&claims).unwrap_or_default();
-        let signing_input = format!(
-            "{}.{}",
-            URL_SAFE_NO_PAD.encode(HEADER_JSON),
-            URL_SAFE_NO_PAD.encode(claims_json)
-        );
-        let signature =
-            URL_SAFE_NO_PAD.encode(self.mac(signing_input.as_bytes()).finalize().into_bytes());
-        (format!("{signing_input}.{signature}"), expires_at)
+        let token = jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &self.encoding)
+            .map_err(|error| anyhow::anyhow!("signing a session token: {error}"))?;
+        Ok((token, expires_at))
     }
 
-    /// Verifies signature, header, issuer and expiry, in that order.
+    /// Verifies algorithm, signature, issuer and required claims, then issue and expiry
+    /// times against `now`.
     pub fn verify(&self, token: &str, now: DateTime<Utc>) -> Result<Claims, ApiError> {
-        let mut parts = token.split('.');
-        let (Some(header), Some(payload), Some(signature), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return Err(ApiError::InvalidSession);
-        };
-        let signature = URL_SAFE_NO_PAD
-            .decode(signature)
-            .map_err(|_| ApiError::InvalidSession)?;
-        let signing_input_length = header.len() + 1 + payload.len();
-        let mac = self.mac(&token.as_bytes()[..signing_input_length]);
-        mac.verify_slice(&signature)
-            .map_err(|_| ApiError::InvalidSession)?;
-        let header = URL_SAFE_NO_PAD
-            .decode(header)
-            .map_err(|_| ApiError::InvalidSession)?;
-        if header != HEADER_JSON.as_bytes() {
-            return Err(ApiError::InvalidSession);
-        }
-        let payload = URL_SAFE_NO_PAD
-            .decode(payload)
-            .map_err(|_| ApiError::InvalidSession)?;
-        let claims: Claims =
-            serde_json::from_slice(&payload).map_err(|_| ApiError::InvalidSession)?;
-        if claims.iss != ISSUER || claims.iat > now.timestamp() + LEEWAY_SECS {
+        let claims = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
+            .map_err(|_| ApiError::InvalidSession)?
+            .claims;
+        if claims.iat > now.timestamp() + LEEWAY_SECS {
             return Err(ApiError::InvalidSession);
         }
         if claims.exp + LEEWAY_SECS <= now.timestamp() {
             return Err(ApiError::SessionExpired);
         }
         Ok(claims)
-    }
-
-    fn mac(&self, data: &[u8]) -> Hmac<Sha256> {
-        // HMAC accepts keys of any length, so this cannot fail.
-        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(self.secret.expose_secret().as_bytes())
-            .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
-        mac.update(data);
-        mac
     }
 }
 
@@ -125,15 +99,19 @@ pub fn looks_like_jwt(token: &str) -> bool {
 mod tests {
     use super::*;
 
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+
     fn keys() -> SessionKeys {
         SessionKeys::new(SecretString::from("0123456789abcdef0123456789abcdef"), 60)
+            .expect("session keys")
     }
 
     #[test]
     fn issued_tokens_verify() {
         let keys = keys();
         let (user, team) = (Uuid::new_v4(), Uuid::new_v4());
-        let (token, _) = keys.issue(user, team);
+        let (token, _) = keys.issue(user, team).expect("a token");
         let claims = keys.verify(&token, Utc::now()).expect("valid token");
         assert_eq!((claims.sub, claims.team), (user, team));
     }
@@ -141,13 +119,14 @@ mod tests {
     #[test]
     fn expired_and_foreign_tokens_are_rejected() {
         let keys = keys();
-        let (token, _) = keys.issue(Uuid::new_v4(), Uuid::new_v4());
+        let (token, _) = keys.issue(Uuid::new_v4(), Uuid::new_v4()).expect("a token");
         let later = Utc::now() + chrono::Duration::seconds(120);
         assert!(matches!(
             keys.verify(&token, later),
             Err(ApiError::SessionExpired)
         ));
-        let other = SessionKeys::new(SecretString::from("another-secret-another-secret-xx"), 60);
+        let other = SessionKeys::new(SecretString::from("another-secret-another-secret-xx"), 60)
+            .expect("session keys");
         assert!(matches!(
             other.verify(&token, Utc::now()),
             Err(ApiError::InvalidSession)
@@ -157,7 +136,7 @@ mod tests {
     #[test]
     fn alg_none_is_rejected() {
         let keys = keys();
-        let (token, _) = keys.issue(Uuid::new_v4(), Uuid::new_v4());
+        let (token, _) = keys.issue(Uuid::new_v4(), Uuid::new_v4()).expect("a token");
         let payload = token.split('.').nth(1).expect("payload");
         let forged = format!(
             "{}.{payload}.",
@@ -165,6 +144,49 @@ mod tests {
         );
         assert!(matches!(
             keys.verify(&forged, Utc::now()),
+            Err(ApiError::InvalidSession)
+        ));
+    }
+
+    #[test]
+    fn tampered_tokens_are_rejected() {
+        let keys = keys();
+        let (token, _) = keys.issue(Uuid::new_v4(), Uuid::new_v4()).expect("a token");
+        let mut parts: Vec<String> = token.split('.').map(str::to_owned).collect();
+        // Another team in the claims, the signature kept.
+        let payload = URL_SAFE_NO_PAD.decode(&parts[1]).expect("base64");
+        let mut claims: serde_json::Value = serde_json::from_slice(&payload).expect("json");
+        claims["team"] = serde_json::json!(Uuid::new_v4());
+        parts[1] = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims).expect("json"));
+        assert!(matches!(
+            keys.verify(&parts.join("."), Utc::now()),
+            Err(ApiError::InvalidSession)
+        ));
+        // An asymmetric algorithm named in the header (algorithm confusion).
+        let header = URL_SAFE_NO_PAD.encode(r#"{"alg":"RS256","typ":"JWT"}"#);
+        let confused = format!(
+            "{header}.{}.{}",
+            token.split('.').nth(1).expect("payload"),
+            token.split('.').nth(2).expect("signature")
+        );
+        assert!(matches!(
+            keys.verify(&confused, Utc::now()),
+            Err(ApiError::InvalidSession)
+        ));
+        // A genuine signature over claims issued an hour from now.
+        let now = Utc::now().timestamp();
+        let claims = Claims {
+            iss: ISSUER.to_owned(),
+            sub: Uuid::new_v4(),
+            team: Uuid::new_v4(),
+            iat: now + 3600,
+            exp: now + 7200,
+            jti: Uuid::new_v4(),
+        };
+        let future = jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &keys.encoding)
+            .expect("a token");
+        assert!(matches!(
+            keys.verify(&future, Utc::now()),
             Err(ApiError::InvalidSession)
         ));
     }

@@ -20,7 +20,8 @@ pub use cidr::Cidr;
 pub use sections::{
     AuthSettings, BillingSettings, ConfigError, DatabaseSettings, EVENT_KINDS, LogFormat, Price,
     RateLimitSettings, RedisSettings, ResourceSettings, RunSettings, S3Settings, SandboxSettings,
-    ServerSettings, StripeSettings, TelemetrySettings, VaultSettings, WorkerSettings,
+    ServerSettings, SmtpSecurity, SmtpSettings, StripeSettings, TelemetrySettings, VaultSettings,
+    WorkerSettings,
 };
 
 /// Every setting of the gateway. `sandbase.example.toml` documents each key and its default.
@@ -39,6 +40,8 @@ pub struct Settings {
     pub billing: BillingSettings,
     pub stripe: StripeSettings,
     pub vault: VaultSettings,
+    /// Outgoing mail (verification codes), used when `auth.verify_email` is on.
+    pub smtp: SmtpSettings,
     /// TLS on the internal channel (the internal listener, and calls to workers): the
     /// operator's CA, and the gateway's certificate and key. Without it, workers are reached
     /// over plain HTTP and sandboxes with credentials are refused.
@@ -82,6 +85,9 @@ impl Default for Settings {
                 operator_token: None,
                 failed_auth_per_minute: 60,
                 password_slots: 0,
+                verify_email: false,
+                verify_url: "http://127.0.0.1:8080/verify?token={token}".to_owned(),
+                verify_ttl_secs: 24 * 3600,
             },
             rate_limit: RateLimitSettings {
                 per_second: 50,
@@ -110,6 +116,14 @@ impl Default for Settings {
             billing: BillingSettings::default(),
             stripe: StripeSettings::default(),
             vault: VaultSettings::default(),
+            smtp: SmtpSettings {
+                host: "127.0.0.1".to_owned(),
+                port: 587,
+                security: SmtpSecurity::StartTls,
+                username: None,
+                password: None,
+                from: "SandBase <no-reply@localhost>".to_owned(),
+            },
             internal_tls: None,
         }
     }
@@ -224,6 +238,13 @@ impl Settings {
             return Err(ConfigError(
                 "keys `auth.signups_per_hour` and `auth.logins_per_minute` must be at least 1"
                     .to_owned(),
+            ));
+        }
+        if self.auth.verify_email
+            && (!self.auth.verify_url.contains("{token}") || self.auth.verify_ttl_secs == 0)
+        {
+            return Err(ConfigError(
+                "key `auth.verify_url` must contain `{token}` and `auth.verify_ttl_secs` be at least 1 when `auth.verify_email` is on".to_owned(),
             ));
         }
         if !(1..=3600).contains(&self.auth.key_cache_ttl_secs)

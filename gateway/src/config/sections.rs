@@ -304,6 +304,37 @@ pub struct AuthSettings {
     /// Passwords hashed or verified at once (0: one per core); a login waiting longer than
     /// a second for a slot is answered 503 `busy`.
     pub password_slots: usize,
+    /// New accounts prove their e-mail address (a code mailed through `[smtp]`) before they
+    /// get starter credits and an API key; sign-up then answers the same for a new and a
+    /// registered address.
+    pub verify_email: bool,
+    /// The link in a verification mail; `{token}` is replaced by the code.
+    pub verify_url: String,
+    /// How long a verification code is valid.
+    pub verify_ttl_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SmtpSettings {
+    pub host: String,
+    pub port: u16,
+    /// `starttls` (upgrade a plain connection, port 587), `tls` (port 465) or `none` (a
+    /// relay on this machine only).
+    pub security: SmtpSecurity,
+    pub username: Option<String>,
+    #[serde(serialize_with = "serialize_optional_secret")]
+    pub password: Option<SecretString>,
+    /// The sender, e.g. `SandBase <no-reply@example.com>`.
+    pub from: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SmtpSecurity {
+    StartTls,
+    Tls,
+    None,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize)]

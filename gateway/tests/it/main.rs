@@ -29,4 +29,5 @@ mod stripe;
 mod templates;
 mod testbed;
 mod usage;
+mod verification;
 mod worker_credentials;

@@ -3,9 +3,10 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use sandbase_api::{
-    ErrorBody, LoginRequest, LoginResponse, Role, Session, SignupRequest, SignupResponse,
-    TeamMembership,
+    ErrorBody, LoginRequest, LoginResponse, Role, Session, SignupAccepted, SignupRequest,
+    SignupResponse, TeamMembership, VerifyEmailRequest,
 };
 use secrecy::SecretString;
 use utoipa_axum::router::OpenApiRouter;
@@ -19,17 +20,39 @@ use crate::error::{ApiError, ApiResult};
 use crate::http::client_ip::ClientIp;
 use crate::http::extract::ApiJson;
 use crate::state::AppState;
+use crate::verification;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(signup))
+        .routes(routes!(verify_email))
         .routes(routes!(login))
 }
 
-/// Create an account: a user, their team, a first API key and a dashboard session.
+/// A sign-up's answer: the account at once, or (verifying e-mail) that a mail went out.
+enum SignupAnswer {
+    Created(Box<SignupResponse>),
+    Accepted(SignupAccepted),
+}
+
+impl IntoResponse for SignupAnswer {
+    fn into_response(self) -> Response {
+        match self {
+            SignupAnswer::Created(created) => (StatusCode::CREATED, Json(*created)).into_response(),
+            SignupAnswer::Accepted(accepted) => {
+                (StatusCode::ACCEPTED, Json(accepted)).into_response()
+            }
+        }
+    }
+}
+
+/// Create an account: a user, their team, a first API key and a dashboard session. When the
+/// gateway verifies e-mail addresses, the answer is 202 for every address (a code went to a
+/// new one, a notice to a registered one) and the account gets its key at `/v1/auth/verify`.
 #[utoipa::path(post, path = "/v1/auth/signup", tag = "auth", request_body = SignupRequest,
     responses(
         (status = 201, description = "Account created; the API key token is shown only here", body = SignupResponse),
+        (status = 202, description = "E-mail verification is on: a mail went to the address", body = SignupAccepted),
         (status = 409, description = "E-mail already registered (`email_taken`)", body = ErrorBody),
         (status = 422, description = "Invalid field (`invalid_request`)", body = ErrorBody),
         (status = 429, description = "Too many sign-ups from this address or network (`rate_limited`, with `Retry-After`)", body = ErrorBody),
@@ -39,7 +62,7 @@ async fn signup(
     context: RequestContext,
     ClientIp(ip): ClientIp,
     ApiJson(request): ApiJson<SignupRequest>,
-) -> ApiResult<(StatusCode, Json<SignupResponse>)> {
+) -> ApiResult<SignupAnswer> {
     let audit = context.action("auth.signup");
     // Every sign-up is starter credits: an address gets a few an hour.
     abuse::admit(&state, Attempt::Signup, ip).await?;
@@ -50,10 +73,22 @@ async fn signup(
         .passwords
         .hash(SecretString::from(request.password))
         .await?;
+    if state.settings.auth.verify_email {
+        let account = verification::NewAccount {
+            email: &email,
+            team_name: &team_name,
+            password_hash: &password_hash,
+        };
+        verification::sign_up(&state, &audit, account).await?;
+        return Ok(SignupAnswer::Accepted(SignupAccepted {
+            status: "verification_sent".to_owned(),
+            email,
+        }));
+    }
 
     let mut transaction = state.db.begin().await?;
     let (user, team) =
-        accounts::create_user_with_team(&mut transaction, &email, &password_hash, &team_name)
+        accounts::create_user_with_team(&mut transaction, &email, &password_hash, &team_name, true)
             .await?;
     crate::credits::grant_starter(&mut transaction, team.id, &state.settings.billing).await?;
     let api_key = accounts::create_api_key(
@@ -77,17 +112,35 @@ async fn signup(
         .await?;
     transaction.commit().await?;
 
-    let (token, expires_at) = state.sessions.issue(user.id, team.id);
+    let (token, expires_at) = state.sessions.issue(user.id, team.id)?;
     tracing::info!(user_id = %user.id, team_id = %team.id, "account created");
-    Ok((
-        StatusCode::CREATED,
-        Json(SignupResponse {
-            user: user.to_api(),
-            team: team.into(),
-            api_key,
-            session: Session { token, expires_at },
-        }),
-    ))
+    Ok(SignupAnswer::Created(Box::new(SignupResponse {
+        user: user.to_api(),
+        team: team.into(),
+        api_key,
+        session: Session { token, expires_at },
+    })))
+}
+
+/// Confirm a new account's e-mail address with the code mailed at sign-up: the account gets
+/// its starter credits, its first API key (shown only here) and a session. A code works once.
+#[utoipa::path(post, path = "/v1/auth/verify", tag = "auth", request_body = VerifyEmailRequest,
+    responses(
+        (status = 201, description = "Address confirmed; the API key token is shown only here", body = SignupResponse),
+        (status = 422, description = "Unknown, used or expired code (`invalid_verification`)", body = ErrorBody),
+        (status = 429, description = "Too many attempts from this address (`rate_limited`)", body = ErrorBody),
+    ))]
+async fn verify_email(
+    State(state): State<AppState>,
+    context: RequestContext,
+    ClientIp(ip): ClientIp,
+    ApiJson(request): ApiJson<VerifyEmailRequest>,
+) -> ApiResult<(StatusCode, Json<SignupResponse>)> {
+    let audit = context.action("auth.verify");
+    // Codes are 256 random bits, but guessing is still a login-like attempt.
+    abuse::admit(&state, Attempt::Login, ip).await?;
+    let created = verification::verify(&state, &audit, request.token.trim()).await?;
+    Ok((StatusCode::CREATED, Json(created)))
 }
 
 /// Log in with e-mail and password; returns a dashboard session for one of the user's teams.
@@ -120,6 +173,10 @@ async fn login(
         Some(user) if verified => user,
         _ => return Err(ApiError::InvalidCredentials),
     };
+    // Said only to whoever knows the password.
+    if !verification::is_verified(&state, user.id).await? {
+        return Err(ApiError::EmailNotVerified);
+    }
     let memberships = accounts::memberships(&mut connection, user.id).await?;
     let chosen = match request.team_id {
         Some(team_id) => memberships.iter().find(|(team, _)| team.id == team_id),
@@ -141,7 +198,7 @@ async fn login(
             serde_json::json!({}),
         )
         .await?;
-    let (token, expires_at) = state.sessions.issue(user.id, team_id);
+    let (token, expires_at) = state.sessions.issue(user.id, team_id)?;
     let teams: Vec<TeamMembership> = memberships
         .into_iter()
         .map(|(team, role)| TeamMembership {
