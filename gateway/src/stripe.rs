@@ -271,23 +271,71 @@ pub async fn handle_event(
             } else {
                 "already granted"
             };
+            if let Some(payment_intent) = object["payment_intent"].as_str() {
+                apply_held(connection, payment_intent, settings).await?;
+            }
             Ok((outcome, Some(team_id)))
         }
-        "charge.refunded" => {
-            let Some(payment_intent) = object["payment_intent"].as_str() else {
-                return Ok(("no payment intent", None));
-            };
+        "charge.refunded" => reversal(connection, event, Reversal::Refund, settings).await,
+        "charge.dispute.created" => reversal(connection, event, Reversal::Dispute, settings).await,
+        "charge.dispute.closed" if object["status"] == "won" => {
+            reversal(connection, event, Reversal::DisputeWon, settings).await
+        }
+        _ => Ok(("ignored", None)),
+    }
+}
+
+/// Money going back to the customer, and what it does to the credits it bought.
+#[derive(Debug, Clone, Copy)]
+enum Reversal {
+    /// `charge.refunded`: the charge's `amount_refunded` so far (cumulative).
+    Refund,
+    /// `charge.dispute.created`: the disputed `amount` is taken back at once.
+    Dispute,
+    /// `charge.dispute.closed`, won: the disputed credits are given back.
+    DisputeWon,
+}
+
+/// Applies a refund or dispute to the credits its payment bought. One that arrives before its
+/// checkout session has completed (its payment intent not known yet) is held, and applied
+/// when the session completes.
+async fn reversal(
+    connection: &mut PgConnection,
+    event: &Value,
+    kind: Reversal,
+    settings: &StripeSettings,
+) -> anyhow::Result<(&'static str, Option<Uuid>)> {
+    let object = &event["data"]["object"];
+    let Some(payment_intent) = object["payment_intent"].as_str() else {
+        return Ok(("no payment intent", None));
+    };
+    let session: Option<(String, Uuid, i64)> = sqlx::query_as(
+        "SELECT id, team_id, refunded_cents FROM stripe_sessions \
+         WHERE payment_intent = $1 AND granted FOR UPDATE",
+    )
+    .bind(payment_intent)
+    .fetch_optional(&mut *connection)
+    .await?;
+    let Some((session_id, team_id, already_refunded)) = session else {
+        sqlx::query(
+            "INSERT INTO stripe_held_events (event_id, payment_intent, event) VALUES ($1, $2, $3) \
+             ON CONFLICT (event_id) DO NOTHING",
+        )
+        .bind(event["id"].as_str().unwrap_or_default())
+        .bind(payment_intent)
+        .bind(event)
+        .execute(&mut *connection)
+        .await?;
+        return Ok(("held until its payment completes", None));
+    };
+    let micro = |cents: i64| {
+        (i128::from(cents) * i128::from(sandbase_billing::MICRO_PER_CREDIT)
+            / i128::from(settings.unit_amount.max(1))) as i64
+    };
+    match kind {
+        Reversal::Refund => {
             let refunded_total = object["amount_refunded"].as_i64().unwrap_or(0);
-            let session: Option<(String, Uuid, i64)> = sqlx::query_as(
-                "SELECT id, team_id, refunded_cents FROM stripe_sessions WHERE payment_intent = $1 FOR UPDATE",
-            )
-            .bind(payment_intent)
-            .fetch_optional(&mut *connection)
-            .await?;
-            let Some((session_id, team_id, already)) = session else {
-                return Ok(("unknown payment", None));
-            };
-            let newly = refunded_total - already;
+            let newly = refunded_total - already_refunded;
             if newly <= 0 {
                 return Ok(("nothing new refunded", None));
             }
@@ -296,26 +344,88 @@ pub async fn handle_event(
                 .bind(refunded_total)
                 .execute(&mut *connection)
                 .await?;
-            // Credits bought with what was refunded, to the micro-credit.
-            let micro = (i128::from(newly) * i128::from(sandbase_billing::MICRO_PER_CREDIT)
-                / i128::from(settings.unit_amount.max(1))) as i64;
-            if micro > 0 {
-                sandbase_billing::debit(
+            let key = format!("stripe-refund:{session_id}:{refunded_total}");
+            take_back(connection, team_id, micro(newly), key, "credits refunded").await?;
+            Ok(("refund taken back", Some(team_id)))
+        }
+        Reversal::Dispute => {
+            let dispute = object["id"].as_str().unwrap_or_default();
+            let cents = object["amount"].as_i64().unwrap_or(0);
+            let key = format!("stripe-dispute:{dispute}");
+            take_back(connection, team_id, micro(cents), key, "credits disputed").await?;
+            Ok(("dispute taken back", Some(team_id)))
+        }
+        Reversal::DisputeWon => {
+            let dispute = object["id"].as_str().unwrap_or_default();
+            let amount = Credits(micro(object["amount"].as_i64().unwrap_or(0)));
+            if amount.0 > 0 {
+                sandbase_billing::grant(
                     connection,
-                    Debit {
+                    NewGrant {
                         team_id,
-                        amount: Credits(micro),
-                        idempotency_key: format!("stripe-refund:{session_id}:{refunded_total}"),
-                        description: "credits refunded".to_owned(),
-                        details: serde_json::json!({ "stripe_session": session_id, "refunded": newly }),
+                        source: GrantSource::Purchase,
+                        amount,
+                        priority: 20,
+                        effective_at: None,
+                        expires_at: None,
+                        idempotency_key: format!("stripe-dispute-won:{dispute}"),
+                        description: "disputed credits given back".to_owned(),
+                        details: serde_json::json!({ "stripe_dispute": dispute }),
                     },
                 )
                 .await?;
             }
-            Ok(("refund taken back", Some(team_id)))
+            Ok(("dispute won, credits given back", Some(team_id)))
         }
-        _ => Ok(("ignored", None)),
     }
+}
+
+/// Debits `micro` credits once per `key`.
+async fn take_back(
+    connection: &mut PgConnection,
+    team_id: Uuid,
+    micro: i64,
+    key: String,
+    why: &str,
+) -> anyhow::Result<()> {
+    if micro > 0 {
+        sandbase_billing::debit(
+            connection,
+            Debit {
+                team_id,
+                amount: Credits(micro),
+                idempotency_key: key,
+                description: why.to_owned(),
+                details: serde_json::json!({}),
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Applies what was held for a payment that has now completed.
+async fn apply_held(
+    connection: &mut PgConnection,
+    payment_intent: &str,
+    settings: &StripeSettings,
+) -> anyhow::Result<()> {
+    let held: Vec<Value> = sqlx::query_scalar(
+        "DELETE FROM stripe_held_events WHERE payment_intent = $1 RETURNING event",
+    )
+    .bind(payment_intent)
+    .fetch_all(&mut *connection)
+    .await?;
+    for event in held {
+        let kind = match event["type"].as_str().unwrap_or_default() {
+            "charge.refunded" => Reversal::Refund,
+            "charge.dispute.created" => Reversal::Dispute,
+            _ => Reversal::DisputeWon,
+        };
+        let (outcome, _) = reversal(connection, &event, kind, settings).await?;
+        tracing::info!(event = %event["id"], outcome, "a held Stripe event was applied");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sha2::Sha256;
 
-use crate::helpers::{TestApp, spawn_app_with};
+use crate::helpers::{TestApp, email, spawn_app_with};
 
 const WEBHOOK_SECRET: &str = "whsec_test_secret";
 
@@ -290,4 +290,85 @@ async fn without_stripe_checkout_says_so_and_admins_still_grant() {
     let (status, _) = deliver(&app, &json!({ "id": "evt", "type": "x" }), None).await;
     assert_eq!(status, StatusCode::NOT_IMPLEMENTED);
     assert_eq!(available(&app, &alice.api_key.token).await, "10");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn disputes_take_credits_back_and_early_refunds_wait_for_their_payment() {
+    let (api_base, _calls) = stripe_stand_in().await;
+    let app = stripe_app(&api_base).await;
+    let owner = app.signup(&email("disputed"), "Disputed").await;
+    let token = owner.api_key.token.as_str();
+    let answer = app
+        .post("/v1/billing/checkout", token, json!({ "credits": 50 }))
+        .await;
+    assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.body);
+    let session = answer.body["session_id"].as_str().unwrap().to_owned();
+    let charge_event = |id: &str, kind: &str, object: Value| json!({ "id": id, "type": kind, "data": { "object": object } });
+    // Stripe's events are not ordered: a refund of 10 credits' worth comes before the
+    // session's completion. It is kept, not lost…
+    let refund = charge_event(
+        "evt_early_refund",
+        "charge.refunded",
+        json!({ "id": "ch_1", "object": "charge", "amount": 5000, "amount_refunded": 1000,
+                "payment_intent": format!("pi_{session}") }),
+    );
+    let (status, body) = deliver(&app, &refund, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(available(&app, token).await, "10");
+    // …and applied when the payment completes: 10 + 50 − 10.
+    deliver(
+        &app,
+        &session_event("evt_done", "checkout.session.completed", &session, true),
+        None,
+    )
+    .await;
+    assert_eq!(available(&app, token).await, "50");
+    // A dispute takes the disputed 20 credits back at once, once.
+    let dispute = |id: &str, kind: &str, status: &str| {
+        charge_event(
+            id,
+            kind,
+            json!({ "id": "dp_1", "object": "dispute", "amount": 2000, "status": status,
+                    "charge": "ch_1", "payment_intent": format!("pi_{session}") }),
+        )
+    };
+    let (_, body) = deliver(
+        &app,
+        &dispute("evt_dispute", "charge.dispute.created", "needs_response"),
+        None,
+    )
+    .await;
+    assert_eq!(body["outcome"], "dispute taken back");
+    assert_eq!(available(&app, token).await, "30");
+    deliver(
+        &app,
+        &dispute(
+            "evt_dispute_again",
+            "charge.dispute.created",
+            "needs_response",
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(available(&app, token).await, "30");
+    // Won: the credits come back, once.
+    for id in ["evt_won", "evt_won_again"] {
+        deliver(&app, &dispute(id, "charge.dispute.closed", "won"), None).await;
+    }
+    assert_eq!(available(&app, token).await, "50");
+    // Lost: nothing more happens (the credits were taken back when it opened).
+    let (_, body) = deliver(
+        &app,
+        &dispute("evt_lost", "charge.dispute.closed", "lost"),
+        None,
+    )
+    .await;
+    assert_eq!(body["outcome"], "ignored");
+    let mut connection = app.db.acquire().await.unwrap();
+    assert!(
+        sandbase_billing::reconcile(&mut connection)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
