@@ -123,6 +123,14 @@ pub enum VaultCommand {
         #[arg(long, env = "SANDBASE_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Replace a team's data key with a new one and re-encrypt its secrets under it (every
+    /// team's, without `--team`): after a suspected leak of a data key or a database backup.
+    RotateDataKeys {
+        #[arg(long)]
+        team: Option<Uuid>,
+        #[arg(long, env = "SANDBASE_CONFIG")]
+        config: Option<PathBuf>,
+    },
 }
 
 pub fn vault(command: VaultCommand) -> anyhow::Result<ExitCode> {
@@ -144,6 +152,27 @@ pub fn vault(command: VaultCommand) -> anyhow::Result<ExitCode> {
                 Ok::<_, anyhow::Error>(sandbase_vault::rotate(&db, &keyring).await?)
             })?;
             println!("re-wrapped {rewrapped} data keys under key version {current}");
+        }
+        VaultCommand::RotateDataKeys { team, config } => {
+            telemetry::init_client();
+            let settings = load_operator_settings(config.as_deref())?;
+            let keyring = settings
+                .vault
+                .keyring()?
+                .context("no vault keys configured (vault.keys or vault.key_file)")?;
+            let (teams, values) = runtime()?.block_on(async move {
+                let db = startup::connect_database(&settings).await?;
+                let teams: Vec<Uuid> = match team {
+                    Some(team) => vec![team],
+                    None => sandbase_vault::teams_with_data_keys(&db).await?,
+                };
+                let mut values = 0;
+                for team in &teams {
+                    values += sandbase_vault::rotate_data_key(&db, &keyring, *team).await?;
+                }
+                Ok::<_, anyhow::Error>((teams.len(), values))
+            })?;
+            println!("replaced {teams} data keys; {values} secret values re-encrypted");
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -3,7 +3,9 @@
 //! Envelope encryption. Each team has one random 256-bit data key, stored only wrapped
 //! (AES-256-GCM) by a key-encryption key (KEK) from the operator's configuration; KEKs are
 //! versioned so they can be rotated without downtime (`rotate` re-wraps data keys under the
-//! newest while the older one still opens what was not re-wrapped yet). Each secret value is
+//! newest while the older one still opens what was not re-wrapped yet), and a team's data key
+//! itself can be replaced (`rotate_data_key` re-encrypts its values under a new one). A
+//! secret keeps only its current version: storing a new value destroys the older ones. Each secret value is
 //! AES-256-GCM under its team's data key with a fresh 96-bit nonce, and its associated data
 //! names the team, the secret and the version: a ciphertext moved to another row (another
 //! team's, another secret's, another version's) fails to decrypt instead of revealing
@@ -13,7 +15,7 @@ mod keyring;
 mod store;
 
 pub use keyring::{KEY_BYTES, Keyring};
-pub use store::{DataKey, reveal, rotate, seal_secret};
+pub use store::{DataKey, reveal, rotate, rotate_data_key, seal_secret, teams_with_data_keys};
 pub use zeroize::Zeroizing;
 
 use aes_gcm::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};

@@ -87,7 +87,8 @@ pub async fn data_key(
     Err(VaultError::NotFound)
 }
 
-/// Encrypts `value` as version `version` of secret `secret_id` of the team.
+/// Encrypts `value` as version `version` of secret `secret_id` of the team, and destroys
+/// every older version: a rotated credential leaves no ciphertext of its old value behind.
 pub async fn seal_secret(
     connection: &mut PgConnection,
     keyring: &Keyring,
@@ -113,6 +114,11 @@ pub async fn seal_secret(
     .bind(ciphertext)
     .execute(&mut *connection)
     .await?;
+    sqlx::query("DELETE FROM secret_versions WHERE secret_id = $1 AND version < $2")
+        .bind(secret_id)
+        .bind(version)
+        .execute(&mut *connection)
+        .await?;
     Ok(())
 }
 
@@ -124,21 +130,117 @@ pub async fn reveal(
     secret_id: Uuid,
     version: i32,
 ) -> Result<Zeroizing<Vec<u8>>, VaultError> {
-    let row: Option<(Vec<u8>, Vec<u8>)> = sqlx::query_as(
-        "SELECT nonce, ciphertext FROM secret_versions WHERE secret_id = $1 AND version = $2",
+    // The value and the data key in one snapshot, so a concurrent data-key rotation (which
+    // changes both in one transaction) is seen entirely or not at all.
+    let row: Option<Sealed> = sqlx::query_as(
+        "SELECT v.nonce, v.ciphertext, k.kek_version, k.nonce AS key_nonce, k.wrapped \
+         FROM secret_versions v JOIN vault_data_keys k ON k.team_id = v.team_id \
+         WHERE v.secret_id = $1 AND v.version = $2 AND v.team_id = $3",
     )
     .bind(secret_id)
     .bind(version)
+    .bind(team_id)
     .fetch_optional(&mut *connection)
     .await?;
-    let (nonce, ciphertext) = row.ok_or(VaultError::NotFound)?;
-    let data_key = data_key(connection, keyring, team_id).await?;
+    let sealed = row.ok_or(VaultError::NotFound)?;
+    let key = unwrap_key(
+        keyring,
+        team_id,
+        sealed.kek_version,
+        &sealed.key_nonce,
+        &sealed.wrapped,
+    )?;
     open(
-        &data_key.key,
+        &key,
         &secret_aad(team_id, secret_id, version),
-        &nonce,
-        &ciphertext,
+        &sealed.nonce,
+        &sealed.ciphertext,
     )
+}
+
+/// The teams that have a data key (every team that ever stored a secret).
+pub async fn teams_with_data_keys(db: &PgPool) -> Result<Vec<Uuid>, VaultError> {
+    Ok(
+        sqlx::query_scalar("SELECT team_id FROM vault_data_keys ORDER BY team_id")
+            .fetch_all(db)
+            .await?,
+    )
+}
+
+/// A value as stored, with its team's wrapped data key.
+#[derive(sqlx::FromRow)]
+struct Sealed {
+    nonce: Vec<u8>,
+    ciphertext: Vec<u8>,
+    kek_version: i32,
+    key_nonce: Vec<u8>,
+    wrapped: Vec<u8>,
+}
+
+/// Replaces the team's data key with a new random one and re-encrypts every stored value
+/// under it, in one transaction (the old key is gone afterwards: whoever copied it, or a
+/// value's ciphertext, from an old backup has nothing that opens the current values).
+/// Returns how many values were re-encrypted.
+pub async fn rotate_data_key(
+    db: &PgPool,
+    keyring: &Keyring,
+    team_id: Uuid,
+) -> Result<usize, VaultError> {
+    let mut transaction = db.begin().await?;
+    let row: Option<(i32, Vec<u8>, Vec<u8>)> = sqlx::query_as(
+        "SELECT kek_version, nonce, wrapped FROM vault_data_keys WHERE team_id = $1 FOR UPDATE",
+    )
+    .bind(team_id)
+    .fetch_optional(&mut *transaction)
+    .await?;
+    let Some((kek_version, nonce, wrapped)) = row else {
+        // No data key yet: nothing was ever encrypted for this team.
+        transaction.commit().await?;
+        return Ok(0);
+    };
+    let old = unwrap_key(keyring, team_id, kek_version, &nonce, &wrapped)?;
+    let mut new = Zeroizing::new([0u8; KEY_BYTES]);
+    OsRng.fill_bytes(new.as_mut_slice());
+    let values: Vec<(Uuid, i32, Vec<u8>, Vec<u8>)> = sqlx::query_as(
+        "SELECT secret_id, version, nonce, ciphertext FROM secret_versions \
+         WHERE team_id = $1 FOR UPDATE",
+    )
+    .bind(team_id)
+    .fetch_all(&mut *transaction)
+    .await?;
+    for (secret_id, version, nonce, ciphertext) in &values {
+        let aad = secret_aad(team_id, *secret_id, *version);
+        let value = open(&old, &aad, nonce, ciphertext)?;
+        let (nonce, ciphertext) = seal(&new, &aad, &value);
+        sqlx::query(
+            "UPDATE secret_versions SET nonce = $3, ciphertext = $4 \
+             WHERE secret_id = $1 AND version = $2",
+        )
+        .bind(secret_id)
+        .bind(version)
+        .bind(nonce)
+        .bind(ciphertext)
+        .execute(&mut *transaction)
+        .await?;
+    }
+    let current = keyring.current();
+    let (nonce, wrapped) = seal(
+        keyring.key(current)?,
+        &data_key_aad(team_id),
+        new.as_slice(),
+    );
+    sqlx::query(
+        "UPDATE vault_data_keys SET kek_version = $2, nonce = $3, wrapped = $4, rotated_at = now() \
+         WHERE team_id = $1",
+    )
+    .bind(team_id)
+    .bind(current)
+    .bind(nonce)
+    .bind(wrapped)
+    .execute(&mut *transaction)
+    .await?;
+    transaction.commit().await?;
+    Ok(values.len())
 }
 
 /// Re-wraps every data key not under the current KEK, a few at a time (each in its own

@@ -302,6 +302,17 @@ async fn secrets_from_the_command_line_and_a_key_rotation() {
         "{}",
         stdout(&output)
     );
+    // Set twice, one value is left: the first version's ciphertext is gone.
+    let versions = server.query_count("SELECT count(*) FROM secret_versions");
+    assert_eq!(versions, 1);
+    // The team's data key itself replaced, its value re-encrypted.
+    let output = server.cli(&["vault", "rotate-data-keys"], &operator, None);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        stdout(&output).contains("replaced 1 data keys; 1 secret values re-encrypted"),
+        "{}",
+        stdout(&output)
+    );
     let output = server.cli(&["secret", "rm", "github"], &[], None);
     assert!(output.status.success(), "{}", stderr(&output));
     let _ = std::fs::remove_file(&keys);

@@ -76,6 +76,19 @@ impl Server {
         server
     }
 
+    /// A count from this server's database (through `psql`, which `scripts/setup` installs
+    /// with PostgreSQL).
+    pub fn query_count(&self, sql: &str) -> i64 {
+        // psql knows nothing of the pool's own URL parameters.
+        let url = self.database_url.split('?').next().unwrap_or_default();
+        let output = Command::new("psql")
+            .args([url, "-qAt", "-c", sql])
+            .output()
+            .expect("run psql");
+        assert!(output.status.success(), "{}", stderr(&output));
+        stdout(&output).trim().parse().expect("a count")
+    }
+
     async fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         let client = reqwest::Client::new();

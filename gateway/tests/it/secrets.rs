@@ -111,8 +111,8 @@ async fn secrets_are_stored_encrypted_and_only_their_metadata_comes_back() {
     }
     assert_eq!(
         app.count("SELECT count(*) FROM secret_versions").await,
-        3,
-        "every version is kept, encrypted"
+        2,
+        "each secret keeps only its current value, encrypted"
     );
 
     // Bad input: clear errors, nothing stored.
@@ -252,5 +252,83 @@ async fn a_ciphertext_moved_to_another_team_fails_to_decrypt_and_keys_rotate() {
     assert!(matches!(
         with_old,
         Err(sandbase_vault::VaultError::UnknownKeyVersion(2))
+    ));
+}
+
+#[tokio::test]
+async fn a_rotated_value_leaves_no_old_ciphertext_and_data_keys_are_replaced() {
+    let entry = sandbase_vault::Keyring::generate_entry(1);
+    let app = vault_app(std::slice::from_ref(&entry)).await;
+    let keyring = sandbase_vault::Keyring::parse([entry.as_str()]).unwrap();
+    let owner = app.signup(&email("rotating"), "Rotating").await;
+    let token = owner.api_key.token.as_str();
+    assert_eq!(
+        app.post("/v1/secrets", token, github("old-value-1234"))
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    // The credential leaked: it is set again. Only the new value remains, in any form.
+    let put = app
+        .request(
+            reqwest::Method::PUT,
+            "/v1/secrets/github",
+            Some(token),
+            Some(json!({ "value": "new-value-5678" })),
+        )
+        .await;
+    assert_eq!(put.status, StatusCode::OK, "{}", put.body);
+    let (secret, version) = secret_id(&app, owner.team.id, "github").await;
+    assert_eq!(version, 2);
+    let versions = app
+        .count(&format!(
+            "SELECT count(*) FROM secret_versions WHERE secret_id = '{secret}'"
+        ))
+        .await;
+    assert_eq!(versions, 1, "the old value's ciphertext is still stored");
+    let mut connection = app.db.acquire().await.unwrap();
+    let old = sandbase_vault::reveal(&mut connection, &keyring, owner.team.id, secret, 1).await;
+    assert!(matches!(old, Err(sandbase_vault::VaultError::NotFound)));
+
+    // The team's data key is replaced and the value re-encrypted under the new one.
+    let before: (Vec<u8>, Vec<u8>, Vec<u8>) = sqlx::query_as(
+        "SELECT k.wrapped, k.nonce, v.ciphertext FROM vault_data_keys k \
+         JOIN secret_versions v ON v.team_id = k.team_id WHERE k.team_id = $1",
+    )
+    .bind(owner.team.id)
+    .fetch_one(&mut *connection)
+    .await
+    .unwrap();
+    let rotated = sandbase_vault::rotate_data_key(&app.db, &keyring, owner.team.id)
+        .await
+        .unwrap();
+    assert_eq!(rotated, 1);
+    let after: (Vec<u8>, Vec<u8>, Vec<u8>) = sqlx::query_as(
+        "SELECT k.wrapped, k.nonce, v.ciphertext FROM vault_data_keys k \
+         JOIN secret_versions v ON v.team_id = k.team_id WHERE k.team_id = $1",
+    )
+    .bind(owner.team.id)
+    .fetch_one(&mut *connection)
+    .await
+    .unwrap();
+    assert_ne!(before.0, after.0);
+    assert_ne!(before.2, after.2);
+    let value = sandbase_vault::reveal(&mut connection, &keyring, owner.team.id, secret, 2)
+        .await
+        .unwrap();
+    assert_eq!(value.as_slice(), b"new-value-5678");
+    // Whoever kept the old (wrapped) data key, from a backup, opens nothing current.
+    sqlx::query("UPDATE vault_data_keys SET wrapped = $2, nonce = $3 WHERE team_id = $1")
+        .bind(owner.team.id)
+        .bind(&before.0)
+        .bind(&before.1)
+        .execute(&mut *connection)
+        .await
+        .unwrap();
+    let with_old_key =
+        sandbase_vault::reveal(&mut connection, &keyring, owner.team.id, secret, 2).await;
+    assert!(matches!(
+        with_old_key,
+        Err(sandbase_vault::VaultError::Decrypt)
     ));
 }
