@@ -255,10 +255,27 @@ pub struct MemberList {
     pub items: Vec<Member>,
 }
 
+/// An invitation to join a team: nothing changes until the invitee accepts it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Invitation {
+    pub id: Uuid,
+    pub team: Team,
+    pub email: String,
+    pub role: Role,
+    pub invited_by: Option<Uuid>,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct InvitationList {
+    pub items: Vec<Invitation>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AddMemberRequest {
-    /// E-mail of an existing user.
+    /// E-mail of the person to invite (whether or not they have an account yet).
     pub email: String,
     #[serde(default = "default_member_role")]
     pub role: Role,

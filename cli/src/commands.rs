@@ -7,8 +7,8 @@ use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use sandbase_api::{
     AddMemberRequest, ApiKey, ApiKeyList, AuditPage, CreateApiKeyRequest, CreatedApiKey,
-    LoginRequest, LoginResponse, Me, Member, MemberList, Role, SignupRequest, SignupResponse,
-    UpdateMemberRequest,
+    Invitation, LoginRequest, LoginResponse, Me, Member, MemberList, Role, SignupRequest,
+    SignupResponse, UpdateMemberRequest,
 };
 use uuid::Uuid;
 
@@ -98,7 +98,7 @@ pub enum KeysCommand {
 pub enum MembersCommand {
     /// List the team's members.
     Ls,
-    /// Add an existing user by e-mail.
+    /// Invite a person by e-mail; they join when they accept.
     Add {
         email: String,
         #[arg(long, default_value = "member")]
@@ -336,11 +336,18 @@ pub async fn members(global: &GlobalArgs, command: MembersCommand) -> anyhow::Re
             })?;
         }
         MembersCommand::Add { email, role } => {
-            let member: Member = client
+            let invitation: Invitation = client
                 .post("/v1/team/members", &AddMemberRequest { email, role })
                 .await?;
-            emit(global.json, &member, |_| {
-                println!("Added {} as {}", member.email, member.role);
+            emit(global.json, &invitation, |_| {
+                println!(
+                    "Invited {} as {} (until {}): they join once they accept it, logged in \
+                     (POST /v1/invitations/{}/accept)",
+                    invitation.email,
+                    invitation.role,
+                    time(&invitation.expires_at),
+                    invitation.id
+                );
             })?;
         }
         MembersCommand::SetRole { user_id, role } => {

@@ -13,6 +13,7 @@ pub mod credits;
 pub mod error;
 pub mod failed_auth;
 pub mod http;
+pub mod invitations;
 pub mod ip_guard;
 pub mod jobs;
 pub mod keys;

@@ -6,7 +6,7 @@ use sandbase_api::sandboxes::EgressPolicy;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::accounts::{self, MEMBER_SELECT, MemberRow};
+use crate::accounts::{MEMBER_SELECT, MemberRow};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 
@@ -21,37 +21,6 @@ pub async fn default_egress(
             .fetch_optional(connection)
             .await?;
     Ok(policy.flatten().map(|policy| policy.0))
-}
-
-/// Adds the user with `email` to the caller's team (admins add members and admins, owners
-/// anyone).
-pub async fn add_member(
-    connection: &mut PgConnection,
-    principal: &Principal,
-    email: &str,
-    role: Role,
-) -> ApiResult<MemberRow> {
-    principal.require(Role::Admin)?;
-    if role == Role::Owner {
-        principal.require(Role::Owner)?;
-    }
-    let email = accounts::parse_email(email)?;
-    lock_team(&mut *connection, principal.team_id).await?;
-    let user = accounts::find_user_by_email(&mut *connection, &email)
-        .await?
-        .ok_or(ApiError::NotFound("user"))?;
-    let inserted = sqlx::query(
-        "INSERT INTO team_members (team_id, user_id, role) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-    )
-    .bind(principal.team_id)
-    .bind(user.id)
-    .bind(role.as_str())
-    .execute(&mut *connection)
-    .await?;
-    if inserted.rows_affected() == 0 {
-        return Err(ApiError::AlreadyMember(email.to_string()));
-    }
-    find_member(connection, principal.team_id, user.id).await
 }
 
 /// A role change: the member as it is now, and the role it had.

@@ -239,3 +239,55 @@ async fn a_crowd_of_password_guesses_waits_for_few_hashing_slots() {
     let session = app.login(&address, Some(owner.team.id)).await;
     assert_eq!(app.get("/v1/me", &session).await.status, StatusCode::OK);
 }
+
+/// Sends a request head announcing `length` bytes of body, sends none, and returns the status
+/// line the server answers with (within 3 s), if any.
+async fn head_only<S>(mut stream: S, head: String) -> Option<String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    stream.write_all(head.as_bytes()).await.ok()?;
+    let mut answer = vec![0u8; 512];
+    let read = tokio::time::timeout(Duration::from_secs(3), stream.read(&mut answer))
+        .await
+        .ok()?
+        .ok()?;
+    String::from_utf8_lossy(&answer[..read])
+        .lines()
+        .next()
+        .map(str::to_owned)
+}
+
+#[tokio::test]
+async fn credentials_are_checked_before_any_body_is_read() {
+    let app = crate::helpers::spawn_app().await;
+    // The public API: a made-up key, a megabyte announced and never sent.
+    let made_up = format!("sb_{}_{}", "a".repeat(16), "b".repeat(40));
+    let stream = TcpStream::connect(socket_address(&app)).await.unwrap();
+    let head = format!(
+        "POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {made_up}\r\n\
+         Content-Type: application/json\r\nContent-Length: 1048576\r\n\r\n"
+    );
+    let status = head_only(stream, head).await;
+    assert!(
+        status.as_deref().is_some_and(|line| line.contains(" 401 ")),
+        "{status:?}"
+    );
+    // The internal plane: a usage report of 16 MB announced with a wrong credential.
+    let internal: std::net::SocketAddr =
+        app.internal.trim_start_matches("https://").parse().unwrap();
+    let tcp = TcpStream::connect(internal).await.unwrap();
+    let connector =
+        tokio_rustls::TlsConnector::from(sandbase_gateway::testing::channel().client.clone());
+    let server_name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let tls = connector.connect(server_name, tcp).await.unwrap();
+    let head =
+        "POST /internal/v1/usage HTTP/1.1\r\nHost: x\r\nx-sandbase-node-token: swc_w.bogus\r\n\
+                Content-Type: application/json\r\nContent-Length: 16000000\r\n\r\n"
+            .to_owned();
+    let status = head_only(tls, head).await;
+    assert!(
+        status.as_deref().is_some_and(|line| line.contains(" 401 ")),
+        "{status:?}"
+    );
+}

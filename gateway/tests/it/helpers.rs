@@ -247,6 +247,29 @@ impl TestApp {
             .to_owned()
     }
 
+    /// Invites `email` with `inviter`'s token and has its owner (signed up already) accept,
+    /// from a session of their own.
+    pub async fn add_member(&self, inviter: &str, email: &str, role: &str) {
+        let invited = self
+            .post(
+                "/v1/team/members",
+                inviter,
+                json!({ "email": email, "role": role }),
+            )
+            .await;
+        assert_eq!(invited.status, StatusCode::CREATED, "{}", invited.body);
+        let id = invited.body["id"]
+            .as_str()
+            .expect("an invitation id")
+            .to_owned();
+        let session = self.login(email, None).await;
+        let accepted = self
+            .post(&format!("/v1/invitations/{id}/accept"), &session, json!({}))
+            .await;
+        assert_eq!(accepted.status, StatusCode::CREATED, "{}", accepted.body);
+        assert_eq!(accepted.body["role"], role);
+    }
+
     /// Creates an API key with the given token and returns (id, token).
     pub async fn create_key(&self, token: &str, body: Value) -> (Uuid, String) {
         let answer = self.post("/v1/api-keys", token, body).await;

@@ -15,19 +15,17 @@ async fn roles_govern_what_members_may_do() {
     let bob_email = email("bob");
     let bob = app.signup(&bob_email, "Bob's own").await;
 
-    // Adding: unknown users are not found, known ones join once.
-    app.post(
-        "/v1/team/members",
-        owner_key,
-        json!({ "email": "ghost@example.com" }),
-    )
-    .await
-    .assert_error(404, "not_found");
-    let added = app
-        .post("/v1/team/members", owner_key, json!({ "email": bob_email }))
+    // Adding is inviting, and says nothing of whether an address has an account; the
+    // invitee joins by accepting, once.
+    let ghost = app
+        .post(
+            "/v1/team/members",
+            owner_key,
+            json!({ "email": "ghost@example.com" }),
+        )
         .await;
-    assert_eq!(added.status, 201, "{}", added.body);
-    assert_eq!(added.body["role"], "member");
+    assert_eq!(ghost.status, 201, "{}", ghost.body);
+    app.add_member(owner_key, &bob_email, "member").await;
     app.post(
         "/v1/team/members",
         owner_key,
@@ -164,14 +162,7 @@ async fn the_last_owner_can_be_neither_removed_nor_demoted() {
     // With a second owner, the first may leave.
     let heir_email = email("heir");
     let heir = app.signup(&heir_email, "Heir's").await;
-    let added = app
-        .post(
-            "/v1/team/members",
-            key,
-            json!({ "email": heir_email, "role": "owner" }),
-        )
-        .await;
-    assert_eq!(added.status, 201, "{}", added.body);
+    app.add_member(key, &heir_email, "owner").await;
     assert_eq!(app.delete(&me, key).await.status, 204);
     // The leaver's key for the team was revoked with the membership.
     app.get("/v1/me", key)
@@ -190,12 +181,8 @@ async fn concurrent_owner_removals_keep_one_owner() {
     let first = app.signup(&email("a"), "Pair").await;
     let second_email = email("b");
     let second = app.signup(&second_email, "B").await;
-    app.post(
-        "/v1/team/members",
-        &first.api_key.token,
-        json!({ "email": second_email, "role": "owner" }),
-    )
-    .await;
+    app.add_member(&first.api_key.token, &second_email, "owner")
+        .await;
     let second_session = app.login(&second_email, Some(first.team.id)).await;
     // Each owner removes the other at the same moment: one must fail.
     let remove_second = format!("/v1/team/members/{}", second.user.id);
@@ -218,4 +205,71 @@ async fn concurrent_owner_removals_keep_one_owner() {
     .await
     .unwrap();
     assert_eq!(owners, 1);
+}
+
+#[tokio::test]
+async fn nobody_is_put_in_a_team_without_accepting() {
+    let app = spawn_app().await;
+    let attacker = app.signup(&email("attacker"), "Attacker").await;
+    let attacker_key = attacker.api_key.token.as_str();
+    let victim_email = email("victim");
+    let victim = app.signup(&victim_email, "Victim").await;
+    // Inviting a registered and an unregistered address answer alike: no enumeration.
+    let registered = app
+        .post(
+            "/v1/team/members",
+            attacker_key,
+            json!({ "email": victim_email }),
+        )
+        .await;
+    let unregistered = app
+        .post(
+            "/v1/team/members",
+            attacker_key,
+            json!({ "email": email("nobody") }),
+        )
+        .await;
+    assert_eq!(registered.status, 201, "{}", registered.body);
+    assert_eq!(unregistered.status, registered.status);
+    let keys = |body: &serde_json::Value| {
+        let mut keys: Vec<String> = body.as_object().unwrap().keys().cloned().collect();
+        keys.sort();
+        keys
+    };
+    assert_eq!(keys(&registered.body), keys(&unregistered.body));
+    // The victim is in no team of the attacker's until they accept.
+    let members = app.get("/v1/team/members", attacker_key).await;
+    assert_eq!(members.body["items"].as_array().unwrap().len(), 1);
+    app.post(
+        "/v1/auth/login",
+        "",
+        json!({ "email": victim_email, "password": crate::helpers::PASSWORD, "team_id": attacker.team.id }),
+    )
+    .await
+    .assert_error(404, "not_found");
+    let id = registered.body["id"].as_str().unwrap().to_owned();
+    let accept = format!("/v1/invitations/{id}/accept");
+    // Nobody else accepts it for them, and an API key (even theirs) cannot.
+    let other_email = email("other");
+    app.signup(&other_email, "Other").await;
+    let other_session = app.login(&other_email, None).await;
+    app.post(&accept, &other_session, json!({}))
+        .await
+        .assert_error(404, "not_found");
+    app.post(&accept, &victim.api_key.token, json!({}))
+        .await
+        .assert_error(403, "forbidden");
+    // The victim sees it, and accepting is their own decision.
+    let victim_session = app.login(&victim_email, None).await;
+    let mine = app.get("/v1/invitations", &victim_session).await;
+    assert_eq!(mine.body["items"][0]["team"]["id"], json!(attacker.team.id));
+    let pending = app.get("/v1/team/invitations", attacker_key).await;
+    assert_eq!(pending.body["items"].as_array().unwrap().len(), 2);
+    let joined = app.post(&accept, &victim_session, json!({})).await;
+    assert_eq!(joined.status, 201, "{}", joined.body);
+    app.post(&accept, &victim_session, json!({}))
+        .await
+        .assert_error(404, "not_found");
+    let members = app.get("/v1/team/members", attacker_key).await;
+    assert_eq!(members.body["items"].as_array().unwrap().len(), 2);
 }

@@ -4,7 +4,10 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use sandbase_api::{AddMemberRequest, ErrorBody, Member, MemberList, UpdateMemberRequest};
+use sandbase_api::{
+    AddMemberRequest, ErrorBody, Invitation, InvitationList, Member, MemberList, Role,
+    UpdateMemberRequest,
+};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
@@ -15,6 +18,7 @@ use crate::auth::Principal;
 use crate::auth::key_cache::Invalidation;
 use crate::error::ApiResult;
 use crate::http::extract::{ApiJson, ApiPath};
+use crate::invitations;
 use crate::state::AppState;
 use crate::teams::{self, find_member};
 
@@ -22,6 +26,9 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_members, add_member))
         .routes(routes!(get_member, update_member, remove_member))
+        .routes(routes!(team_invitations))
+        .routes(routes!(my_invitations))
+        .routes(routes!(accept_invitation))
 }
 
 /// Members of the caller's team.
@@ -56,13 +63,14 @@ async fn get_member(
     Ok(Json(member.to_api()))
 }
 
-/// Add an existing user (by e-mail) to the team. Admins add members and admins; owners also owners.
+/// Invite a person (by e-mail) to the team: they join when they accept, logged in as the
+/// owner of that address. The answer is the same whether the address has an account.
+/// Admins invite members and admins; owners also owners. Inviting again renews.
 #[utoipa::path(post, path = "/v1/team/members", tag = "team", security(("bearer" = [])),
     request_body = AddMemberRequest,
     responses(
-        (status = 201, description = "Created", body = Member),
+        (status = 201, description = "Invitation made (or renewed)", body = Invitation),
         (status = 403, description = "Role does not allow this (`forbidden`)", body = ErrorBody),
-        (status = 404, description = "No user with this e-mail", body = ErrorBody),
         (status = 409, description = "Already a member (`already_member`)", body = ErrorBody),
     ))]
 async fn add_member(
@@ -70,17 +78,86 @@ async fn add_member(
     principal: Principal,
     context: RequestContext,
     ApiJson(request): ApiJson<AddMemberRequest>,
-) -> ApiResult<(StatusCode, Json<Member>)> {
-    let audit = context.action("member.add");
+) -> ApiResult<(StatusCode, Json<Invitation>)> {
+    let audit = context.action("member.invite");
     let mut transaction = state.db.begin().await?;
-    let member =
-        teams::add_member(&mut transaction, &principal, &request.email, request.role).await?;
+    let invitation =
+        invitations::invite(&mut transaction, &principal, &request.email, request.role).await?;
     audit
         .record(
             &mut transaction,
             &principal,
-            Some(format!("user:{}", member.user_id)),
-            serde_json::json!({ "role": request.role }),
+            Some(format!("invitation:{}", invitation.id)),
+            serde_json::json!({ "email": invitation.email, "role": request.role }),
+        )
+        .await?;
+    transaction.commit().await?;
+    Ok((StatusCode::CREATED, Json(invitation.to_api())))
+}
+
+/// The team's pending invitations.
+#[utoipa::path(get, path = "/v1/team/invitations", tag = "team", security(("bearer" = [])),
+    responses((status = 200, description = "OK", body = InvitationList)))]
+async fn team_invitations(
+    State(state): State<AppState>,
+    principal: Principal,
+) -> ApiResult<Json<InvitationList>> {
+    principal.require(Role::Admin)?;
+    let mut connection = state.db.acquire().await?;
+    let rows = invitations::of_team(&mut connection, principal.team_id).await?;
+    Ok(Json(InvitationList {
+        items: rows
+            .iter()
+            .map(invitations::InvitationRow::to_api)
+            .collect(),
+    }))
+}
+
+/// The pending invitations addressed to the logged-in person (a dashboard session).
+#[utoipa::path(get, path = "/v1/invitations", tag = "team", security(("bearer" = [])),
+    responses(
+        (status = 200, description = "OK", body = InvitationList),
+        (status = 403, description = "Not a person's session (`forbidden`)", body = ErrorBody),
+    ))]
+async fn my_invitations(
+    State(state): State<AppState>,
+    principal: Principal,
+) -> ApiResult<Json<InvitationList>> {
+    let mut connection = state.db.acquire().await?;
+    let rows = invitations::for_person(&mut connection, &principal).await?;
+    Ok(Json(InvitationList {
+        items: rows
+            .iter()
+            .map(invitations::InvitationRow::to_api)
+            .collect(),
+    }))
+}
+
+/// Accept an invitation addressed to the logged-in person: join its team with its role.
+#[utoipa::path(post, path = "/v1/invitations/{id}/accept", tag = "team", security(("bearer" = [])),
+    params(("id" = Uuid, Path)),
+    responses(
+        (status = 201, description = "Joined", body = Member),
+        (status = 403, description = "Not a person's session (`forbidden`)", body = ErrorBody),
+        (status = 404, description = "No such pending invitation for this person (`not_found`)", body = ErrorBody),
+    ))]
+async fn accept_invitation(
+    State(state): State<AppState>,
+    principal: Principal,
+    context: RequestContext,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<(StatusCode, Json<Member>)> {
+    let audit = context.action("invitation.accept");
+    let mut transaction = state.db.begin().await?;
+    let (team_id, member) = invitations::accept(&mut transaction, &principal, id).await?;
+    audit
+        .record_as(
+            &mut transaction,
+            Some(team_id),
+            "user",
+            Some(member.user_id.to_string()),
+            Some(format!("invitation:{id}")),
+            serde_json::json!({ "role": member.role }),
         )
         .await?;
     transaction.commit().await?;
