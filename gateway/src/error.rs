@@ -133,6 +133,9 @@ pub enum ApiError {
     /// 409 `run_not_finished`: the run is still queued or running.
     #[error("the run is {0}")]
     RunNotFinished(&'static str),
+    /// 410 `artifact_expired`: the run's artifact was deleted when its retention ended.
+    #[error("this run's artifact was kept for its retention period and then deleted")]
+    ArtifactExpired,
     /// 404 `no_artifact`: the run left no outputs directory.
     #[error("this run left no artifact (its outputs directory was missing)")]
     NoArtifact,
@@ -220,6 +223,7 @@ impl ApiError {
             ApiError::InvalidNodeToken | ApiError::InvalidOperatorToken => StatusCode::UNAUTHORIZED,
             ApiError::WorkerMismatch | ApiError::EmailNotVerified => StatusCode::FORBIDDEN,
             ApiError::InvalidVerification => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::ArtifactExpired => StatusCode::GONE,
             ApiError::StripeError => StatusCode::BAD_GATEWAY,
             ApiError::InvalidSignature => StatusCode::BAD_REQUEST,
             ApiError::RateLimited { .. } | ApiError::SandboxQuotaReached(_) => {
@@ -280,6 +284,7 @@ impl ApiError {
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Busy => "busy",
+            ApiError::ArtifactExpired => "artifact_expired",
             ApiError::InvalidVerification => "invalid_verification",
             ApiError::EmailNotVerified => "email_not_verified",
             ApiError::NoSecureWorker => "no_secure_worker",

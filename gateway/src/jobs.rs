@@ -77,6 +77,11 @@ const JOBS: &[Job] = &[
         run: |state| Box::pin(failed_auth(state)),
     },
     Job {
+        name: "artifact_retention",
+        every: Duration::from_secs(5),
+        run: |state| Box::pin(artifact_retention(state)),
+    },
+    Job {
         name: "key_last_used",
         every: LAST_USED_FLUSH_INTERVAL,
         run: |state| Box::pin(key_last_used(state)),
@@ -118,6 +123,16 @@ async fn stop_and_remove(state: &AppState, stop: SystemStop<'_>) -> anyhow::Resu
         let state = state.clone();
         tokio::spawn(async move { teardown::remove_stopped(&state, stopped).await });
     }
+    Ok(())
+}
+
+/// Run artifacts: the ones past their retention deleted, the kept ones metered.
+async fn artifact_retention(state: AppState) -> anyhow::Result<()> {
+    let expired = crate::runs::retention::expire(&state).await?;
+    if expired > 0 {
+        tracing::info!(expired, "run artifacts past their retention deleted");
+    }
+    crate::runs::retention::meter(&state).await?;
     Ok(())
 }
 

@@ -110,6 +110,8 @@ impl Default for Settings {
                 artifacts_dir: "/var/lib/sandbase/artifacts".into(),
                 input_limit_bytes: 64 * 1024 * 1024,
                 max_concurrent: 32,
+                artifact_retention_secs: 7 * 24 * 3600,
+                storage_meter_secs: 3600,
                 s3: None,
             },
             sandboxes: SandboxSettings::default(),
@@ -365,6 +367,11 @@ impl Settings {
             ));
         }
         self.validate_tokens()?;
+        if self.runs.artifact_retention_secs == 0 || self.runs.storage_meter_secs == 0 {
+            return Err(ConfigError(
+                "keys `runs.artifact_retention_secs` and `runs.storage_meter_secs` must be at least 1".to_owned(),
+            ));
+        }
         if self.workers.heartbeat_ttl_secs == 0
             || self.workers.lost_after_secs < self.workers.heartbeat_ttl_secs
         {

@@ -117,11 +117,12 @@ fn one() -> u64 {
 }
 
 /// The kinds of usage the pipeline accepts as events.
-pub const EVENT_KINDS: [&str; 4] = [
+pub const EVENT_KINDS: [&str; 5] = [
     "model_input_tokens",
     "model_output_tokens",
     "api_calls",
     "egress_bytes",
+    "storage_mb_seconds",
 ];
 
 impl BillingSettings {
@@ -146,6 +147,11 @@ pub struct RunSettings {
     pub input_limit_bytes: usize,
     /// Most runs one gateway carries out at once.
     pub max_concurrent: usize,
+    /// How long a run's artifact is kept after the run finished; then it is deleted (and
+    /// `GET /v1/runs/{id}/artifacts` answers 410 `artifact_expired`).
+    pub artifact_retention_secs: u64,
+    /// Kept artifacts are metered as `storage_mb_seconds` usage in periods of this length.
+    pub storage_meter_secs: u64,
     /// An S3-compatible bucket for artifacts and inputs instead of `artifacts_dir` (needed
     /// when gateways run on several machines).
     #[serde(default)]
@@ -434,6 +440,13 @@ impl Default for BillingSettings {
                     subject: "*".to_owned(),
                     micro: 50_000,
                     per: 1 << 30,
+                },
+                // 100 micro-credits per GB-hour of kept artifacts.
+                Price {
+                    kind: "storage_mb_seconds".to_owned(),
+                    subject: "*".to_owned(),
+                    micro: 100,
+                    per: 1024 * 3600,
                 },
             ],
         }

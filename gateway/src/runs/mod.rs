@@ -13,6 +13,7 @@
 pub mod dispatch;
 pub mod lifecycle;
 pub mod queue;
+pub mod retention;
 pub mod row;
 pub mod store;
 pub mod submit;

@@ -36,7 +36,7 @@ impl RunState {
 
 pub const RUN_COLUMNS: &str = "id, template, argv, state, outputs, timeout_secs, cpu_millis, \
      memory_mb, disk_mb, pids, exit_code, timed_out, stdout, stderr, error, artifact_size, \
-     created_at, started_at, finished_at, egress, credentials";
+     created_at, started_at, finished_at, egress, credentials, artifact_deleted_at";
 
 #[derive(sqlx::FromRow)]
 pub struct RunRow {
@@ -56,6 +56,8 @@ pub struct RunRow {
     pub stderr: Option<String>,
     pub error: Option<String>,
     pub artifact_size: Option<i64>,
+    /// When the artifact was deleted, its retention over.
+    pub artifact_deleted_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,

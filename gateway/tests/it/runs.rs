@@ -497,3 +497,83 @@ async fn runs_are_refused_at_enqueue_without_credits_or_beyond_the_longest_lifet
     assert_eq!(run["state"], "completed", "{run}");
     worker.clean_up().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn artifacts_are_metered_as_storage_then_deleted_when_their_retention_ends() {
+    let artifacts_dir =
+        std::env::temp_dir().join(format!("sandbase-artifacts-{}", Uuid::new_v4().simple()));
+    let app = crate::helpers::spawn_app_with(|settings| {
+        crate::testbed::configure_sandboxes(settings);
+        settings.runs.artifacts_dir = artifacts_dir.clone();
+        settings.runs.artifact_retention_secs = 8;
+        settings.runs.storage_meter_secs = 1;
+    })
+    .await;
+    let worker = TestWorker::start(worker_config(&app, "w", 2, 0)).await;
+    let owner = app.signup("keeper@example.com", "Keeper").await;
+    let token = owner.api_key.token.as_str();
+    let body = json!({ "command": "head -c 3000000 /dev/zero > /work/out/blob" });
+    let answer = app.post("/v1/runs", token, body).await;
+    assert_eq!(answer.status, StatusCode::ACCEPTED, "{}", answer.body);
+    let id = answer.body["id"].as_str().unwrap().to_owned();
+    let run = finished(&app, token, &id).await;
+    assert_eq!(run["state"], "completed", "{run}");
+    let path = format!("/v1/runs/{id}/artifacts");
+    let (status, _, _) = raw(&app, Method::GET, &path, token, None).await;
+    assert_eq!(status, StatusCode::OK);
+    // While kept, the artifact is storage the team pays for (3 MB a second here).
+    let storage = |app: &TestApp| {
+        let app = app.db.clone();
+        async move {
+            sqlx::query_scalar::<_, Option<i64>>(
+                "SELECT sum(quantity)::bigint FROM usage_events WHERE kind = 'storage_mb_seconds'",
+            )
+            .fetch_one(&app)
+            .await
+            .unwrap()
+            .unwrap_or(0)
+        }
+    };
+    wait_until("storage usage", Duration::from_secs(15), || async {
+        storage(&app).await >= 3
+    })
+    .await;
+    // Once its retention is over it is gone — from the API and from the store.
+    wait_until("the artifact's expiry", Duration::from_secs(30), || async {
+        raw(&app, Method::GET, &path, token, None).await.0 == StatusCode::GONE
+    })
+    .await;
+    let answer = app.get(&path, token).await;
+    answer.assert_error(410, "artifact_expired");
+    let stored = walk_files(&artifacts_dir);
+    assert!(stored.is_empty(), "left in the store: {stored:?}");
+    // And no longer metered.
+    let metered = storage(&app).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(storage(&app).await, metered);
+    // The storage was charged like any other usage.
+    wait_until("the storage charge", Duration::from_secs(30), || async {
+        app.count("SELECT count(*) FROM usage_events WHERE kind = 'storage_mb_seconds' AND transaction_id IS NOT NULL")
+            .await
+            > 0
+    })
+    .await;
+    worker.clean_up().await;
+    let _ = std::fs::remove_dir_all(&artifacts_dir);
+}
+
+/// Every file under `dir`.
+fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                found.extend(walk_files(&path));
+            } else {
+                found.push(path);
+            }
+        }
+    }
+    found
+}

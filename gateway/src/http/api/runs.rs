@@ -99,6 +99,7 @@ async fn get_run(
         (status = 200, description = "The archive", content_type = "application/x-tar", body = Vec<u8>),
         (status = 404, description = "Not in the caller's team, or no artifact (`no_artifact`)", body = ErrorBody),
         (status = 409, description = "The run has not finished (`run_not_finished`)", body = ErrorBody),
+        (status = 410, description = "Kept for `runs.artifact_retention_secs`, then deleted (`artifact_expired`)", body = ErrorBody),
     ))]
 async fn run_artifacts(
     State(state): State<AppState>,
@@ -108,6 +109,9 @@ async fn run_artifacts(
     let row = fetch(&state, principal.team_id, id).await?;
     if !row.state.is_finished() {
         return Err(ApiError::RunNotFinished(row.state.as_str()));
+    }
+    if row.artifact_deleted_at.is_some() {
+        return Err(ApiError::ArtifactExpired);
     }
     let Some((length, stream)) = state
         .artifacts

@@ -1,0 +1,56 @@
+//! Kept artifacts: deleted once `runs.artifact_retention_secs` have passed since their run
+//! finished, and metered until then as `storage_mb_seconds` usage of their team (one event per
+//! artifact and metering period, so a period is counted once however often this runs and on
+//! however many gateways).
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use crate::state::AppState;
+
+/// Artifacts deleted per pass.
+const BATCH: i64 = 100;
+
+/// Deletes the artifacts whose retention is over; returns how many.
+pub async fn expire(state: &AppState) -> anyhow::Result<usize> {
+    let retention = Duration::from_secs(state.settings.runs.artifact_retention_secs);
+    let expired: Vec<(Uuid, Uuid)> = sqlx::query_as(
+        "UPDATE runs SET artifact_deleted_at = now() WHERE id IN ( \
+             SELECT id FROM runs WHERE artifact_size IS NOT NULL AND artifact_deleted_at IS NULL \
+             AND finished_at < now() - make_interval(secs => $1) \
+             ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
+         RETURNING team_id, id",
+    )
+    .bind(retention.as_secs_f64())
+    .bind(BATCH)
+    .fetch_all(&state.db)
+    .await?;
+    for (team, run) in &expired {
+        state
+            .artifacts
+            .delete(&state.artifacts.artifact(*team, *run))
+            .await;
+    }
+    Ok(expired.len())
+}
+
+/// Records the current metering period's storage usage of every kept artifact (once per
+/// artifact and period); the charger prices and debits it like any other usage.
+pub async fn meter(state: &AppState) -> anyhow::Result<u64> {
+    let period = state.settings.runs.storage_meter_secs.max(1);
+    let now = chrono::Utc::now().timestamp().max(0) as u64;
+    let bucket = now / period;
+    let inserted = sqlx::query(
+        "INSERT INTO usage_events (event_key, team_id, api_key_id, kind, subject, quantity, occurred_at) \
+         SELECT 'storage:' || id || ':' || $1::text, team_id, api_key_id, 'storage_mb_seconds', '', \
+                ((artifact_size + 1048575) / 1048576) * $2, now() \
+         FROM runs WHERE artifact_size IS NOT NULL AND artifact_deleted_at IS NULL \
+         ON CONFLICT (event_key) DO NOTHING",
+    )
+    .bind(bucket.to_string())
+    .bind(i64::try_from(period).unwrap_or(i64::MAX))
+    .execute(&state.db)
+    .await?;
+    Ok(inserted.rows_affected())
+}
