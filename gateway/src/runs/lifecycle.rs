@@ -22,7 +22,8 @@ pub struct NewRun<'a> {
     pub argv: &'a [String],
     pub outputs: &'a str,
     pub timeout_secs: u64,
-    pub has_inputs: bool,
+    /// The size of its inputs in the store, when it has some.
+    pub inputs_size: Option<usize>,
 }
 
 /// A submitted run: `queued`.
@@ -34,8 +35,8 @@ pub async fn insert_queued(
     let resources = sandbox.resources;
     sqlx::query_as(&format!(
         "INSERT INTO runs (id, team_id, api_key_id, user_id, template, argv, env, outputs, timeout_secs, \
-           cpu_millis, memory_mb, disk_mb, pids, has_inputs, egress, credentials, state) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
+           cpu_millis, memory_mb, disk_mb, pids, has_inputs, egress, credentials, state, inputs_size) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) \
          RETURNING {RUN_COLUMNS}"
     ))
     .bind(new.id)
@@ -51,10 +52,11 @@ pub async fn insert_queued(
     .bind(resources.memory_mb as i32)
     .bind(resources.disk_mb as i32)
     .bind(resources.pids as i32)
-    .bind(new.has_inputs)
+    .bind(new.inputs_size.is_some())
     .bind(sandbox.egress.as_ref().map(sqlx::types::Json))
     .bind(&sandbox.credentials)
     .bind(RunState::Queued)
+    .bind(new.inputs_size.map(|size| size as i64))
     .fetch_one(connection)
     .await
 }
@@ -190,6 +192,25 @@ pub async fn fail_abandoned(connection: &mut PgConnection) -> Result<Vec<Uuid>, 
     .fetch_all(connection)
     .await?;
     Ok(abandoned.into_iter().flatten().collect())
+}
+
+/// Queued runs that waited longer than `secs` fail (their inputs are past the retention);
+/// returns their teams, ids and whether they had inputs.
+pub async fn fail_stale_queued(
+    connection: &mut PgConnection,
+    secs: f64,
+) -> Result<Vec<(Uuid, Uuid, bool)>, sqlx::Error> {
+    sqlx::query_as(
+        "UPDATE runs SET state = $2, error = $1, finished_at = now(), inputs_size = NULL \
+         WHERE state = $3 AND created_at < now() - make_interval(secs => $4) \
+         RETURNING team_id, id, has_inputs",
+    )
+    .bind("the run waited in the queue longer than runs.artifact_retention_secs")
+    .bind(RunState::Failed)
+    .bind(RunState::Queued)
+    .bind(secs)
+    .fetch_all(connection)
+    .await
 }
 
 /// Queued runs older than a few seconds (to check they are in Redis).

@@ -12,9 +12,22 @@ use crate::state::AppState;
 /// Artifacts deleted per pass.
 const BATCH: i64 = 100;
 
-/// Deletes the artifacts whose retention is over; returns how many.
+/// Deletes the artifacts whose retention is over, and fails the runs that waited in the
+/// queue as long (deleting their inputs); returns how many artifacts and inputs went.
 pub async fn expire(state: &AppState) -> anyhow::Result<usize> {
     let retention = Duration::from_secs(state.settings.runs.artifact_retention_secs);
+    let mut connection = state.db.acquire().await?;
+    let stale =
+        super::lifecycle::fail_stale_queued(&mut connection, retention.as_secs_f64()).await?;
+    drop(connection);
+    for (team, run, has_inputs) in &stale {
+        if *has_inputs {
+            state
+                .artifacts
+                .delete(&state.artifacts.inputs(*team, *run))
+                .await;
+        }
+    }
     let expired: Vec<(Uuid, Uuid)> = sqlx::query_as(
         "UPDATE runs SET artifact_deleted_at = now() WHERE id IN ( \
              SELECT id FROM runs WHERE artifact_size IS NOT NULL AND artifact_deleted_at IS NULL \
@@ -32,7 +45,7 @@ pub async fn expire(state: &AppState) -> anyhow::Result<usize> {
             .delete(&state.artifacts.artifact(*team, *run))
             .await;
     }
-    Ok(expired.len())
+    Ok(expired.len() + stale.len())
 }
 
 /// Records the current metering period's storage usage of every kept artifact (once per
@@ -46,10 +59,15 @@ pub async fn meter(state: &AppState) -> anyhow::Result<u64> {
          SELECT 'storage:' || id || ':' || $1::text, team_id, api_key_id, 'storage_mb_seconds', '', \
                 ((artifact_size + 1048575) / 1048576) * $2, now() \
          FROM runs WHERE artifact_size IS NOT NULL AND artifact_deleted_at IS NULL \
+         UNION ALL \
+         SELECT 'storage-inputs:' || id || ':' || $1::text, team_id, api_key_id, \
+                'storage_mb_seconds', '', ((inputs_size + 1048575) / 1048576) * $2, now() \
+         FROM runs WHERE state = $3 AND inputs_size IS NOT NULL \
          ON CONFLICT (event_key) DO NOTHING",
     )
     .bind(bucket.to_string())
     .bind(i64::try_from(period).unwrap_or(i64::MAX))
+    .bind(super::row::RunState::Queued)
     .execute(&state.db)
     .await?;
     Ok(inserted.rows_affected())

@@ -198,7 +198,7 @@ async fn queue(
             argv: &run.argv,
             outputs: &run.outputs,
             timeout_secs: run.timeout_secs,
-            has_inputs: run.inputs.is_some(),
+            inputs_size: run.inputs.as_ref().map(Vec::len),
         },
     )
     .await?;

@@ -577,3 +577,49 @@ fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     found
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn inputs_of_a_run_stuck_in_the_queue_are_metered_then_expire_with_it() {
+    let artifacts_dir =
+        std::env::temp_dir().join(format!("sandbase-artifacts-{}", Uuid::new_v4().simple()));
+    let app = crate::helpers::spawn_app_with(|settings| {
+        crate::testbed::configure_sandboxes(settings);
+        settings.runs.artifacts_dir = artifacts_dir.clone();
+        settings.runs.artifact_retention_secs = 6;
+        settings.runs.storage_meter_secs = 1;
+    })
+    .await;
+    // One worker with room for one sandbox, taken: the run waits in the queue.
+    let worker = TestWorker::start(worker_config(&app, "w", 1, 0)).await;
+    let owner = app.signup("waiter@example.com", "Waiter").await;
+    let token = owner.api_key.token.as_str();
+    let sandbox = create_ok(&app, token, json!({})).await;
+    let body = json!({
+        "command": "true",
+        "inputs": { "files": { "big.txt": "x".repeat(2_000_000) } },
+    });
+    let answer = app.post("/v1/runs", token, body).await;
+    assert_eq!(answer.status, StatusCode::ACCEPTED, "{}", answer.body);
+    let id = answer.body["id"].as_str().unwrap().to_owned();
+    assert_eq!(walk_files(&artifacts_dir).len(), 1, "the inputs are stored");
+    wait_until(
+        "the inputs' storage usage",
+        Duration::from_secs(15),
+        || async {
+            app.count("SELECT count(*) FROM usage_events WHERE event_key LIKE 'storage-inputs:%'")
+                .await
+                > 0
+        },
+    )
+    .await;
+    let run = finished(&app, token, &id).await;
+    assert_eq!(run["state"], "failed", "{run}");
+    assert!(run["error"].as_str().unwrap().contains("queue"), "{run}");
+    assert!(
+        walk_files(&artifacts_dir).is_empty(),
+        "the inputs were left"
+    );
+    app.delete(&format!("/v1/sandboxes/{sandbox}"), token).await;
+    worker.clean_up().await;
+    let _ = std::fs::remove_dir_all(&artifacts_dir);
+}
