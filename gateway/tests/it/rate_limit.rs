@@ -99,7 +99,9 @@ async fn minting_keys_does_not_multiply_a_teams_rate() {
     let requests = (0..120).map(|index| app.get("/v1/me", &keys[index % keys.len()]));
     let answers = futures_util::future::join_all(requests).await;
     let admitted = answers.iter().filter(|answer| answer.status == 200).count();
-    assert!((18..=26).contains(&admitted), "{admitted} of 120 admitted");
+    // The team's burst of 20, a few more refilled while the requests are served (60 without
+    // the ceiling).
+    assert!((18..=30).contains(&admitted), "{admitted} of 120 admitted");
     assert!(
         answers
             .iter()
