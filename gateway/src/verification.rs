@@ -160,6 +160,19 @@ pub async fn verify(state: &AppState, audit: &Audit, token: &str) -> ApiResult<S
     let team = accounts::find_team(&mut transaction, pending.team_id)
         .await?
         .ok_or(ApiError::InvalidVerification)?;
+    open_account(state, audit, transaction, user, team).await
+}
+
+/// What every account starts with, written in the account's own transaction: the starter
+/// credits, the first (owner) API key and the audit row; then a session. At sign-up, or at
+/// verification when addresses are verified.
+pub async fn open_account(
+    state: &AppState,
+    audit: &Audit,
+    mut transaction: sqlx::Transaction<'_, sqlx::Postgres>,
+    user: accounts::UserRow,
+    team: accounts::TeamRow,
+) -> ApiResult<SignupResponse> {
     crate::credits::grant_starter(&mut transaction, team.id, &state.settings.billing).await?;
     let api_key = accounts::create_api_key(
         &mut transaction,
@@ -182,6 +195,7 @@ pub async fn verify(state: &AppState, audit: &Audit, token: &str) -> ApiResult<S
         .await?;
     transaction.commit().await?;
     let (token, expires_at) = state.sessions.issue(user.id, team.id)?;
+    tracing::info!(user_id = %user.id, team_id = %team.id, "account opened");
     Ok(SignupResponse {
         user: user.to_api(),
         team: team.into(),

@@ -223,12 +223,20 @@ pub async fn rotate_data_key(
         .execute(&mut *transaction)
         .await?;
     }
+    store_wrapped(&mut transaction, keyring, team_id, &new).await?;
+    transaction.commit().await?;
+    Ok(values.len())
+}
+
+/// Writes the team's data key `key`, wrapped under the current KEK.
+async fn store_wrapped(
+    connection: &mut PgConnection,
+    keyring: &Keyring,
+    team_id: Uuid,
+    key: &[u8; KEY_BYTES],
+) -> Result<(), VaultError> {
     let current = keyring.current();
-    let (nonce, wrapped) = seal(
-        keyring.key(current)?,
-        &data_key_aad(team_id),
-        new.as_slice(),
-    );
+    let (nonce, wrapped) = seal(keyring.key(current)?, &data_key_aad(team_id), key);
     sqlx::query(
         "UPDATE vault_data_keys SET kek_version = $2, nonce = $3, wrapped = $4, rotated_at = now() \
          WHERE team_id = $1",
@@ -237,10 +245,9 @@ pub async fn rotate_data_key(
     .bind(current)
     .bind(nonce)
     .bind(wrapped)
-    .execute(&mut *transaction)
+    .execute(connection)
     .await?;
-    transaction.commit().await?;
-    Ok(values.len())
+    Ok(())
 }
 
 /// Re-wraps every data key not under the current KEK, a few at a time (each in its own
@@ -264,21 +271,7 @@ pub async fn rotate(db: &PgPool, keyring: &Keyring) -> Result<usize, VaultError>
         }
         for (team_id, kek_version, nonce, wrapped) in rows {
             let key = unwrap_key(keyring, team_id, kek_version, &nonce, &wrapped)?;
-            let (nonce, wrapped) = seal(
-                keyring.key(current)?,
-                &data_key_aad(team_id),
-                key.as_slice(),
-            );
-            sqlx::query(
-                "UPDATE vault_data_keys SET kek_version = $2, nonce = $3, wrapped = $4, rotated_at = now() \
-                 WHERE team_id = $1",
-            )
-            .bind(team_id)
-            .bind(current)
-            .bind(nonce)
-            .bind(wrapped)
-            .execute(&mut *transaction)
-            .await?;
+            store_wrapped(&mut transaction, keyring, team_id, &key).await?;
             rewrapped += 1;
         }
         transaction.commit().await?;

@@ -90,36 +90,8 @@ async fn signup(
     let (user, team) =
         accounts::create_user_with_team(&mut transaction, &email, &password_hash, &team_name, true)
             .await?;
-    crate::credits::grant_starter(&mut transaction, team.id, &state.settings.billing).await?;
-    let api_key = accounts::create_api_key(
-        &mut transaction,
-        team.id,
-        "default",
-        Role::Owner,
-        Some(user.id),
-        None,
-    )
-    .await?;
-    audit
-        .record_as(
-            &mut transaction,
-            Some(team.id),
-            "user",
-            Some(user.id.to_string()),
-            Some(format!("user:{}", user.id)),
-            serde_json::json!({ "api_key": api_key.key.public_id }),
-        )
-        .await?;
-    transaction.commit().await?;
-
-    let (token, expires_at) = state.sessions.issue(user.id, team.id)?;
-    tracing::info!(user_id = %user.id, team_id = %team.id, "account created");
-    Ok(SignupAnswer::Created(Box::new(SignupResponse {
-        user: user.to_api(),
-        team: team.into(),
-        api_key,
-        session: Session { token, expires_at },
-    })))
+    let created = verification::open_account(&state, &audit, transaction, user, team).await?;
+    Ok(SignupAnswer::Created(Box::new(created)))
 }
 
 /// Confirm a new account's e-mail address with the code mailed at sign-up: the account gets
