@@ -24,10 +24,78 @@ pub struct Injection {
     /// Set this query parameter to the secret, e.g. `key`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub query: Option<String>,
-    /// The sandbox gets this environment variable holding a look-alike placeholder; the
-    /// proxy swaps the placeholder for the secret in requests to the secret's hosts.
+    /// The sandbox gets an environment variable holding a look-alike placeholder, which the
+    /// proxy swaps for the secret in the headers of requests to the secret's hosts; in their
+    /// bodies and URLs only when the secret opts in, for the paths it names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub placeholder: Option<String>,
+    pub placeholder: Option<Placeholder>,
+}
+
+/// The variable's name (`"GITHUB_TOKEN"`), or the name and where else the placeholder is
+/// swapped (`{"env": "GITHUB_TOKEN", "in_body": true, "paths": ["/v1/chat/*"]}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum Placeholder {
+    Env(String),
+    Options(PlaceholderOptions),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PlaceholderOptions {
+    /// The environment variable holding the placeholder.
+    pub env: String,
+    /// Also swapped in request bodies (for `paths`). A body echoed back is scrubbed, but an
+    /// upstream that stores what it is sent keeps the value: opt in only for APIs that need
+    /// it.
+    #[serde(default)]
+    pub in_body: bool,
+    /// Also swapped in the request's path and query (for `paths`).
+    #[serde(default)]
+    pub in_url: bool,
+    /// Request paths the body and URL swaps apply to: exact, or a prefix ending in `*`
+    /// (`/v1/chat/*`). Required with `in_body` or `in_url`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<String>,
+}
+
+impl Placeholder {
+    pub fn options(&self) -> PlaceholderOptions {
+        match self {
+            Placeholder::Env(env) => PlaceholderOptions {
+                env: env.clone(),
+                ..PlaceholderOptions::default()
+            },
+            Placeholder::Options(options) => options.clone(),
+        }
+    }
+}
+
+/// Who may attach a secret to a sandbox or run: `admin` (and owners; the default) or
+/// `member` (everyone on the team).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum UsableBy {
+    #[default]
+    Admin,
+    Member,
+}
+
+impl UsableBy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UsableBy::Admin => "admin",
+            UsableBy::Member => "member",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<UsableBy> {
+        match text {
+            "admin" => Some(UsableBy::Admin),
+            "member" => Some(UsableBy::Member),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -47,6 +115,9 @@ pub struct CreateSecretRequest {
     /// the apex), `host:8443` (ports 80 and 443 unless one is named).
     pub hosts: Vec<String>,
     pub inject: Injection,
+    /// Who may attach it to a sandbox or run (default `admin`).
+    #[serde(default)]
+    pub usable_by: UsableBy,
 }
 
 /// A new version of a secret; `hosts` and `inject` change only when given.
@@ -58,6 +129,8 @@ pub struct UpdateSecretRequest {
     pub hosts: Option<Vec<String>>,
     #[serde(default)]
     pub inject: Option<Injection>,
+    #[serde(default)]
+    pub usable_by: Option<UsableBy>,
 }
 
 /// A secret's metadata (never its value).
@@ -67,6 +140,7 @@ pub struct Secret {
     pub name: String,
     pub hosts: Vec<String>,
     pub inject: Injection,
+    pub usable_by: UsableBy,
     /// Grows by one with every new value.
     pub version: i32,
     pub created_at: DateTime<Utc>,

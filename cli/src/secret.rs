@@ -6,7 +6,8 @@ use std::io::{IsTerminal, Read};
 use anyhow::Context;
 use reqwest::Method;
 use sandbase_api::secrets::{
-    BasicAuth, CreateSecretRequest, Injection, Secret, SecretList, UpdateSecretRequest,
+    BasicAuth, CreateSecretRequest, Injection, Placeholder, PlaceholderOptions, Secret, SecretList,
+    UpdateSecretRequest, UsableBy,
 };
 
 use crate::GlobalArgs;
@@ -45,6 +46,38 @@ pub struct SetArgs {
     /// Give sandboxes this environment variable with a placeholder the proxy swaps out.
     #[arg(long, group = "mode")]
     placeholder: Option<String>,
+    /// Also swap the placeholder in request bodies (for the `--path`s).
+    #[arg(long, requires = "placeholder")]
+    in_body: bool,
+    /// Also swap the placeholder in request paths and queries (for the `--path`s).
+    #[arg(long, requires = "placeholder")]
+    in_url: bool,
+    /// A request path the body and URL swaps apply to: exact, or a prefix ending in `*`
+    /// (repeatable).
+    #[arg(long = "path")]
+    paths: Vec<String>,
+    /// Who may attach it to sandboxes and runs: `admin` (default) or `member`.
+    #[arg(long, value_parser = parse_usable_by)]
+    usable_by: Option<UsableBy>,
+}
+
+fn parse_usable_by(text: &str) -> Result<UsableBy, String> {
+    UsableBy::parse(text).ok_or_else(|| "`admin` or `member`".to_owned())
+}
+
+impl SetArgs {
+    fn placeholder(&self) -> Option<Placeholder> {
+        let env = self.placeholder.clone()?;
+        if !self.in_body && !self.in_url && self.paths.is_empty() {
+            return Some(Placeholder::Env(env));
+        }
+        Some(Placeholder::Options(PlaceholderOptions {
+            env,
+            in_body: self.in_body,
+            in_url: self.in_url,
+            paths: self.paths.clone(),
+        }))
+    }
 }
 
 fn read_value() -> anyhow::Result<String> {
@@ -66,11 +99,11 @@ pub async fn run(global: &GlobalArgs, command: SecretCommand) -> anyhow::Result<
     match command {
         SecretCommand::Set(args) => {
             let inject = Injection {
+                placeholder: args.placeholder(),
                 header: args.header,
                 format: args.format,
                 basic: args.basic_user.map(|username| BasicAuth { username }),
                 query: args.query,
-                placeholder: args.placeholder,
             };
             let value = read_value()?;
             let existing: SecretList = client.get("/v1/secrets", &[]).await?;
@@ -84,6 +117,7 @@ pub async fn run(global: &GlobalArgs, command: SecretCommand) -> anyhow::Result<
                             value,
                             hosts: Some(args.hosts),
                             inject: Some(inject),
+                            usable_by: args.usable_by,
                         }),
                     )
                     .await?
@@ -96,6 +130,7 @@ pub async fn run(global: &GlobalArgs, command: SecretCommand) -> anyhow::Result<
                             value,
                             hosts: args.hosts,
                             inject,
+                            usable_by: args.usable_by.unwrap_or_default(),
                         },
                     )
                     .await?
@@ -121,11 +156,15 @@ pub async fn run(global: &GlobalArgs, command: SecretCommand) -> anyhow::Result<
                             secret.version.to_string(),
                             secret.hosts.join(","),
                             describe(&secret.inject),
+                            secret.usable_by.as_str().to_owned(),
                             time(&secret.updated_at),
                         ]
                     })
                     .collect();
-                table(&["NAME", "VERSION", "HOSTS", "INJECT", "UPDATED"], &rows);
+                table(
+                    &["NAME", "VERSION", "HOSTS", "INJECT", "USABLE BY", "UPDATED"],
+                    &rows,
+                );
             })?;
         }
         SecretCommand::Rm { name } => {
@@ -148,8 +187,25 @@ fn describe(inject: &Injection) -> String {
         format!("basic auth as {}", basic.username)
     } else if let Some(query) = &inject.query {
         format!("query ?{query}=")
-    } else if let Some(name) = &inject.placeholder {
-        format!("placeholder ${name}")
+    } else if let Some(placeholder) = &inject.placeholder {
+        let options = placeholder.options();
+        let mut also: Vec<&str> = Vec::new();
+        if options.in_body {
+            also.push("body");
+        }
+        if options.in_url {
+            also.push("url");
+        }
+        if also.is_empty() {
+            format!("placeholder ${}", options.env)
+        } else {
+            format!(
+                "placeholder ${} (+{} on {})",
+                options.env,
+                also.join("+"),
+                options.paths.join(",")
+            )
+        }
     } else {
         String::new()
     }

@@ -26,8 +26,29 @@ pub enum Injection {
     /// Set the query parameter to the value.
     Query { parameter: String },
     /// The sandbox's environment variable `env` holds `placeholder`, swapped for the value in
-    /// requests to the credential's hosts.
-    Placeholder { env: String, placeholder: String },
+    /// the headers of requests to the credential's hosts; in their bodies (`in_body`) and
+    /// targets (`in_url`) only on `paths`.
+    Placeholder {
+        env: String,
+        placeholder: String,
+        #[serde(default)]
+        in_body: bool,
+        #[serde(default)]
+        in_url: bool,
+        #[serde(default)]
+        paths: Vec<String>,
+    },
+}
+
+/// Whether a request path is one of `patterns`: equal, or starting with a pattern's text
+/// before its final `*`.
+pub fn path_allowed(patterns: &[String], path: &str) -> bool {
+    patterns
+        .iter()
+        .any(|pattern| match pattern.strip_suffix('*') {
+            Some(prefix) => path.starts_with(prefix),
+            None => path == pattern,
+        })
 }
 
 mod header_name {
@@ -111,6 +132,21 @@ impl Credential {
             _ => None,
         }
     }
+
+    /// The value, for the response scrub.
+    pub(crate) fn value(&self) -> &str {
+        &self.value
+    }
+
+    /// Whether the placeholder is swapped in the body of a request for `path`.
+    fn swaps_body(&self, path: &str) -> bool {
+        matches!(&self.injection, Injection::Placeholder { in_body: true, paths, .. } if path_allowed(paths, path))
+    }
+
+    /// Whether the placeholder is swapped in the target of a request for `path`.
+    fn swaps_url(&self, path: &str) -> bool {
+        matches!(&self.injection, Injection::Placeholder { in_url: true, paths, .. } if path_allowed(paths, path))
+    }
 }
 
 /// A stand-in that looks like `value`: the same leading scheme (`ghp_`, `sk-`, `xoxb-` …, up
@@ -172,7 +208,10 @@ pub fn apply(credentials: &[Credential], host: &str, port: u16, parts: &mut Part
                 set_header(parts, AUTHORIZATION, &text)
             }
             Injection::Query { parameter } => set_query(parts, parameter, value),
-            Injection::Placeholder { placeholder, .. } => swap(parts, placeholder, value),
+            Injection::Placeholder { placeholder, .. } => {
+                let in_url = credential.swaps_url(parts.uri.path());
+                swap(parts, placeholder, value, in_url)
+            }
         };
         if done {
             injected.push(credential.name.clone());
@@ -228,28 +267,53 @@ struct BodyRule {
     value: Option<Zeroizing<Vec<u8>>>,
 }
 
+/// What a body scan does with a credential's placeholder.
+enum BodyAction {
+    /// Swap it for the value (bound to the host, opted in for the path).
+    Swap,
+    /// Let it through as it is (bound to the host, not swapped in bodies there).
+    Pass,
+    /// Stop the request (bound elsewhere).
+    Stop,
+}
+
 impl BodyScan {
-    /// The scan for a request to `host:port` over TLS; `None` when the sandbox has no
-    /// placeholders.
-    pub fn new(credentials: &[Credential], host: &str, port: u16) -> Option<BodyScan> {
-        BodyScan::with(credentials, |credential| credential.binds(host, port))
+    /// The scan for a request to `host:port` for `path` over TLS; `None` when no
+    /// placeholder needs looking for.
+    pub fn new(credentials: &[Credential], host: &str, port: u16, path: &str) -> Option<BodyScan> {
+        BodyScan::with(credentials, |credential| {
+            if !credential.binds(host, port) {
+                BodyAction::Stop
+            } else if credential.swaps_body(path) {
+                BodyAction::Swap
+            } else {
+                BodyAction::Pass
+            }
+        })
     }
 
     /// The scan for a plain-text request: every placeholder is a leak.
     pub fn plain(credentials: &[Credential]) -> Option<BodyScan> {
-        BodyScan::with(credentials, |_| false)
+        BodyScan::with(credentials, |_| BodyAction::Stop)
     }
 
-    fn with(credentials: &[Credential], bound: impl Fn(&Credential) -> bool) -> Option<BodyScan> {
+    fn with(
+        credentials: &[Credential],
+        action: impl Fn(&Credential) -> BodyAction,
+    ) -> Option<BodyScan> {
         let rules: Vec<BodyRule> = credentials
             .iter()
             .filter_map(|credential| {
                 let placeholder = credential.placeholder()?;
+                let value = match action(credential) {
+                    BodyAction::Pass => return None,
+                    BodyAction::Swap => Some(Zeroizing::new(credential.value.as_bytes().to_vec())),
+                    BodyAction::Stop => None,
+                };
                 Some(BodyRule {
                     name: credential.name.clone(),
                     placeholder: placeholder.as_bytes().to_vec(),
-                    value: bound(credential)
-                        .then(|| Zeroizing::new(credential.value.as_bytes().to_vec())),
+                    value,
                 })
             })
             .collect();
@@ -363,7 +427,7 @@ fn set_query(parts: &mut Parts, parameter: &str, value: &str) -> bool {
     }
 }
 
-fn encode(text: &str) -> String {
+pub(crate) fn encode(text: &str) -> String {
     let mut encoded = String::with_capacity(text.len());
     for byte in text.bytes() {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~') {
@@ -375,11 +439,12 @@ fn encode(text: &str) -> String {
     encoded
 }
 
-/// Replaces the placeholder with the value in the target and every header.
-fn swap(parts: &mut Parts, placeholder: &str, value: &str) -> bool {
+/// Replaces the placeholder with the value in every header, and in the target when `in_url`.
+fn swap(parts: &mut Parts, placeholder: &str, value: &str, in_url: bool) -> bool {
     let mut swapped = false;
     let target = parts.uri.to_string();
-    if target.contains(placeholder)
+    if in_url
+        && target.contains(placeholder)
         && let Ok(uri) = target.replace(placeholder, &encode(value)).parse()
     {
         parts.uri = uri;
@@ -411,6 +476,9 @@ mod tests {
             Injection::Placeholder {
                 env: "GIT_TOKEN".to_owned(),
                 placeholder: "ghp_PLACEHOLDERxxxxxxxxxxxxxxxx".to_owned(),
+                in_body: true,
+                in_url: false,
+                paths: vec!["/repos/*".to_owned()],
             },
             Zeroizing::new("ghp_realvalue0123456789abcdefgh".to_owned()),
         );
@@ -418,7 +486,7 @@ mod tests {
         let body = b"{\"token\": \"ghp_PLACEHOLDERxxxxxxxxxxxxxxxx\", \"again\": \"ghp_PLACEHOLDERxxxxxxxxxxxxxxxx\"}";
         // Every way of cutting the body in two: the value arrives whole, twice.
         for cut in 0..body.len() {
-            let mut scan = BodyScan::new(&credentials, "git.example.com", 443).unwrap();
+            let mut scan = BodyScan::new(&credentials, "git.example.com", 443, "/repos/x").unwrap();
             assert!(scan.keeps_length());
             let mut sent = scan.push(&body[..cut]).unwrap();
             sent.extend(scan.push(&body[cut..]).unwrap());
@@ -429,10 +497,13 @@ mod tests {
                 "cut at {cut}"
             );
         }
+        // Bound, but not opted in for this path: passed as it is (nothing to scan for).
+        assert!(BodyScan::new(&credentials, "git.example.com", 443, "/gists").is_none());
         // To another host: stopped, and no byte of the placeholder left before that.
         let start = find(body, b"ghp_PLACEHOLDER").unwrap();
         for cut in 0..body.len() {
-            let mut scan = BodyScan::new(&credentials, "other.example.com", 443).unwrap();
+            let mut scan =
+                BodyScan::new(&credentials, "other.example.com", 443, "/repos/x").unwrap();
             let mut sent = Vec::new();
             let outcome = scan.push(&body[..cut]).and_then(|first| {
                 sent.extend(first);
@@ -452,18 +523,21 @@ mod tests {
                 username: "u".to_owned(),
             },
         );
-        assert!(BodyScan::new(&[header], "api.example.com", 443).is_none());
+        assert!(BodyScan::new(&[header], "api.example.com", 443, "/").is_none());
         let short = Credential::new(
             "short".to_owned(),
             vec![HostPattern::parse("git.example.com").unwrap()],
             Injection::Placeholder {
                 env: "SHORT".to_owned(),
                 placeholder: placeholder_for("abc"),
+                in_body: true,
+                in_url: false,
+                paths: vec!["*".to_owned()],
             },
             Zeroizing::new("abc".to_owned()),
         );
         assert!(
-            !BodyScan::new(&[short], "git.example.com", 443)
+            !BodyScan::new(&[short], "git.example.com", 443, "/")
                 .unwrap()
                 .keeps_length()
         );
@@ -547,14 +621,14 @@ mod tests {
 
     #[test]
     fn placeholders_are_swapped_for_their_hosts_and_stop_requests_to_others() {
-        let credentials = vec![credential(
-            "github",
-            "api.github.com",
-            Injection::Placeholder {
-                env: "GITHUB_TOKEN".to_owned(),
-                placeholder: "ghp_PLACEHOLDER000000000000".to_owned(),
-            },
-        )];
+        let placeholder = |in_url: bool| Injection::Placeholder {
+            env: "GITHUB_TOKEN".to_owned(),
+            placeholder: "ghp_PLACEHOLDER000000000000".to_owned(),
+            in_body: false,
+            in_url,
+            paths: vec!["/user".to_owned()],
+        };
+        let credentials = vec![credential("github", "api.github.com", placeholder(false))];
         let mut request = parts(
             "/user?t=ghp_PLACEHOLDER000000000000",
             &[("authorization", "token ghp_PLACEHOLDER000000000000")],
@@ -564,7 +638,26 @@ mod tests {
             Outcome::Forward(vec!["github".to_owned()])
         );
         assert_eq!(request.headers[AUTHORIZATION], "token s3cr3t value");
-        assert_eq!(request.uri.to_string(), "/user?t=s3cr3t%20value");
+        // In the URL only when opted in, and only for the paths named.
+        assert_eq!(
+            request.uri.to_string(),
+            "/user?t=ghp_PLACEHOLDER000000000000"
+        );
+        let opted = vec![credential("github", "api.github.com", placeholder(true))];
+        for (target, swapped) in [
+            (
+                "/user?t=ghp_PLACEHOLDER000000000000",
+                "/user?t=s3cr3t%20value",
+            ),
+            (
+                "/users?t=ghp_PLACEHOLDER000000000000",
+                "/users?t=ghp_PLACEHOLDER000000000000",
+            ),
+        ] {
+            let mut request = parts(target, &[]);
+            apply(&opted, "api.github.com", 443, &mut request);
+            assert_eq!(request.uri.to_string(), swapped);
+        }
         for (target, headers) in [
             ("/?q=ghp_PLACEHOLDER000000000000", vec![]),
             ("/", vec![("x-token", "ghp_PLACEHOLDER000000000000")]),

@@ -5,7 +5,8 @@
 //! explicit proxy listener (CONNECT and plain HTTP) with policy checks, resolution by the
 //! proxy itself, dialing exactly the checked address, explained refusals and a flow log;
 //! its transparent listeners (`sni`: the server name of a ClientHello). `credentials`,
-//! `tls`: interception — injection and placeholders, the per-sandbox CA and upstream trust.
+//! `tls`: interception — injection and placeholders, the per-sandbox CA and upstream trust;
+//! `scrub`: the values' forms taken out of what comes back.
 //! `stream`: replayed and counted sandbox connections. `relay`: tunnels moved with splice(2),
 //! closed when idle. `dns`: the node's DNS responder
 //! (answers only names a sandbox's policy allows).
@@ -20,6 +21,7 @@ pub mod policy;
 pub mod process;
 pub mod proxy;
 pub mod relay;
+pub mod scrub;
 pub mod sni;
 pub mod ssrf;
 pub mod stream;

@@ -3,7 +3,10 @@
 //! to the host by a veth pair on a documentation address (203.0.113.0/24), so tests reach a
 //! real server without weakening the SSRF guard. It speaks HTTP/1.1 (keep-alive) and answers
 //! with the request line and headers (an `Authorization` value shown only as `<redacted>`), a
-//! POST with its body's length, `GET /upgrade` with `Upgrade: echo` by switching protocols
+//! POST with its body's length; paths under `/echo` and `/redirect` behave as careless APIs
+//! do and echo everything back (the whole request, headers, a POSTed body, base64-encoded
+//! (`/echo-b64`), gzip-compressed (`/echo-gzip`), chunked (`/echo-chunked`), the query in a
+//! redirect's `Location`, and TRACE); `GET /upgrade` with `Upgrade: echo` by switching protocols
 //! and echoing what it then receives, and logs every request in full (bodies too) to a file
 //! the test reads. Needs root, iproute2 and python3.
 
@@ -14,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 const UPSTREAM: &str = r#"
-import http.server, ssl, sys, threading
+import base64, gzip, http.server, ssl, sys, threading
 log = open(sys.argv[2], "a")
 lock = threading.Lock()
 class Echo(http.server.BaseHTTPRequestHandler):
@@ -35,6 +38,8 @@ class Echo(http.server.BaseHTTPRequestHandler):
                 self.wfile.write(data)
             self.close_connection = True
             return
+        if self.path.startswith("/echo") or self.path.startswith("/redirect"):
+            return self.echo_everything()
         shown = "".join(
             "%s: %s\n" % (k, "<redacted>" if k.lower() == "authorization" else v)
             for k, v in self.headers.items())
@@ -43,6 +48,40 @@ class Echo(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+    def echo_everything(self):
+        # What careless APIs do: quote the request, credentials and all, back to the caller.
+        text = (self.requestline + "\n" + str(self.headers)).encode()
+        with lock:
+            log.write(self.requestline + "\n" + str(self.headers))
+            log.flush()
+        query = self.path.split("?", 1)[1] if "?" in self.path else ""
+        headers = {"X-Echo-Authorization": self.headers.get("Authorization", "")}
+        if self.path.startswith("/redirect"):
+            status, headers["Location"] = 302, "/login?" + query
+        elif self.path.startswith("/echo-b64"):
+            status, text = 200, base64.b64encode(b"stored: " + text)
+        elif self.path.startswith("/echo-gzip"):
+            status, text = 200, gzip.compress(text)
+            headers["Content-Encoding"] = "gzip"
+        elif self.path.startswith("/echo-chunked"):
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(0, len(text), 7):
+                piece = text[i:i + 7]
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            self.wfile.write(b"0\r\n\r\n")
+            return
+        else:
+            status = 200
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(text)))
+        self.end_headers()
+        self.wfile.write(text)
+    def do_TRACE(self):
+        self.echo_everything()
     def do_POST(self):
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             data = b""
@@ -58,6 +97,12 @@ class Echo(http.server.BaseHTTPRequestHandler):
         with lock:
             log.write(self.requestline + "\n" + str(self.headers) + data.decode("utf-8", "replace") + "\n")
             log.flush()
+        if self.path.startswith("/echo"):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         body = ("%s\nbody: %d bytes\n" % (self.requestline, len(data))).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))

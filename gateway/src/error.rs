@@ -74,6 +74,9 @@ pub enum ApiError {
     /// 422 `unknown_credential`: the team has no secret of this name.
     #[error("this team has no secret named `{0}` (POST /v1/secrets)")]
     UnknownCredential(String),
+    /// 403 `credential_not_usable`: the secret may be attached only by a higher role.
+    #[error("the secret `{0}` may be attached only by the {1} role or above (its `usable_by`)")]
+    CredentialNotUsable(String, sandbase_api::Role),
     /// 501 `vault_not_configured`: no vault key on this deployment.
     #[error("the credential vault has no key on this deployment (vault.keys or vault.key_file)")]
     VaultNotConfigured,
@@ -198,7 +201,9 @@ impl ApiError {
             | ApiError::InvalidSession
             | ApiError::SessionExpired
             | ApiError::InvalidCredentials => StatusCode::UNAUTHORIZED,
-            ApiError::Forbidden(_) | ApiError::ExceedsParentKey(_) => StatusCode::FORBIDDEN,
+            ApiError::Forbidden(_)
+            | ApiError::ExceedsParentKey(_)
+            | ApiError::CredentialNotUsable(..) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) | ApiError::RouteNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::EmailTaken
@@ -263,6 +268,7 @@ impl ApiError {
             ApiError::LastOwner => "last_owner",
             ApiError::SecretExists(_) => "secret_exists",
             ApiError::UnknownCredential(_) => "unknown_credential",
+            ApiError::CredentialNotUsable(..) => "credential_not_usable",
             ApiError::VaultNotConfigured => "vault_not_configured",
             ApiError::EgressNotEnabled => "egress_not_enabled",
             ApiError::CredentialsNeedEgress => "credentials_need_egress",

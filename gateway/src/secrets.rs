@@ -3,9 +3,11 @@
 //! line, an error or an audit row.
 
 use chrono::{DateTime, Utc};
-use sandbase_api::secrets::{Injection, Secret};
+use sandbase_api::Role;
+use sandbase_api::secrets::{Injection, Secret, UsableBy};
 use uuid::Uuid;
 
+use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 
@@ -118,15 +120,8 @@ pub fn validate_injection(inject: &Injection, value: Option<&str>) -> ApiResult<
             "`inject.query`: 1 to 128 letters, digits, `_`, `-` or `.`".to_owned(),
         ));
     }
-    if let Some(name) = &inject.placeholder
-        && (name.is_empty()
-            || name.len() > 128
-            || name.starts_with(|c: char| c.is_ascii_digit())
-            || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
-    {
-        return Err(ApiError::InvalidRequest(
-            "`inject.placeholder`: an environment variable name (letters, digits, `_`)".to_owned(),
-        ));
+    if let Some(placeholder) = &inject.placeholder {
+        validate_placeholder(&placeholder.options())?;
     }
     if let Some(value) = value {
         if value.is_empty() || value.len() > MAX_VALUE_BYTES {
@@ -144,6 +139,48 @@ pub fn validate_injection(inject: &Injection, value: Option<&str>) -> ApiResult<
     Ok(())
 }
 
+/// Most paths a placeholder's body and URL swaps apply to.
+const MAX_PLACEHOLDER_PATHS: usize = 32;
+
+fn validate_placeholder(options: &sandbase_api::secrets::PlaceholderOptions) -> ApiResult<()> {
+    let name = &options.env;
+    if name.is_empty()
+        || name.len() > 128
+        || name.starts_with(|c: char| c.is_ascii_digit())
+        || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    {
+        return Err(ApiError::InvalidRequest(
+            "`inject.placeholder`: an environment variable name (letters, digits, `_`)".to_owned(),
+        ));
+    }
+    if (options.in_body || options.in_url) && options.paths.is_empty() {
+        return Err(ApiError::InvalidRequest(
+            "`inject.placeholder.paths`: name the request paths the body or URL swap is for \
+             (`/v1/chat/*`)"
+                .to_owned(),
+        ));
+    }
+    if !options.in_body && !options.in_url && !options.paths.is_empty() {
+        return Err(ApiError::InvalidRequest(
+            "`inject.placeholder.paths` applies only with `in_body` or `in_url`".to_owned(),
+        ));
+    }
+    let bad = options.paths.iter().find(|path| {
+        let pattern = path.strip_suffix('*').unwrap_or(path);
+        !path.starts_with('/')
+            || path.len() > 256
+            || pattern.contains('*')
+            || path.chars().any(|c| c.is_control() || c.is_whitespace())
+    });
+    if options.paths.len() > MAX_PLACEHOLDER_PATHS || bad.is_some() {
+        return Err(ApiError::InvalidRequest(format!(
+            "`inject.placeholder.paths`: at most {MAX_PLACEHOLDER_PATHS} paths, each starting \
+             with `/`, with at most one `*`, at the end"
+        )));
+    }
+    Ok(())
+}
+
 pub fn validate_hosts(hosts: &[String]) -> ApiResult<Vec<String>> {
     sandbase_egress::parse_patterns("hosts", hosts, MAX_HOSTS).map_err(ApiError::InvalidRequest)
 }
@@ -154,18 +191,24 @@ pub struct SecretRow {
     pub name: String,
     pub hosts: sqlx::types::Json<Vec<String>>,
     pub inject: sqlx::types::Json<Injection>,
+    pub usable_by: String,
     pub version: i32,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
 
 impl SecretRow {
+    pub fn usable_by(&self) -> UsableBy {
+        UsableBy::parse(&self.usable_by).unwrap_or_default()
+    }
+
     pub fn to_api(&self) -> Secret {
         Secret {
             id: self.id,
             name: self.name.clone(),
             hosts: self.hosts.0.clone(),
             inject: self.inject.0.clone(),
+            usable_by: self.usable_by(),
             version: self.version,
             created_at: self.created_at,
             updated_at: self.updated_at,
@@ -173,23 +216,41 @@ impl SecretRow {
     }
 }
 
-pub const SECRET_COLUMNS: &str = "id, name, hosts, inject, version, created_at, updated_at";
+pub const SECRET_COLUMNS: &str =
+    "id, name, hosts, inject, usable_by, version, created_at, updated_at";
 
-/// 422 `unknown_credential` unless the team has a secret by each name.
-pub async fn ensure_exist(state: &AppState, team_id: Uuid, names: &[String]) -> ApiResult<()> {
+/// 422 `unknown_credential` unless the team has a secret by each name; 403
+/// `credential_not_usable` when one is for a role above the caller's (`usable_by`).
+pub async fn ensure_usable(
+    state: &AppState,
+    principal: &Principal,
+    names: &[String],
+) -> ApiResult<()> {
     if names.is_empty() {
         return Ok(());
     }
-    let found: Vec<String> =
-        sqlx::query_scalar("SELECT name FROM secrets WHERE team_id = $1 AND name = ANY($2)")
-            .bind(team_id)
+    let found: Vec<(String, String)> =
+        sqlx::query_as("SELECT name, usable_by FROM secrets WHERE team_id = $1 AND name = ANY($2)")
+            .bind(principal.team_id)
             .bind(names)
             .fetch_all(&state.db)
             .await?;
-    match names.iter().find(|name| !found.contains(name)) {
-        Some(missing) => Err(unknown_credential(missing)),
-        None => Ok(()),
+    if let Some(missing) = names
+        .iter()
+        .find(|name| !found.iter().any(|(found, _)| found == *name))
+    {
+        return Err(unknown_credential(missing));
     }
+    for (name, usable_by) in found {
+        let needed = match UsableBy::parse(&usable_by).unwrap_or_default() {
+            UsableBy::Admin => Role::Admin,
+            UsableBy::Member => Role::Member,
+        };
+        if !principal.role.at_least(needed) {
+            return Err(ApiError::CredentialNotUsable(name, needed));
+        }
+    }
+    Ok(())
 }
 
 fn unknown_credential(name: &str) -> ApiError {

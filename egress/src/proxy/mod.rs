@@ -28,6 +28,7 @@ use crate::sni::Hello;
 use crate::ssrf;
 use crate::stream::Tap;
 
+mod body;
 mod flow;
 mod registry;
 mod session;
@@ -361,12 +362,21 @@ impl Proxy {
             }
         }
         let hello = tokio::time::timeout(self.config.head_timeout, read_hello(stream, first)).await;
+        // A tunnel to an address literal has no name to agree with.
+        let by_name = host.parse::<IpAddr>().is_err();
         match hello {
             Ok(Ok(Hello::Name(name))) if name != host => Err(format!(
                 "the TLS server name {name} is not {host}, the host this tunnel was opened for"
             )),
-            // The right name, no name, not TLS — or the client went quiet or away, which the
-            // relay sees too.
+            Ok(Ok(Hello::NoName)) if by_name => Err(format!(
+                "TLS without a server name; this tunnel is for {host} and must say so"
+            )),
+            Ok(Ok(Hello::Encrypted)) if by_name => Err(
+                "Encrypted Client Hello hides the server name, which must be this tunnel's host"
+                    .to_owned(),
+            ),
+            // The right name, not TLS — or the client went quiet or away, which the relay
+            // sees too.
             _ => Ok(()),
         }
     }

@@ -16,9 +16,11 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
+use super::body::Filtered;
 use super::target::{Target, split_authority};
 use super::{Decision, Flow, Interception, Listener, Proxy};
 use crate::credentials::{BodyScan, Credential, Outcome};
+use crate::scrub::{Scrub, ScrubRules};
 use crate::stream::Tap;
 
 impl Proxy {
@@ -170,85 +172,11 @@ impl Proxy {
     }
 }
 
-type Answer = hyper::Response<Either<Incoming, Full<Bytes>>>;
+/// An answer to the sandbox: the upstream's body (scrubbed when the connection carries
+/// credentials), or the proxy's own.
+type Answer = hyper::Response<Either<Either<Incoming, Filtered<Scrub>>, Full<Bytes>>>;
 /// A request body as it goes upstream: untouched, or scanned for placeholders.
-type UpstreamBody = Either<Incoming, ScannedBody>;
-
-/// A request body passed through a [`BodyScan`]: placeholders swapped for this host's
-/// values; one bound elsewhere ends the body with an error (the request is abandoned, the
-/// upstream having received nothing of the placeholder) and is recorded in `leak`.
-struct ScannedBody {
-    inner: Incoming,
-    scan: BodyScan,
-    keeps_length: bool,
-    finished: bool,
-    trailers: Option<http::HeaderMap>,
-    leak: Arc<Mutex<Option<String>>>,
-}
-
-impl hyper::body::Body for ScannedBody {
-    type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
-        use hyper::body::Frame;
-        use std::task::Poll;
-        let this = &mut *self;
-        if this.finished {
-            return Poll::Ready(
-                this.trailers
-                    .take()
-                    .map(|trailers| Ok(Frame::trailers(trailers))),
-            );
-        }
-        loop {
-            let frame = match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(frame) => frame,
-            };
-            match frame {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => match this.scan.push(&data) {
-                        Ok(ready) if ready.is_empty() => continue,
-                        Ok(ready) => return Poll::Ready(Some(Ok(Frame::data(Bytes::from(ready))))),
-                        Err(name) => {
-                            let why = format!("the body carries the placeholder of `{name}`");
-                            *this.leak.lock().unwrap_or_else(|p| p.into_inner()) = Some(name);
-                            this.finished = true;
-                            return Poll::Ready(Some(Err(why.into())));
-                        }
-                    },
-                    Err(frame) => {
-                        this.trailers = frame.into_trailers().ok();
-                        this.finished = true;
-                    }
-                },
-                Some(Err(error)) => return Poll::Ready(Some(Err(error.into()))),
-                None => this.finished = true,
-            }
-            let rest = this.scan.finish();
-            if !rest.is_empty() {
-                return Poll::Ready(Some(Ok(Frame::data(Bytes::from(rest)))));
-            }
-            return Poll::Ready(
-                this.trailers
-                    .take()
-                    .map(|trailers| Ok(Frame::trailers(trailers))),
-            );
-        }
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        if self.keeps_length {
-            self.inner.size_hint()
-        } else {
-            hyper::body::SizeHint::default()
-        }
-    }
-}
+type UpstreamBody = Either<Incoming, Filtered<BodyScan>>;
 
 /// A sandbox's HTTP connection (intercepted TLS, or plain HTTP): its upstream and what its
 /// requests used.
@@ -274,6 +202,8 @@ struct Session {
     idle_timeout: Duration,
     /// The relay of a connection upgraded (101) to another protocol.
     upgraded: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Over TLS to a host with credentials: what comes back is scrubbed of their values.
+    scrub: Option<Arc<ScrubRules>>,
 }
 
 impl Session {
@@ -286,7 +216,12 @@ impl Session {
         counters: Arc<crate::stream::Counters>,
         proxy: &Proxy,
     ) -> Arc<Session> {
+        let scrub = interception
+            .as_deref()
+            .filter(|_| tls)
+            .and_then(|i| ScrubRules::for_host(&i.credentials, &target.host, target.port));
         Arc::new(Session {
+            scrub,
             sender: tokio::sync::Mutex::new(None),
             problem: Mutex::new(None),
             interception,
@@ -404,8 +339,9 @@ impl Session {
             .contains_key(http::header::UPGRADE)
             .then(|| hyper::upgrade::on(&mut request));
         let (mut parts, body) = request.into_parts();
-        let checked = self
-            .check_host(&parts)
+        let head = parts.method == http::Method::HEAD;
+        let checked = check_method(&parts)
+            .and_then(|()| self.check_host(&parts))
             .and_then(|()| strip_proxy_headers(&mut parts))
             .and_then(|()| self.inject(&mut parts));
         match checked {
@@ -415,30 +351,33 @@ impl Session {
         }
         let leak = Arc::new(Mutex::new(None));
         let body = self.scan_body(body, &mut parts, &leak);
-        self.send(
-            hyper::Request::from_parts(parts, body),
-            downstream_upgrade,
-            &leak,
-        )
-        .await
+        let response = self
+            .send(
+                hyper::Request::from_parts(parts, body),
+                downstream_upgrade,
+                &leak,
+            )
+            .await;
+        self.scrub_answer(response, head)
     }
 
     /// The names must agree: the request's host and port are the connection's, and it
     /// carries no credentials in its URL.
     fn check_host(&self, parts: &http::request::Parts) -> Result<(), Refusal> {
-        let authority = parts
-            .uri
-            .authority()
-            .map(|authority| authority.as_str().to_owned())
-            .or_else(|| {
-                parts
-                    .headers
-                    .get(http::header::HOST)
-                    .and_then(|value| value.to_str().ok())
-                    .map(str::to_owned)
-            });
-        let Some(authority) = authority else {
-            return Ok(());
+        // One Host, always: two could be read differently by the upstream and by whatever
+        // fronts it.
+        if parts.headers.get_all(http::header::HOST).iter().count() > 1 {
+            return Err(Refusal::Answer(400, "more than one Host header".to_owned()));
+        }
+        // In absolute form the target's authority is the host (Host is rewritten from it).
+        let authority = match parts.uri.authority() {
+            Some(authority) => authority.as_str().to_owned(),
+            None => parts
+                .headers
+                .get(http::header::HOST)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned)
+                .ok_or_else(|| Refusal::Answer(400, "the request has no Host header".to_owned()))?,
         };
         if authority.contains('@') {
             return Err(Refusal::Answer(
@@ -474,6 +413,13 @@ impl Session {
                 None => Outcome::Forward(Vec::new()),
             }
         };
+        if self.scrub.is_some() {
+            // What comes back is scrubbed: it must come back as it is, not compressed.
+            parts.headers.insert(
+                http::header::ACCEPT_ENCODING,
+                http::HeaderValue::from_static("identity"),
+            );
+        }
         match outcome {
             Outcome::Leak(name) => Err(Refusal::Leak(name)),
             Outcome::Forward(names) => {
@@ -497,7 +443,7 @@ impl Session {
         leak: &Arc<Mutex<Option<String>>>,
     ) -> UpstreamBody {
         let scan = if self.tls {
-            BodyScan::new(self.credentials(), &self.host, self.port)
+            BodyScan::new(self.credentials(), &self.host, self.port, parts.uri.path())
         } else {
             BodyScan::plain(self.credentials())
         };
@@ -509,14 +455,7 @@ impl Session {
             // Its length changes with the swap: sent chunked instead.
             parts.headers.remove(http::header::CONTENT_LENGTH);
         }
-        Either::Right(ScannedBody {
-            inner: body,
-            scan,
-            keeps_length,
-            finished: false,
-            trailers: None,
-            leak: Arc::clone(leak),
-        })
+        Either::Right(Filtered::new(body, scan, keeps_length, Arc::clone(leak)))
     }
 
     /// Forwards the request on the upstream connection and passes its answer on (relaying
@@ -568,7 +507,55 @@ impl Session {
                 http::HeaderValue::from_static("close"),
             );
         }
-        response.map(Either::Left)
+        response.map(|body| Either::Left(Either::Left(body)))
+    }
+
+    /// Over a connection that carries credentials, the upstream's answer is passed on only
+    /// scrubbed of their values: its headers at once, its body as it streams. A compressed
+    /// body (the request asked for identity) cannot be scrubbed and is refused.
+    fn scrub_answer(&self, mut response: Answer, head: bool) -> Answer {
+        let Some(rules) = &self.scrub else {
+            return response;
+        };
+        for value in response.headers_mut().values_mut() {
+            if let Some(scrubbed) = rules.scrub(value.as_bytes()) {
+                *value = http::HeaderValue::from_bytes(&scrubbed)
+                    .unwrap_or_else(|_| http::HeaderValue::from_static("(scrubbed)"));
+            }
+        }
+        let encoded = response
+            .headers()
+            .get(http::header::CONTENT_ENCODING)
+            .is_some_and(|coding| !coding.as_bytes().eq_ignore_ascii_case(b"identity"));
+        let status = response.status();
+        let bodiless = head
+            || status.is_informational()
+            || status == hyper::StatusCode::NO_CONTENT
+            || status == hyper::StatusCode::NOT_MODIFIED;
+        let (mut parts, body) = response.into_parts();
+        match body {
+            Either::Left(Either::Left(body)) if !bodiless => {
+                if encoded {
+                    return answer(
+                        502,
+                        &format!(
+                            "{} answered with a compressed body although asked for identity; \
+                             an answer on a connection that carries credentials is passed on \
+                             only when it can be scrubbed",
+                            self.host
+                        ),
+                    );
+                }
+                if !rules.keeps_length() {
+                    parts.headers.remove(http::header::CONTENT_LENGTH);
+                }
+                let scrub = Scrub::new(Arc::clone(rules));
+                let stopped = Arc::new(Mutex::new(None));
+                let body = Filtered::new(body, scrub, rules.keeps_length(), stopped);
+                hyper::Response::from_parts(parts, Either::Left(Either::Right(body)))
+            }
+            body => hyper::Response::from_parts(parts, body),
+        }
     }
 
     /// Answers 403 for a request carrying another host's placeholder, and records it.
@@ -614,8 +601,19 @@ enum Refusal {
     Leak(String),
 }
 
-/// Proxy headers are for the proxy; an absolute-form target becomes origin-form (with its
-/// authority as `Host` when the request had none).
+/// TRACE and TRACK echo the request back, credentials and all: refused.
+fn check_method(parts: &http::request::Parts) -> Result<(), Refusal> {
+    if parts.method == http::Method::TRACE || parts.method.as_str() == "TRACK" {
+        return Err(Refusal::Answer(
+            405,
+            format!("{} is not allowed through SandBase's egress", parts.method),
+        ));
+    }
+    Ok(())
+}
+
+/// Proxy headers are for the proxy; an absolute-form target becomes origin-form with its
+/// authority as `Host`.
 fn strip_proxy_headers(parts: &mut http::request::Parts) -> Result<(), Refusal> {
     let proxy_headers: Vec<http::HeaderName> = parts
         .headers
@@ -629,12 +627,10 @@ fn strip_proxy_headers(parts: &mut http::request::Parts) -> Result<(), Refusal> 
     let Some(authority) = parts.uri.authority() else {
         return Ok(());
     };
-    if !parts.headers.contains_key(http::header::HOST) {
-        match http::HeaderValue::from_str(authority.as_str()) {
-            Ok(host) => parts.headers.insert(http::header::HOST, host),
-            Err(_) => return Err(Refusal::Answer(400, "bad request target".to_owned())),
-        };
-    }
+    match http::HeaderValue::from_str(authority.as_str()) {
+        Ok(host) => parts.headers.insert(http::header::HOST, host),
+        Err(_) => return Err(Refusal::Answer(400, "bad request target".to_owned())),
+    };
     let origin = parts
         .uri
         .path_and_query()

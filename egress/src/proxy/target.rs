@@ -20,7 +20,7 @@ pub(super) struct Target {
     pub(super) plain: bool,
 }
 
-/// Reads until a whole ClientHello record is in `buffer`.
+/// Reads until a whole ClientHello is in `buffer` (over as many records as it spans).
 pub(super) async fn read_hello(
     stream: &mut TcpStream,
     buffer: &mut Vec<u8>,
@@ -31,7 +31,7 @@ pub(super) async fn read_hello(
             Hello::Incomplete => {}
             other => return Ok(other),
         }
-        if buffer.len() >= sni::MAX_RECORD {
+        if buffer.len() >= sni::MAX_HELLO {
             return Ok(Hello::NotTls);
         }
         let read = stream.read(&mut chunk).await?;

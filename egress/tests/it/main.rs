@@ -421,6 +421,9 @@ async fn plain_http_is_checked_request_by_request_and_upgrades_pass_through() {
                 Injection::Placeholder {
                     env: "GITHUB_TOKEN".to_owned(),
                     placeholder: placeholder.clone(),
+                    in_body: true,
+                    in_url: true,
+                    paths: vec!["/*".to_owned()],
                 },
                 zeroize::Zeroizing::new("ghp_theRealValue0000000000000000".to_owned()),
             )],

@@ -95,8 +95,9 @@ pub async fn submit(
         },
         &state.settings.sandboxes,
     )?;
-    // Named credentials must exist now (their values are read when the run starts).
-    crate::secrets::ensure_exist(state, principal.team_id, &sandbox.credentials).await?;
+    // Named credentials must exist now, for the caller's role (their values are read when
+    // the run starts).
+    crate::secrets::ensure_usable(state, principal, &sandbox.credentials).await?;
     let timeout_secs = request.timeout_secs.unwrap_or(DEFAULT_COMMAND_TIMEOUT_SECS);
     // A run's time is held to the longest lifetime a sandbox may have.
     let max_timeout = MAX_COMMAND_TIMEOUT_SECS.min(state.settings.sandboxes.max_timeout_secs);

@@ -23,7 +23,11 @@ pub async fn create(
     audit: Requester<'_>,
     sandbox: NewSandbox,
 ) -> ApiResult<Created> {
-    // No worker or no template: refused before anything is reserved.
+    // A secret the caller's role may not attach, no worker or no template: refused before
+    // anything is reserved.
+    if let Some((_, principal)) = audit {
+        crate::secrets::ensure_usable(state, principal, &sandbox.credentials).await?;
+    }
     state
         .workers
         .candidates_with(sandbox.template.as_str(), &sandbox.mounts)

@@ -568,6 +568,7 @@ pub fn credentials_worker(
             ("api.test.example".to_owned(), vec![public]),
             ("git.test.example".to_owned(), vec![public]),
             ("other.test.example".to_owned(), vec![public]),
+            ("echo.test.example".to_owned(), vec![public]),
             ("denied.test.example".to_owned(), vec![public]),
             (
                 "loopback.test.example".to_owned(),

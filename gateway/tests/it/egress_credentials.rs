@@ -14,14 +14,14 @@ use crate::testbed::{TestWorker, create_ok, sh};
 use crate::egress::{NODE_NETWORK, credentials_worker};
 
 const API_KEY: &str = "sk-live-3f9a8c7e6d5b4a392817f6e5d4c3b2a1";
-const GIT_TOKEN: &str = "ghp_Zq8Xw7Vu6Ts5Rq4Po3Nm2Lk1Jh0Gf9Ed8Cb7";
+pub const GIT_TOKEN: &str = "ghp_Zq8Xw7Vu6Ts5Rq4Po3Nm2Lk1Jh0Gf9Ed8Cb7";
 
 /// The scenario's cast: a gateway with a vault, a worker with an egress network and the
 /// `base` template, an HTTPS upstream, Alice's secrets and her sandbox holding them.
-struct Scene {
-    app: crate::helpers::TestApp,
-    token: String,
-    upstream: Upstream,
+pub struct Scene {
+    pub app: crate::helpers::TestApp,
+    pub token: String,
+    pub upstream: Upstream,
     id: String,
     /// What the sandbox holds instead of the `git` token.
     placeholder: String,
@@ -43,6 +43,8 @@ async fn credentials_are_injected_by_the_proxy_and_never_reach_the_sandbox() {
     dns_answers_only_allowed_names(&scene).await;
     udp_reaches_only_the_dns_responder(&scene).await;
     the_proxy_runs_unprivileged_and_fails_closed_when_killed(&scene, &worker).await;
+    crate::egress_readback::echoing_upstreams_hand_back_only_placeholders(&scene).await;
+    crate::egress_readback::only_allowed_roles_attach_a_secret(&scene).await;
     the_values_are_nowhere_to_be_read(&scene).await;
     runs_get_egress_and_credentials_like_sandboxes(&scene).await;
     scene
@@ -79,7 +81,9 @@ async fn credentials_scene() -> (Scene, TestWorker) {
             "git",
             GIT_TOKEN,
             "git.test.example",
-            json!({ "placeholder": "GIT_TOKEN" }),
+            // Swapped in bodies only where the API needs it.
+            json!({ "placeholder": { "env": "GIT_TOKEN", "in_body": true,
+                                     "paths": ["/small", "/big", "/echo*"] } }),
         ),
     ] {
         let created = app
@@ -280,6 +284,28 @@ async fn placeholders_in_bodies_are_swapped_or_stopped(scene: &Scene) {
     assert!(
         !upstream.requests().contains(placeholder.as_str()),
         "the placeholder left for another host"
+    );
+    // A body on a path the secret does not name keeps its placeholder (a gist stores
+    // what it is sent, to be read back).
+    let answer = sh(
+        app,
+        token,
+        id,
+        "curl -sS --max-time 10 --data-binary \"{\\\"gist\\\": \\\"$GIT_TOKEN\\\"}\" https://git.test.example/gists",
+    )
+    .await;
+    assert!(
+        answer["stdout"]
+            .as_str()
+            .unwrap()
+            .contains("POST /gists HTTP/1.1"),
+        "{answer}"
+    );
+    let requests = upstream.requests();
+    assert!(
+        requests.contains(&format!("{{\"gist\": \"{placeholder}\"}}"))
+            && !requests.contains(&format!("{{\"gist\": \"{GIT_TOKEN}\"}}")),
+        "{requests}"
     );
 }
 

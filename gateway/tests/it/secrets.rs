@@ -116,19 +116,7 @@ async fn secrets_are_stored_encrypted_and_only_their_metadata_comes_back() {
     );
 
     // Bad input: clear errors, nothing stored.
-    let bad = [
-        json!({ "name": "x", "value": "v", "hosts": ["10.0.0.1"], "inject": { "query": "key" } }),
-        json!({ "name": "x", "value": "v", "hosts": ["localhost"], "inject": { "query": "key" } }),
-        json!({ "name": "x", "value": "v", "hosts": [], "inject": { "query": "key" } }),
-        json!({ "name": "x", "value": "v", "hosts": ["a.example.com"], "inject": { "query": "key", "header": "X-Key" } }),
-        json!({ "name": "x", "value": "v", "hosts": ["a.example.com"], "inject": {} }),
-        json!({ "name": "x", "value": "v", "hosts": ["a.example.com"], "inject": { "header": "Host" } }),
-        json!({ "name": "x", "value": "v", "hosts": ["a.example.com"], "inject": { "header": "X-Key", "format": "no placeholder" } }),
-        json!({ "name": "x", "value": "line\r\nX-Injected: 1", "hosts": ["a.example.com"], "inject": { "header": "X-Key" } }),
-        json!({ "name": "x", "value": "", "hosts": ["a.example.com"], "inject": { "header": "X-Key" } }),
-        json!({ "name": "../x", "value": "v", "hosts": ["a.example.com"], "inject": { "header": "X-Key" } }),
-        json!({ "name": "x", "value": "v", "hosts": ["a.example.com"], "inject": { "placeholder": "1BAD" } }),
-    ];
+    let bad = bad_requests();
     for body in bad {
         app.post("/v1/secrets", token, body.clone())
             .await
@@ -331,4 +319,27 @@ async fn a_rotated_value_leaves_no_old_ciphertext_and_data_keys_are_replaced() {
         with_old_key,
         Err(sandbase_vault::VaultError::Decrypt)
     ));
+}
+
+/// Secret requests each wrong in one way.
+fn bad_requests() -> Vec<serde_json::Value> {
+    vec![
+        json!({ "name": "x", "value": "v", "hosts": ["10.0.0.1"], "inject": { "query": "key" } }),
+        json!({ "name": "x", "value": "v", "hosts": ["localhost"], "inject": { "query": "key" } }),
+        json!({ "name": "x", "value": "v", "hosts": [], "inject": { "query": "key" } }),
+        json!({ "name": "x", "value": "v", "hosts": ["a.example.com"], "inject": { "query": "key", "header": "X-Key" } }),
+        json!({ "name": "x", "value": "v", "hosts": ["a.example.com"], "inject": {} }),
+        json!({ "name": "x", "value": "v", "hosts": ["a.example.com"], "inject": { "header": "Host" } }),
+        json!({ "name": "x", "value": "v", "hosts": ["a.example.com"], "inject": { "header": "X-Key", "format": "no placeholder" } }),
+        json!({ "name": "x", "value": "line\r\nX-Injected: 1", "hosts": ["a.example.com"], "inject": { "header": "X-Key" } }),
+        json!({ "name": "x", "value": "", "hosts": ["a.example.com"], "inject": { "header": "X-Key" } }),
+        json!({ "name": "../x", "value": "v", "hosts": ["a.example.com"], "inject": { "header": "X-Key" } }),
+        json!({ "name": "x", "value": "v", "hosts": ["a.example.com"], "inject": { "placeholder": "1BAD" } }),
+        json!({ "name": "x", "value": "v", "hosts": ["a.example.com"], "inject": { "placeholder": { "env": "K", "in_body": true } } }),
+        json!({ "name": "x", "value": "v", "hosts": ["a.example.com"], "inject": { "placeholder": { "env": "K", "in_url": true, "paths": ["v1/*"] } } }),
+        json!({ "name": "x", "value": "v", "hosts": ["a.example.com"], "inject": { "placeholder": { "env": "K", "in_body": true, "paths": ["/*/chat"] } } }),
+        json!({ "name": "x", "value": "v", "hosts": ["a.example.com"], "inject": { "placeholder": { "env": "K", "paths": ["/v1"] } } }),
+        json!({ "name": "x", "value": "v", "hosts": ["a.example.com"], "inject": { "placeholder": { "env": "K", "in_body": "yes", "paths": ["/v1"] } } }),
+        json!({ "name": "x", "value": "v", "hosts": ["a.example.com"], "inject": { "header": "X-Key" }, "usable_by": "everyone" }),
+    ]
 }

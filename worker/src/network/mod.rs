@@ -186,12 +186,16 @@ fn credential(
         Injection::Query {
             parameter: parameter.clone(),
         }
-    } else if let Some(env) = &inject.placeholder {
+    } else if let Some(placeholder) = &inject.placeholder {
+        let options = placeholder.options();
         let placeholder = placeholder_for(&value);
-        variable = Some((env.clone(), placeholder.clone()));
+        variable = Some((options.env.clone(), placeholder.clone()));
         Injection::Placeholder {
-            env: env.clone(),
+            env: options.env,
             placeholder,
+            in_body: options.in_body,
+            in_url: options.in_url,
+            paths: options.paths,
         }
     } else {
         anyhow::bail!("credential `{}` says nothing about injection", given.name);

@@ -70,8 +70,8 @@ async fn create_secret(
     let id = Uuid::now_v7();
     let mut transaction = state.db.begin().await?;
     let inserted: Option<SecretRow> = sqlx::query_as(&format!(
-        "INSERT INTO secrets (id, team_id, name, hosts, inject, version, created_by) \
-         VALUES ($1, $2, $3, $4, $5, 1, $6) ON CONFLICT (team_id, name) DO NOTHING \
+        "INSERT INTO secrets (id, team_id, name, hosts, inject, version, created_by, usable_by) \
+         VALUES ($1, $2, $3, $4, $5, 1, $6, $7) ON CONFLICT (team_id, name) DO NOTHING \
          RETURNING {SECRET_COLUMNS}"
     ))
     .bind(id)
@@ -80,6 +80,7 @@ async fn create_secret(
     .bind(sqlx::types::Json(&hosts))
     .bind(sqlx::types::Json(&request.inject))
     .bind(principal.user_id())
+    .bind(request.usable_by.as_str())
     .fetch_optional(&mut *transaction)
     .await?;
     let Some(row) = inserted else {
@@ -100,7 +101,7 @@ async fn create_secret(
             &mut transaction,
             &principal,
             Some(format!("secret:{}", request.name)),
-            serde_json::json!({ "hosts": hosts, "version": 1 }),
+            serde_json::json!({ "hosts": hosts, "version": 1, "usable_by": request.usable_by }),
         )
         .await?;
     transaction.commit().await?;
@@ -143,15 +144,17 @@ async fn update_secret(
     };
     let inject = request.inject.unwrap_or_else(|| current.inject.0.clone());
     validate_injection(&inject, Some(&value))?;
+    let usable_by = request.usable_by.unwrap_or_else(|| current.usable_by());
     let version = current.version + 1;
     let row: SecretRow = sqlx::query_as(&format!(
-        "UPDATE secrets SET hosts = $2, inject = $3, version = $4, updated_at = now() \
-         WHERE id = $1 RETURNING {SECRET_COLUMNS}"
+        "UPDATE secrets SET hosts = $2, inject = $3, version = $4, usable_by = $5, \
+         updated_at = now() WHERE id = $1 RETURNING {SECRET_COLUMNS}"
     ))
     .bind(current.id)
     .bind(sqlx::types::Json(&hosts))
     .bind(sqlx::types::Json(&inject))
     .bind(version)
+    .bind(usable_by.as_str())
     .fetch_one(&mut *transaction)
     .await?;
     sandbase_vault::seal_secret(
@@ -169,7 +172,7 @@ async fn update_secret(
             &mut transaction,
             &principal,
             Some(format!("secret:{name}")),
-            serde_json::json!({ "hosts": hosts, "version": version }),
+            serde_json::json!({ "hosts": hosts, "version": version, "usable_by": usable_by }),
         )
         .await?;
     transaction.commit().await?;
