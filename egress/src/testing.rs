@@ -172,6 +172,10 @@ impl Upstream {
         let namespace = format!("sbx-egress-{tag}");
         let host_link = format!("veg{tag}");
         let peer_link = format!("vep{tag}");
+        // A crashed run's namespace of the same name goes first.
+        let _ = Command::new("ip")
+            .args(["netns", "del", &namespace])
+            .output();
         ip(&["netns", "add", &namespace]);
         ip(&[
             "link", "add", &host_link, "type", "veth", "peer", "name", &peer_link,
@@ -290,9 +294,5 @@ fn claim_slot(seed: u32) -> u8 {
 }
 
 fn rand_u32() -> u32 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    nanos ^ std::process::id().rotate_left(16)
+    rand::random()
 }

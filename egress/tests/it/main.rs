@@ -478,6 +478,28 @@ async fn plain_http_is_checked_request_by_request_and_upgrades_pass_through() {
         "{answer}"
     );
     drop(connection);
+    // Two Host headers (which one would the upstream believe?) and none at all: refused.
+    for head in [
+        "GET /twice HTTP/1.1\r\nHost: allowed.test.example\r\nHost: other.test.example\r\n\r\n",
+        "GET /none HTTP/1.1\r\n\r\n",
+    ] {
+        let mut connection = connect_from("127.0.0.1", explicit).await;
+        connection.write_all(head.as_bytes()).await.unwrap();
+        let answer = until_closed(&mut connection).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{head}: {answer}");
+    }
+    // In absolute form a Host naming another host than the authority is refused.
+    let mut connection = connect_from("127.0.0.1", explicit).await;
+    connection
+        .write_all(b"GET http://allowed.test.example/absolute HTTP/1.1\r\nHost: other.test.example\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = until_closed(&mut connection).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 400") && answer.contains("does not match"),
+        "{answer}"
+    );
+    drop(connection);
 
     // Explicit proxy: proxy headers stay with the proxy, and the connection ends with the
     // answer (its next request could be for any host).
