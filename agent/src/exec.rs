@@ -27,8 +27,9 @@ use crate::reply::{lock, reply, reply_error};
 /// How long output may keep flowing after the process exited (from children it left
 /// running with the same pipes) before the exit is reported anyway.
 const OUTPUT_DRAIN: Duration = Duration::from_millis(250);
-/// The OOM score adjustment of every process the agent starts.
-const COMMAND_OOM_SCORE_ADJ: &str = "500";
+/// The OOM score adjustment of every process the agent starts: the most, so a command is
+/// what goes first, in the sandbox (before the agent, at 500) and on the host.
+const COMMAND_OOM_SCORE_ADJ: &str = "1000";
 /// How often a running process is checked for exit and timeout between output.
 const POLL_INTERVAL: Duration = Duration::from_millis(10);
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";

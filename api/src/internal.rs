@@ -45,6 +45,19 @@ pub struct Heartbeat {
     pub volumes: Vec<VolumeInfo>,
     /// Every sandbox this worker hosts.
     pub sandboxes: Vec<Uuid>,
+    /// Whether its creates succeed (false after several failed in a row): the gateway
+    /// places nothing on an unhealthy worker.
+    #[serde(default = "healthy")]
+    pub healthy: bool,
+    /// Memory (MiB) sandboxes may reserve on it, and what they reserve now.
+    #[serde(default)]
+    pub memory_mb: u64,
+    #[serde(default)]
+    pub reserved_memory_mb: u64,
+}
+
+fn healthy() -> bool {
+    true
 }
 
 /// The gateway's answer: sandboxes the worker hosts that should not exist any more
@@ -66,6 +79,12 @@ pub struct WorkerStatus {
     pub volumes: Vec<VolumeInfo>,
     /// Milliseconds since the Unix epoch of the last heartbeat.
     pub seen_ms: i64,
+    #[serde(default = "healthy")]
+    pub healthy: bool,
+    #[serde(default)]
+    pub memory_mb: u64,
+    #[serde(default)]
+    pub reserved_memory_mb: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

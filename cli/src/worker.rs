@@ -71,6 +71,13 @@ pub struct NodeArgs {
     /// Most sandboxes at once.
     #[arg(long, default_value_t = 100)]
     pub capacity: usize,
+    /// Memory sandboxes may reserve in all, in MiB (0: the machine's memory less 1 GiB for
+    /// the node itself).
+    #[arg(long, default_value_t = 0)]
+    pub memory_mb: u64,
+    /// How far memory reservations may exceed `--memory-mb` (1.0: not at all).
+    #[arg(long, default_value_t = 1.0)]
+    pub memory_overcommit: f64,
     /// Warm pool: TEMPLATE=SIZE (repeatable).
     #[arg(long = "pool", value_parser = parse_pool, default_values = ["base=2"])]
     pub pools: Vec<(String, usize)>,
@@ -179,6 +186,8 @@ impl NodeArgs {
                     pids: self.default_pids,
                 },
                 process_output_limit: 1024 * 1024,
+                memory_mb: self.memory_mb,
+                memory_overcommit: self.memory_overcommit,
                 volumes: self
                     .volumes
                     .iter()

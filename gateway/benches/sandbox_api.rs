@@ -165,6 +165,8 @@ fn main() -> anyhow::Result<()> {
                 pools: vec![("busybox".to_owned(), 4)],
                 default_limits: LIMITS,
                 process_output_limit: 1024 * 1024,
+            memory_mb: 0,
+            memory_overcommit: 1.0,
                 volumes: Default::default(),
                 egress: None,
             },
@@ -310,7 +312,7 @@ fn main() -> anyhow::Result<()> {
         let _ = Command::new("ctr")
             .args(["--address", &socket, "-n", &namespace, "snapshots", "rm", "sandbase/template/busybox"])
             .output();
-        let _ = std::fs::remove_dir_all(&run_dir);
+        let _ = sandbase_worker::runtime::remove_run_dir(&run_dir);
 
         println!("| measurement | SandBase p50 ms | p99 ms | baseline | p50 ms | p99 ms | ratio (p50) |");
         println!("|---|---|---|---|---|---|---|");

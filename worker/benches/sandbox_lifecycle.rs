@@ -237,6 +237,7 @@ async fn main() -> anyhow::Result<()> {
         &namespace,
         &["snapshots", "rm", "sandbase/template/busybox"],
     );
+    sandbase_worker::runtime::remove_run_dir(&work.join("run"))?;
     std::fs::remove_dir_all(&work)?;
     Ok(())
 }

@@ -10,6 +10,8 @@ pub enum NodeError {
     ProcessNotFound,
     #[error("this worker is at capacity")]
     AtCapacity,
+    #[error("this sandbox runs {0} background processes already; wait for one to end or kill one")]
+    TooManyProcesses(usize),
     #[error("template `{0}` is not on this worker")]
     TemplateNotFound(String),
     #[error("a sandbox with this id already exists")]

@@ -4,13 +4,14 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use chrono::{DateTime, Utc};
 use sandbase_agent::protocol::{ExecRequest, ExitInfo, Owner};
 use sandbase_api::internal::Exec;
 use sandbase_api::sandboxes::{Process, RunAs};
 use uuid::Uuid;
 
-use crate::agent_client::{AgentClient, ExecEvent, Stdin};
+use crate::agent_client::{AgentClient, ExecEvent};
+pub use crate::background::Background;
+use crate::background::{OutputBudget, Stream};
 use crate::runtime::Sandbox;
 use crate::spec::{SANDBOX_USER, WORK_DIR};
 
@@ -26,6 +27,10 @@ pub struct Hosted {
     pub(crate) env: BTreeMap<String, String>,
     pub(crate) cwd: String,
     pub(crate) processes: Mutex<HashMap<u32, Arc<Background>>>,
+    /// What its background processes' output may hold of the worker's memory.
+    pub(crate) output_budget: OutputBudget,
+    /// The memory it reserves on the node (MiB).
+    pub(crate) memory_mb: u64,
     pub(crate) meter: crate::usage::Meter,
     /// Its link to the egress proxy, when it has egress.
     pub link: Option<Attached>,
@@ -39,22 +44,6 @@ pub(crate) fn user() -> Owner {
         uid: SANDBOX_USER,
         gid: SANDBOX_USER,
     }
-}
-
-/// A command started in the background: its output so far, its exit, its open stdin.
-pub struct Background {
-    pub pid: u32,
-    pub argv: Vec<String>,
-    pub started_at: DateTime<Utc>,
-    state: Mutex<BackgroundState>,
-    stdin: tokio::sync::Mutex<Option<Stdin>>,
-}
-
-#[derive(Default)]
-struct BackgroundState {
-    stdout: VecDeque<u8>,
-    stderr: VecDeque<u8>,
-    exit: Option<ExitInfo>,
 }
 
 impl Hosted {
@@ -96,6 +85,7 @@ impl Hosted {
         output_limit: usize,
     ) -> Result<u32, NodeError> {
         let request = self.exec_request(exec)?;
+        crate::background::make_room(&mut self.lock_processes())?;
         let initial = exec.stdin.clone().map(String::into_bytes);
         let (mut events, stdin) = self.agent.start(request, initial, true).await?;
         let pid = match events.recv().await {
@@ -107,32 +97,27 @@ impl Hosted {
                 )));
             }
         };
-        let process = Arc::new(Background {
+        let process = Arc::new(Background::new(
             pid,
-            argv: exec.argv.clone(),
-            started_at: Utc::now(),
-            state: Mutex::new(BackgroundState::default()),
-            stdin: tokio::sync::Mutex::new(stdin),
-        });
+            exec.argv.clone(),
+            stdin,
+            output_limit,
+            self.output_budget.clone(),
+        ));
         self.lock_processes().insert(pid, Arc::clone(&process));
         tokio::spawn(async move {
             while let Some(event) = events.recv().await {
-                let mut state = process.lock();
                 match event {
-                    Ok(ExecEvent::Stdout(bytes)) => {
-                        keep_tail(&mut state.stdout, &bytes, output_limit)
-                    }
-                    Ok(ExecEvent::Stderr(bytes)) => {
-                        keep_tail(&mut state.stderr, &bytes, output_limit)
-                    }
-                    Ok(ExecEvent::Exit(exit)) => state.exit = Some(exit),
+                    Ok(ExecEvent::Stdout(bytes)) => process.append(Stream::Stdout, &bytes),
+                    Ok(ExecEvent::Stderr(bytes)) => process.append(Stream::Stderr, &bytes),
+                    Ok(ExecEvent::Exit(exit)) => process.exited(exit),
                     Ok(ExecEvent::Started { .. }) => {}
                     Err(error) => {
                         tracing::debug!(
                             error = format!("{error:#}"),
                             "background process stream ended"
                         );
-                        state.exit.get_or_insert(ExitInfo {
+                        process.exited(ExitInfo {
                             code: -1,
                             signal: None,
                             timed_out: false,
@@ -195,10 +180,6 @@ impl Background {
         }
     }
 
-    pub fn running(&self) -> bool {
-        self.lock().exit.is_none()
-    }
-
     /// Writes to the process's standard input; `close` ends it afterwards.
     pub async fn send_stdin(&self, bytes: &[u8], close: bool) -> Result<(), NodeError> {
         let mut stdin = self.stdin.lock().await;
@@ -215,17 +196,4 @@ impl Background {
         }
         Ok(())
     }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BackgroundState> {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-/// Appends `bytes`, dropping the oldest so at most `limit` remain.
-fn keep_tail(buffer: &mut VecDeque<u8>, bytes: &[u8], limit: usize) {
-    buffer.extend(bytes);
-    let excess = buffer.len().saturating_sub(limit);
-    buffer.drain(..excess);
 }

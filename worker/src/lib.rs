@@ -1,15 +1,17 @@
 //! The SandBase worker: runs sandboxes on this node.
 //!
 //! `spec` is the OCI runtime specification every sandbox container gets (isolation decided
-//! in one place); `containerd` drives templates, containers and tasks; `sandboxes` is the
+//! in one place; `seccomp` its system-call allow-list); `containerd` drives templates, containers and tasks; `sandboxes` is the
 //! node's set of sandboxes with start-up reconciliation. The worker process, its API, the
 //! warm pool and networking build on these.
 
 pub mod agent_client;
 pub mod api;
+pub mod background;
 pub mod containerd;
 pub mod error;
 pub mod exec;
+pub mod health;
 pub mod images;
 pub mod network;
 pub mod node;
@@ -18,6 +20,7 @@ pub mod registration;
 pub mod registry;
 pub mod reporter;
 pub mod runtime;
+pub mod seccomp;
 pub mod service;
 pub mod spec;
 pub mod templates;

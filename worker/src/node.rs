@@ -2,7 +2,7 @@
 //! with their warm pools, capacity, defaults and background processes.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use sandbase_api::internal::{CreateSandbox, TemplateInfo};
@@ -10,6 +10,7 @@ use sandbase_api::sandboxes::Resources;
 use uuid::Uuid;
 
 use crate::agent_client::AgentClient;
+use crate::background::{OutputBudget, Retained, SANDBOX_OUTPUT_BUDGET, WORKER_OUTPUT_CEILING};
 pub use crate::error::NodeError;
 use crate::exec::{Hosted, user};
 use crate::pool::WarmPool;
@@ -31,6 +32,33 @@ pub struct NodeConfig {
     pub volumes: BTreeMap<String, (std::path::PathBuf, bool)>,
     /// Egress through the node's proxy; without it sandboxes have loopback only.
     pub egress: Option<crate::network::EgressConfig>,
+    /// Memory sandboxes may reserve, in MiB, before overcommit (0: the machine's memory
+    /// less [`NODE_MEMORY_RESERVE_MB`] for the node's own processes).
+    pub memory_mb: u64,
+    /// How far reservations may exceed `memory_mb` (1.0: not at all).
+    pub memory_overcommit: f64,
+}
+
+/// Memory kept back for the worker, containerd, the proxy and the system when the
+/// allocatable memory is read off the machine.
+pub const NODE_MEMORY_RESERVE_MB: u64 = 1024;
+
+/// The machine's memory in MiB (`MemTotal`).
+fn machine_memory_mb() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|line| line.strip_prefix("MemTotal:"))
+                .and_then(|rest| {
+                    rest.trim()
+                        .trim_end_matches("kB")
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                })
+        })
+        .map_or(0, |kib| kib / 1024)
 }
 
 pub struct Node {
@@ -43,6 +71,13 @@ pub struct Node {
     /// Usage samples waiting for the gateway.
     usage: crate::usage::Outbox,
     network: Option<Arc<crate::network::Network>>,
+    /// Memory (MiB) reserved by creates in progress.
+    creating_memory: AtomicU64,
+    /// Memory (MiB) sandboxes may reserve in all.
+    allocatable_memory_mb: u64,
+    /// Background output kept for every sandbox, against the worker's ceiling.
+    output: Arc<Retained>,
+    health: crate::health::CreateHealth,
 }
 
 impl Node {
@@ -63,7 +98,15 @@ impl Node {
                 )
             })
             .collect();
+        let memory_mb = match config.memory_mb {
+            0 => machine_memory_mb().saturating_sub(NODE_MEMORY_RESERVE_MB),
+            given => given,
+        };
         Arc::new(Node {
+            allocatable_memory_mb: (memory_mb as f64 * config.memory_overcommit.max(0.0)) as u64,
+            creating_memory: AtomicU64::new(0),
+            output: Retained::new(WORKER_OUTPUT_CEILING),
+            health: crate::health::CreateHealth::default(),
             runtime,
             config,
             pools,
@@ -111,7 +154,7 @@ impl Node {
     }
 
     /// Starts (or claims from the warm pool) a sandbox for the gateway's `request`.
-    pub async fn create(&self, mut request: CreateSandbox) -> Result<(), NodeError> {
+    pub async fn create(&self, request: CreateSandbox) -> Result<(), NodeError> {
         if self.read().contains_key(&request.id) {
             return Err(NodeError::Exists);
         }
@@ -121,24 +164,57 @@ impl Node {
             return Err(NodeError::AtCapacity);
         }
         let limits = limits_of(request.resources);
+        // Memory is reserved, not only counted: a node full by memory is full.
+        let memory = u64::from(limits.memory_mb);
+        let creating = self.creating_memory.fetch_add(memory, Ordering::AcqRel);
+        let _reserved = ReleaseMemory(&self.creating_memory, memory);
+        if self.reserved_memory_mb() + creating + memory > self.allocatable_memory_mb {
+            return Err(NodeError::AtCapacity);
+        }
         let volumes = self.volumes_for(&request.mounts)?;
-        let sandbox = if volumes.is_empty() {
-            self.start_sandbox(&request.template, limits).await?
-        } else {
-            // Mounts are fixed at start: no warm sandbox has them.
-            if !self
-                .runtime
-                .containerd()
-                .template_exists(&request.template)
-                .await?
-            {
-                return Err(NodeError::TemplateNotFound(request.template));
-            }
-            self.runtime
-                .create_with_volumes(&request.template, limits, volumes)
-                .await?
-        };
-        // The team's time starts now (a warm sandbox's wait is not theirs).
+        let started = self.start_for(&request, limits, volumes).await;
+        match &started {
+            Err(NodeError::Internal(_)) => self.health.failed(),
+            Ok(_) => self.health.succeeded(),
+            Err(_) => {}
+        }
+        let sandbox = started?;
+        self.host(request, sandbox, memory).await
+    }
+
+    /// Starts the sandbox: from the warm pool, or a new one (with its volumes).
+    async fn start_for(
+        &self,
+        request: &CreateSandbox,
+        limits: Limits,
+        volumes: Vec<(String, String, bool)>,
+    ) -> Result<Sandbox, NodeError> {
+        if volumes.is_empty() {
+            return self.start_sandbox(&request.template, limits).await;
+        }
+        // Mounts are fixed at start: no warm sandbox has them.
+        if !self
+            .runtime
+            .containerd()
+            .template_exists(&request.template)
+            .await?
+        {
+            return Err(NodeError::TemplateNotFound(request.template.clone()));
+        }
+        Ok(self
+            .runtime
+            .create_with_volumes(&request.template, limits, volumes)
+            .await?)
+    }
+
+    /// Makes a started sandbox the gateway's: its link, environment, CA and working
+    /// directory; the team's time starts now (a warm sandbox's wait is not theirs).
+    async fn host(
+        &self,
+        mut request: CreateSandbox,
+        sandbox: Sandbox,
+        memory_mb: u64,
+    ) -> Result<(), NodeError> {
         let pid = self
             .runtime
             .containerd()
@@ -169,6 +245,11 @@ impl Node {
             env,
             cwd: request.cwd,
             processes: Mutex::new(HashMap::new()),
+            output_budget: OutputBudget::new(
+                Retained::new(SANDBOX_OUTPUT_BUDGET),
+                Arc::clone(&self.output),
+            ),
+            memory_mb,
         });
         if let Some(link) = &hosted.link
             && let Err(error) = link.install_ca(&hosted.agent).await
@@ -432,6 +513,34 @@ impl Node {
 
     pub fn process_output_limit(&self) -> usize {
         self.config.process_output_limit
+    }
+
+    /// Bytes of background output the worker keeps, all sandboxes together.
+    pub fn retained_output(&self) -> usize {
+        self.output.bytes()
+    }
+
+    /// Memory (MiB) the hosted sandboxes reserve.
+    pub fn reserved_memory_mb(&self) -> u64 {
+        self.read().values().map(|hosted| hosted.memory_mb).sum()
+    }
+
+    /// Memory (MiB) sandboxes may reserve in all (overcommit included).
+    pub fn allocatable_memory_mb(&self) -> u64 {
+        self.allocatable_memory_mb
+    }
+
+    /// Whether the gateway should place sandboxes here (creates are not failing).
+    pub fn healthy(&self) -> bool {
+        self.health.healthy()
+    }
+}
+
+struct ReleaseMemory<'a>(&'a AtomicU64, u64);
+
+impl Drop for ReleaseMemory<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(self.1, Ordering::AcqRel);
     }
 }
 

@@ -82,6 +82,9 @@ impl GatewayLink {
             templates: node.templates().await?,
             volumes: node.volume_infos(),
             sandboxes: node.ids(),
+            healthy: node.healthy(),
+            memory_mb: node.allocatable_memory_mb(),
+            reserved_memory_mb: node.reserved_memory_mb(),
         };
         let answer = client
             .post(format!("{}{}", self.gateway_url, paths::WORKER_HEARTBEAT))

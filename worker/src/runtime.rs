@@ -45,6 +45,14 @@ pub struct Sandbox {
 /// How long a new sandbox's agent may take to listen.
 const AGENT_START_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Each sandbox's control directory is a tmpfs of its own this small (the agent's socket
+/// and little else): whatever the sandbox's root writes there — many files, one big one —
+/// stays within it and never reaches the node's `/run`.
+const CONTROL_MOUNT_OPTIONS: &str = "size=16k,nr_inodes=16,mode=0700";
+/// The run directory itself is a capped tmpfs (mounted at start when it is not a mount
+/// point already): the worker's own files there cannot fill the node's `/run` either.
+const RUN_DIR_MOUNT_OPTIONS: &str = "size=16m,nr_inodes=65536,mode=0755";
+
 impl Runtime {
     /// Connects to containerd and removes every sandbox a previous run left behind;
     /// returns the worker and how many sandboxes it removed.
@@ -52,6 +60,10 @@ impl Runtime {
         let containerd = Containerd::connect(&config.containerd_socket, &config.namespace).await?;
         std::fs::create_dir_all(&config.run_dir)
             .with_context(|| format!("creating {}", config.run_dir.display()))?;
+        if !is_mount_point(&config.run_dir)? {
+            mount_tmpfs(&config.run_dir, RUN_DIR_MOUNT_OPTIONS)
+                .with_context(|| format!("mounting a tmpfs on {}", config.run_dir.display()))?;
+        }
         let resolv_conf = config.run_dir.join("resolv.conf");
         std::fs::write(&resolv_conf, crate::spec::RESOLV_CONF)
             .with_context(|| format!("writing {}", resolv_conf.display()))?;
@@ -104,17 +116,14 @@ impl Runtime {
     ) -> anyhow::Result<Sandbox> {
         let control = self.control_dir(id);
         std::fs::create_dir(&control).with_context(|| format!("creating {}", control.display()))?;
-        // Owned by the sandbox's root and closed to everyone else: user commands (another
-        // uid inside the sandbox) cannot reach the agent's socket.
-        std::os::unix::fs::chown(
+        // A tiny tmpfs of its own, owned by the sandbox's root and closed to everyone else:
+        // user commands (another uid inside the sandbox) cannot reach the agent's socket.
+        let base = self.config.id_base;
+        mount_tmpfs(
             &control,
-            Some(self.config.id_base),
-            Some(self.config.id_base),
-        )?;
-        std::fs::set_permissions(
-            &control,
-            std::os::unix::fs::PermissionsExt::from_mode(0o700),
-        )?;
+            &format!("{CONTROL_MOUNT_OPTIONS},uid={base},gid={base}"),
+        )
+        .with_context(|| format!("mounting the control directory {}", control.display()))?;
         let spec = oci_spec(&SandboxSpec {
             hostname: "sandbox".to_owned(),
             host_id_base: self.config.id_base,
@@ -147,11 +156,7 @@ impl Runtime {
     /// Removes the sandbox's processes, container, snapshot and control directory.
     pub async fn destroy(&self, id: &str) -> anyhow::Result<()> {
         self.containerd.destroy_sandbox(id).await?;
-        match std::fs::remove_dir_all(self.control_dir(id)) {
-            Ok(()) => {}
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(error) => return Err(error).context("removing the control directory"),
-        }
+        remove_control_dir(&self.control_dir(id)).context("removing the control directory")?;
         self.live().remove(id);
         Ok(())
     }
@@ -181,7 +186,7 @@ impl Runtime {
             let entry = entry?;
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.starts_with("sbx-") && !self.live().contains(&name) {
-                std::fs::remove_dir_all(entry.path())?;
+                remove_control_dir(&entry.path())?;
             }
         }
         Ok(removed)
@@ -195,6 +200,56 @@ impl Runtime {
 
     fn control_dir(&self, id: &str) -> PathBuf {
         self.config.run_dir.join(id)
+    }
+}
+
+/// Whether `path` is the root of a mount (its device differs from its parent's).
+fn is_mount_point(path: &Path) -> anyhow::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let own = std::fs::metadata(path)?;
+    let parent = std::fs::metadata(path.join(".."))?;
+    Ok(own.dev() != parent.dev() || own.ino() == parent.ino())
+}
+
+fn mount_tmpfs(path: &Path, options: &str) -> anyhow::Result<()> {
+    use rustix::mount::{MountFlags, mount};
+    let options = std::ffi::CString::new(options)?;
+    mount(
+        "tmpfs",
+        path,
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        Some(options.as_c_str()),
+    )?;
+    Ok(())
+}
+
+/// Removes a worker's run directory after it stopped: its tmpfs unmounted (lazily), then
+/// the directory. For tests and tools that made a run directory of their own.
+pub fn remove_run_dir(path: &Path) -> anyhow::Result<()> {
+    if path.is_dir() {
+        for entry in std::fs::read_dir(path)? {
+            let entry = entry?;
+            if entry.file_type()?.is_dir() {
+                remove_control_dir(&entry.path())?;
+            }
+        }
+    }
+    remove_control_dir(path)
+}
+
+/// Unmounts a control directory's tmpfs (lazily: a process may still hold it) and removes
+/// the directory; one already gone is fine.
+fn remove_control_dir(path: &Path) -> anyhow::Result<()> {
+    use rustix::mount::{UnmountFlags, unmount};
+    match unmount(path, UnmountFlags::DETACH) {
+        Ok(()) | Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => {}
+        Err(error) => return Err(error.into()),
+    }
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(error.into()),
     }
 }
 

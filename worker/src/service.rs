@@ -82,6 +82,17 @@ async fn serve(
 }
 
 /// Starts the worker service; it runs until [`RunningService::stop`].
+/// How much less likely than an ordinary process the worker (and the proxy it starts, which
+/// inherits it) is to be taken by the host's OOM killer; sandboxes are at 1000.
+const WORKER_OOM_SCORE_ADJ: &str = "-900";
+
+/// Lowers this process's OOM score (best effort: it needs root, which a worker has).
+fn protect_from_the_oom_killer() {
+    if let Err(error) = std::fs::write("/proc/self/oom_score_adj", WORKER_OOM_SCORE_ADJ) {
+        tracing::warn!(%error, "could not lower the worker's OOM score");
+    }
+}
+
 pub async fn start(config: ServiceConfig) -> anyhow::Result<RunningService> {
     let named = sandbase_api::internal::credential_worker_id(&config.credential);
     anyhow::ensure!(
@@ -92,6 +103,7 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<RunningService> {
         config.worker_id,
         config.worker_id
     );
+    protect_from_the_oom_killer();
     let (worker, removed) = Runtime::start(config.worker.clone()).await?;
     if removed > 0 {
         tracing::warn!(removed, "removed sandboxes a previous worker left behind");

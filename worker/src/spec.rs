@@ -75,102 +75,6 @@ const AGENT_CAPABILITIES: &[&str] = &[
     "CAP_SETUID",
 ];
 
-/// System calls refused with EPERM: kernel keyrings, module loading, mounting and namespace
-/// juggling, tracing and performance counters, BPF, clock and reboot control, handle-based
-/// opens (a known container escape), userfaultfd (a common exploit primitive).
-pub const DENIED_SYSCALLS: &[&str] = &[
-    "acct",
-    "add_key",
-    "bpf",
-    "clock_adjtime",
-    "clock_settime",
-    "create_module",
-    "delete_module",
-    "finit_module",
-    "fsconfig",
-    "fsmount",
-    "fsopen",
-    "fspick",
-    "get_kernel_syms",
-    "init_module",
-    "io_uring_enter",
-    "io_uring_register",
-    "io_uring_setup",
-    "ioperm",
-    "iopl",
-    "kcmp",
-    "kexec_file_load",
-    "kexec_load",
-    "keyctl",
-    "lookup_dcookie",
-    "mount",
-    "mount_setattr",
-    "move_mount",
-    "name_to_handle_at",
-    "nfsservctl",
-    "open_by_handle_at",
-    "open_tree",
-    "perf_event_open",
-    "personality",
-    "pivot_root",
-    "process_vm_readv",
-    "process_vm_writev",
-    "ptrace",
-    "query_module",
-    "quotactl",
-    "reboot",
-    "request_key",
-    "setns",
-    "settimeofday",
-    "swapoff",
-    "swapon",
-    "syslog",
-    "umount",
-    "umount2",
-    "unshare",
-    "uselib",
-    "userfaultfd",
-    "ustat",
-    "vhangup",
-    "vm86",
-    "vm86old",
-];
-
-/// `clone` flags that make new namespaces (user namespaces above all: the door to most
-/// kernel attack surface reachable without privileges).
-const NAMESPACE_CLONE_FLAGS: &[u64] = &[
-    0x0000_0080, // CLONE_NEWTIME
-    0x0002_0000, // CLONE_NEWNS
-    0x0200_0000, // CLONE_NEWCGROUP
-    0x0400_0000, // CLONE_NEWUTS
-    0x0800_0000, // CLONE_NEWIPC
-    0x1000_0000, // CLONE_NEWUSER
-    0x2000_0000, // CLONE_NEWPID
-    0x4000_0000, // CLONE_NEWNET
-];
-
-/// The seccomp filter: the denied calls fail with EPERM; `clone` with any namespace flag
-/// fails with EPERM; `clone3` (whose flags a filter cannot read) fails with ENOSYS, so the C
-/// library falls back to `clone`.
-fn seccomp() -> Value {
-    let mut syscalls =
-        vec![json!({ "names": DENIED_SYSCALLS, "action": "SCMP_ACT_ERRNO", "errnoRet": 1 })];
-    for flag in NAMESPACE_CLONE_FLAGS {
-        syscalls.push(json!({
-            "names": ["clone"],
-            "action": "SCMP_ACT_ERRNO",
-            "errnoRet": 1,
-            "args": [{ "index": 0, "value": flag, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ" }],
-        }));
-    }
-    syscalls.push(json!({ "names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38 }));
-    json!({
-        "defaultAction": "SCMP_ACT_ALLOW",
-        "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
-        "syscalls": syscalls,
-    })
-}
-
 /// Paths of the kernel that leak host information or allow host changes.
 const MASKED_PATHS: &[&str] = &[
     "/proc/acpi",
@@ -264,6 +168,9 @@ pub fn oci_spec(sandbox: &SandboxSpec) -> Value {
                 "ambient": [],
             },
             "rlimits": [{ "type": "RLIMIT_NOFILE", "hard": 4096, "soft": 1024 }],
+            // A sandbox is the first thing the host's OOM killer takes, never the worker,
+            // containerd or the proxy: the agent at 500, what it starts at 1000.
+            "oomScoreAdj": 500,
             "noNewPrivileges": true,
         },
         // Read-only: the only writable places are the size-capped /work, /tmp and /dev/shm.
@@ -277,7 +184,7 @@ pub fn oci_spec(sandbox: &SandboxSpec) -> Value {
             "resources": linux_resources(limits),
             "maskedPaths": MASKED_PATHS,
             "readonlyPaths": READONLY_PATHS,
-            "seccomp": seccomp(),
+            "seccomp": crate::seccomp::profile(),
         },
     })
 }
@@ -353,35 +260,8 @@ mod tests {
         }
         assert_eq!(capabilities["ambient"], json!([]));
         assert_eq!(capabilities["inheritable"], json!([]));
-        let denied = &spec["linux"]["seccomp"]["syscalls"][0]["names"];
-        for syscall in [
-            "mount",
-            "unshare",
-            "setns",
-            "ptrace",
-            "bpf",
-            "keyctl",
-            "open_by_handle_at",
-            "userfaultfd",
-            "init_module",
-        ] {
-            assert!(
-                denied.as_array().expect("names").contains(&json!(syscall)),
-                "{syscall} allowed"
-            );
-        }
         assert_eq!(spec["linux"]["resources"]["devices"][0]["allow"], false);
-        let rules = spec["linux"]["seccomp"]["syscalls"]
-            .as_array()
-            .expect("rules");
-        let new_user = rules
-            .iter()
-            .find(|rule| {
-                rule["names"] == json!(["clone"]) && rule["args"][0]["value"] == 0x1000_0000
-            })
-            .expect("clone with CLONE_NEWUSER is refused");
-        assert_eq!(new_user["action"], "SCMP_ACT_ERRNO");
-        assert!(rules.iter().any(|rule| rule["names"] == json!(["clone3"])));
+        assert_eq!(spec["linux"]["seccomp"], crate::seccomp::profile());
     }
 
     #[test]

@@ -134,7 +134,7 @@ impl WorkerProcess {
             .output()
             .unwrap();
         assert!(removed.status.success(), "{}", stderr(&removed));
-        let _ = std::fs::remove_dir_all(&self.run_dir);
+        let _ = sandbase_worker::runtime::remove_run_dir(&self.run_dir);
     }
 }
 

@@ -39,10 +39,11 @@ pub enum WorkerCode {
     DiskFull,
     SpawnFailed,
     SandboxIoError,
+    TooManyProcesses,
 }
 
 impl WorkerCode {
-    const ALL: [WorkerCode; 16] = [
+    const ALL: [WorkerCode; 17] = [
         WorkerCode::SandboxNotFound,
         WorkerCode::ProcessNotFound,
         WorkerCode::AtCapacity,
@@ -59,6 +60,7 @@ impl WorkerCode {
         WorkerCode::DiskFull,
         WorkerCode::SpawnFailed,
         WorkerCode::SandboxIoError,
+        WorkerCode::TooManyProcesses,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -79,6 +81,7 @@ impl WorkerCode {
             WorkerCode::DiskFull => "disk_full",
             WorkerCode::SpawnFailed => "spawn_failed",
             WorkerCode::SandboxIoError => "sandbox_io_error",
+            WorkerCode::TooManyProcesses => "too_many_processes",
         }
     }
 

@@ -64,6 +64,9 @@ pub async fn register(state: &AppState, worker: RegisterWorker) -> ApiResult<()>
             templates: worker.templates,
             volumes: worker.volumes,
             seen_ms: Utc::now().timestamp_millis(),
+            healthy: true,
+            memory_mb: 0,
+            reserved_memory_mb: 0,
         })
         .await
 }
@@ -116,6 +119,9 @@ pub async fn heartbeat(state: &AppState, beat: Heartbeat) -> ApiResult<Heartbeat
             templates: beat.templates,
             volumes: beat.volumes,
             seen_ms: Utc::now().timestamp_millis(),
+            healthy: beat.healthy,
+            memory_mb: beat.memory_mb,
+            reserved_memory_mb: beat.reserved_memory_mb,
         })
         .await?;
     Ok(HeartbeatReply { destroy })

@@ -95,6 +95,11 @@ impl Workers {
             }
             return Err(ApiError::TemplateNotFound(template.to_owned()));
         }
+        // A worker whose creates keep failing gets none until it says it is well again.
+        candidates.retain(|(_, _, worker)| worker.healthy);
+        if candidates.is_empty() {
+            return Err(ApiError::NoCapacity);
+        }
         candidates.sort_by_key(|(warm, free, _)| std::cmp::Reverse((*warm, *free)));
         Ok(candidates
             .into_iter()

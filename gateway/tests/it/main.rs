@@ -18,6 +18,7 @@ mod isolation;
 mod key_cache;
 mod key_lineage;
 mod members;
+mod node_hardening;
 mod openapi;
 mod operations;
 mod rate_limit;

@@ -79,6 +79,8 @@ pub fn worker_config(app: &TestApp, id: &str, capacity: usize, warm: usize) -> S
             pools: vec![("busybox".to_owned(), warm)],
             default_limits: LIMITS,
             process_output_limit: 1024 * 1024,
+            memory_mb: 0,
+            memory_overcommit: 1.0,
             volumes: Default::default(),
             egress: None,
         },
@@ -148,7 +150,7 @@ impl TestWorker {
         }
         // Nothing of the test stays in containerd, not even its empty namespace.
         containerd.remove_namespace().await.unwrap();
-        let _ = std::fs::remove_dir_all(&self.config.worker.run_dir);
+        let _ = sandbase_worker::runtime::remove_run_dir(&self.config.worker.run_dir);
     }
 }
 

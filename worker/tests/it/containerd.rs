@@ -137,7 +137,7 @@ fn clean_up(config: &sandbase_worker::runtime::RuntimeConfig, template: &str) {
         "rm",
         &config.namespace,
     ]));
-    std::fs::remove_dir_all(&config.run_dir).unwrap();
+    sandbase_worker::runtime::remove_run_dir(&config.run_dir).unwrap();
 }
 
 fn socket_path() -> String {
