@@ -97,6 +97,10 @@ pub struct NodeArgs {
     /// system's roots (an internal CA).
     #[arg(long = "egress-extra-ca")]
     pub egress_extra_ca: Option<std::path::PathBuf>,
+    /// A network sandboxes may never reach through the proxy, on top of internal ones:
+    /// the fleet's NAT and public addresses (repeatable; `198.51.100.0/24`).
+    #[arg(long = "egress-deny", value_parser = sandbase_egress::ssrf::Cidr::parse)]
+    pub egress_deny: Vec<sandbase_egress::ssrf::Cidr>,
     /// Directory of template tarballs (`NAME.tar`) built into templates when missing.
     #[arg(long, default_value = TEMPLATES_DIR)]
     pub templates_dir: PathBuf,
@@ -204,6 +208,7 @@ impl NodeArgs {
                         proxy_port: self.egress_proxy_port,
                         resolver: sandbase_egress::proxy::Resolver::System,
                         node_addresses: Vec::new(),
+                        denied_networks: self.egress_deny.clone(),
                         max_connections: 64,
                         extra_ca: match &self.egress_extra_ca {
                             Some(path) => Some(std::fs::read(path).map_err(|error| {

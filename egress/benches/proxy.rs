@@ -319,11 +319,13 @@ fn main() {
             Resolver::Fixed(HashMap::from([(NAME.to_owned(), vec![address])])),
             ProxyConfig {
                 node_addresses: Vec::new(),
+                denied_networks: Vec::new(),
                 connect_timeout: Duration::from_secs(5),
                 head_timeout: Duration::from_secs(5),
                 idle_timeout: Duration::from_secs(30),
                 upstream_tls: sandbase_egress::tls::upstream_config(Some(upstream_ca.as_bytes()))
                     .expect("trust"),
+                max_connections: 4096,
             },
             flows,
         );

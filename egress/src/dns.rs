@@ -5,6 +5,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tokio::net::UdpSocket;
@@ -18,6 +19,8 @@ const TYPE_AAAA: u16 = 28;
 const CLASS_IN: u16 = 1;
 /// Seconds answers may be cached: short, so policy changes show soon.
 const TTL: u32 = 30;
+/// Queries being answered at once, all sandboxes together.
+const MAX_OUTSTANDING: usize = 1024;
 
 const NOERROR: u8 = 0;
 const FORMERR: u8 = 1;
@@ -131,6 +134,7 @@ pub struct Responder {
     pub registry: Arc<Registry>,
     pub resolver: Resolver,
     pub node_addresses: Vec<IpAddr>,
+    pub denied_networks: Vec<ssrf::Cidr>,
     pub flows: mpsc::Sender<Flow>,
 }
 
@@ -138,15 +142,33 @@ impl Responder {
     /// Answers sandboxes' queries on `socket` until the task is dropped.
     pub async fn serve(self: Arc<Self>, socket: UdpSocket) {
         let socket = Arc::new(socket);
+        let outstanding = Arc::new(tokio::sync::Semaphore::new(MAX_OUTSTANDING));
         let mut packet = [0u8; 1500];
         loop {
             let Ok((length, peer)) = socket.recv_from(&mut packet).await else {
                 continue;
             };
+            // Strangers get nothing; a sandbox past its rate, or a node with every slot
+            // taken, gets no answer (its resolver retries), and costs no task.
+            let Some(entry) = self.registry.get(peer.ip()) else {
+                continue;
+            };
+            if !entry.queries.take() {
+                continue;
+            }
+            let Ok(slot) = Arc::clone(&outstanding).try_acquire_owned() else {
+                continue;
+            };
             let query = packet[..length].to_vec();
             let (responder, socket) = (Arc::clone(&self), Arc::clone(&socket));
             tokio::spawn(async move {
-                if let Some(reply) = responder.reply(&query, peer).await {
+                let _slot = slot;
+                let reply = responder.reply(&query, peer).await;
+                let answered = reply.as_ref().map_or(0, Vec::len);
+                entry
+                    .metered
+                    .fetch_add((query.len() + answered) as u64, Ordering::Relaxed);
+                if let Some(reply) = reply {
                     let _ = socket.send_to(&reply, peer).await;
                 }
             });
@@ -193,7 +215,7 @@ impl Responder {
         };
         // The same guard as the proxy: a name that leads inside is not answered at all.
         if let Some((address, blocked)) = addresses.iter().find_map(|address| {
-            ssrf::check(*address, &self.node_addresses)
+            ssrf::check(*address, &self.node_addresses, &self.denied_networks)
                 .err()
                 .map(|blocked| (address, blocked))
         }) {

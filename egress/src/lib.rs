@@ -7,6 +7,7 @@
 //! its transparent listeners (`sni`: the server name of a ClientHello). `credentials`,
 //! `tls`: interception — injection and placeholders, the per-sandbox CA and upstream trust;
 //! `scrub`: the values' forms taken out of what comes back.
+//! `limits`: per-sandbox buckets (DNS, new connections) and the process's connection budget.
 //! `stream`: replayed and counted sandbox connections. `relay`: tunnels moved with splice(2),
 //! closed when idle. `dns`: the node's DNS responder
 //! (answers only names a sandbox's policy allows).
@@ -17,6 +18,7 @@
 pub mod channel;
 pub mod credentials;
 pub mod dns;
+pub mod limits;
 pub mod policy;
 pub mod process;
 pub mod proxy;

@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::io::BufRead as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -42,6 +43,9 @@ pub struct ProcessConfig {
     pub resolver: Option<HashMap<String, Vec<IpAddr>>>,
     /// Refused as upstreams, like internal addresses.
     pub node_addresses: Vec<IpAddr>,
+    /// Networks refused as upstreams (the operator's deny-list).
+    #[serde(default)]
+    pub denied_networks: Vec<crate::ssrf::Cidr>,
     /// Certificates (PEM) trusted for upstreams besides the system's roots.
     pub extra_ca: Option<String>,
     pub connect_timeout_ms: u64,
@@ -102,7 +106,17 @@ pub enum Report {
     Flow {
         flow: Box<Flow>,
     },
+    /// A sandbox's running total of bytes moved (both ways, DNS included): sent every
+    /// [`METER_INTERVAL`] while it changes, and once more when the sandbox is removed. The
+    /// worker meters the differences, so a lost report loses nothing.
+    Metered {
+        sandbox: String,
+        bytes: u64,
+    },
 }
+
+/// How often running byte totals are reported.
+pub const METER_INTERVAL: Duration = Duration::from_millis(500);
 
 /// The process's `main`: reads its configuration, binds, drops root, serves until its
 /// standard input closes.
@@ -138,6 +152,8 @@ pub fn run() -> Result<(), String> {
     dns.set_nonblocking(true)
         .map_err(|error| error.to_string())?;
     let upstream_tls = crate::tls::upstream_config(config.extra_ca.as_deref().map(str::as_bytes))?;
+    // As many connections as descriptors allow (the soft limit is often 1024).
+    let open_files = crate::limits::raise_open_files();
     // Still one thread: dropping the ids here drops them for the whole process.
     if let Some((user, group)) = config.user {
         drop_root(user, group)?;
@@ -147,7 +163,7 @@ pub fn run() -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|error| error.to_string())?;
-    runtime.block_on(serve(config, listeners, dns, upstream_tls))
+    runtime.block_on(serve(config, listeners, dns, upstream_tls, open_files))
 }
 
 fn drop_root(user: u32, group: u32) -> Result<(), String> {
@@ -174,6 +190,7 @@ async fn serve(
     listeners: [(std::net::TcpListener, Listener); 3],
     dns: std::net::UdpSocket,
     upstream_tls: Arc<rustls::ClientConfig>,
+    open_files: u64,
 ) -> Result<(), String> {
     let resolver = match config.resolver {
         Some(table) => Resolver::Fixed(table),
@@ -186,6 +203,7 @@ async fn serve(
         registry: Arc::clone(&registry),
         resolver: resolver.clone(),
         node_addresses: config.node_addresses.clone(),
+        denied_networks: config.denied_networks.clone(),
         flows: flows.clone(),
     });
     tokio::spawn(
@@ -196,10 +214,12 @@ async fn serve(
         resolver,
         ProxyConfig {
             node_addresses: config.node_addresses,
+            denied_networks: config.denied_networks,
             connect_timeout: Duration::from_millis(config.connect_timeout_ms),
             head_timeout: Duration::from_millis(config.head_timeout_ms),
             idle_timeout: Duration::from_millis(config.idle_timeout_ms),
             upstream_tls,
+            max_connections: crate::limits::connection_budget(open_files),
         },
         flows,
     );
@@ -231,6 +251,7 @@ async fn serve(
             }
         });
     }
+    tokio::spawn(report_meters(Arc::clone(&registry), reports.clone()));
     let _ = reports.send(Report::Ready {
         pid: std::process::id(),
     });
@@ -250,7 +271,7 @@ async fn serve(
                 continue;
             }
         };
-        apply(&registry, envelope.order);
+        apply(&registry, envelope.order, &reports);
         let _ = reports.send(Report::Done { id: envelope.id });
     }
     drop(reports);
@@ -258,7 +279,32 @@ async fn serve(
     Ok(())
 }
 
-fn apply(registry: &Registry, order: Order) {
+/// Sends each sandbox's running byte total while it changes.
+async fn report_meters(registry: Arc<Registry>, reports: mpsc::UnboundedSender<Report>) {
+    let mut sent: HashMap<String, u64> = HashMap::new();
+    loop {
+        tokio::time::sleep(METER_INTERVAL).await;
+        let entries = registry.entries();
+        sent.retain(|sandbox, _| entries.iter().any(|entry| &entry.sandbox == sandbox));
+        for entry in entries {
+            let bytes = entry.metered.load(Ordering::Relaxed);
+            if sent.get(&entry.sandbox) != Some(&bytes) {
+                sent.insert(entry.sandbox.clone(), bytes);
+                if reports
+                    .send(Report::Metered {
+                        sandbox: entry.sandbox.clone(),
+                        bytes,
+                    })
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn apply(registry: &Registry, order: Order, reports: &mpsc::UnboundedSender<Report>) {
     match order {
         Order::Add(registration) => {
             let Registration {
@@ -286,7 +332,14 @@ fn apply(registry: &Registry, order: Order) {
             };
             registry.add(address, &sandbox, policy, max_connections, interception);
         }
-        Order::Remove { address } => registry.remove(address),
+        Order::Remove { address } => {
+            if let Some(entry) = registry.remove(address) {
+                let _ = reports.send(Report::Metered {
+                    sandbox: entry.sandbox.clone(),
+                    bytes: entry.metered.load(Ordering::Relaxed),
+                });
+            }
+        }
         Order::SetPolicy { address, policy } => {
             registry.set_policy(address, policy);
         }

@@ -33,14 +33,25 @@ pub struct Relayed {
 /// Relays between two connected sockets until both directions end (each side's end of
 /// stream is passed on as a half close), one fails, or nothing moves either way for `idle`.
 pub async fn relay(a: &TcpStream, b: &TcpStream, idle: Duration) -> Relayed {
+    relay_metered(a, b, idle, &AtomicU64::new(0)).await
+}
+
+/// [`relay`], adding every byte moved either way to `meter` as it moves (a long tunnel is
+/// metered as it goes, not at its end).
+pub async fn relay_metered(
+    a: &TcpStream,
+    b: &TcpStream,
+    idle: Duration,
+    meter: &AtomicU64,
+) -> Relayed {
     let epoch = Instant::now();
     let activity = AtomicU64::new(0);
     let forward = AtomicU64::new(0);
     let backward = AtomicU64::new(0);
     let both = async {
         tokio::try_join!(
-            direction(a, b, &forward, &activity, epoch),
-            direction(b, a, &backward, &activity, epoch)
+            direction(a, b, [&forward, meter], &activity, epoch),
+            direction(b, a, [&backward, meter], &activity, epoch)
         )
     };
     let idle_out = async {
@@ -69,7 +80,7 @@ pub async fn relay(a: &TcpStream, b: &TcpStream, idle: Duration) -> Relayed {
 async fn direction(
     from: &TcpStream,
     to: &TcpStream,
-    moved: &AtomicU64,
+    moved: [&AtomicU64; 2],
     activity: &AtomicU64,
     epoch: Instant,
 ) -> io::Result<()> {
@@ -109,7 +120,9 @@ async fn direction(
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(sent) => {
                     pending -= sent;
-                    moved.fetch_add(sent as u64, Ordering::Relaxed);
+                    for counter in moved {
+                        counter.fetch_add(sent as u64, Ordering::Relaxed);
+                    }
                     activity.store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,

@@ -21,6 +21,8 @@ pub enum Blocked {
     EmbeddedIpv4,
     /// One of the node's own addresses (or another configured one).
     Node,
+    /// In a network the operator denies (the fleet's NAT and public addresses, …).
+    Operator,
 }
 
 impl Blocked {
@@ -37,6 +39,7 @@ impl Blocked {
             Blocked::CloudMetadata => "cloud metadata address",
             Blocked::EmbeddedIpv4 => "IPv4 embedded in IPv6",
             Blocked::Node => "an address of this node",
+            Blocked::Operator => "a network the operator denies",
         }
     }
 }
@@ -118,7 +121,7 @@ fn check_v6(address: Ipv6Addr) -> Result<(), Blocked> {
 }
 
 /// Refuses internal, special and embedded-IPv4 addresses, and `node`'s own addresses.
-pub fn check(address: IpAddr, node: &[IpAddr]) -> Result<(), Blocked> {
+pub fn check(address: IpAddr, node: &[IpAddr], denied: &[Cidr]) -> Result<(), Blocked> {
     match address {
         IpAddr::V4(v4) => check_v4(v4)?,
         IpAddr::V6(v6) => check_v6(v6)?,
@@ -126,7 +129,66 @@ pub fn check(address: IpAddr, node: &[IpAddr]) -> Result<(), Blocked> {
     if node.contains(&address) {
         return Err(Blocked::Node);
     }
+    if denied.iter().any(|network| network.contains(address)) {
+        return Err(Blocked::Operator);
+    }
     Ok(())
+}
+
+/// A network (`198.51.100.0/24`, `2001:db8::/32`; a bare address is its own /32 or /128).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    network: IpAddr,
+    prefix: u32,
+}
+
+impl Cidr {
+    pub fn parse(text: &str) -> Result<Cidr, String> {
+        let bad = || format!("`{text}` is not an address or a network (address/prefix)");
+        let (address, prefix) = match text.split_once('/') {
+            Some((address, prefix)) => (address, Some(prefix)),
+            None => (text, None),
+        };
+        let network: IpAddr = address.trim().parse().map_err(|_| bad())?;
+        let longest = if network.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(prefix) => prefix.trim().parse::<u32>().map_err(|_| bad())?,
+            None => longest,
+        };
+        if prefix > longest {
+            return Err(bad());
+        }
+        Ok(Cidr { network, prefix })
+    }
+
+    pub fn contains(&self, address: IpAddr) -> bool {
+        match (self.network, address) {
+            (IpAddr::V4(network), IpAddr::V4(address)) => {
+                in_v4(address, network.octets(), self.prefix)
+            }
+            (IpAddr::V6(network), IpAddr::V6(address)) => in_v6(address, network, self.prefix),
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix)
+    }
+}
+
+impl serde::Serialize for Cidr {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Cidr {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Cidr, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Cidr::parse(&text).map_err(serde::de::Error::custom)
+    }
 }
 
 #[cfg(test)]
@@ -134,7 +196,25 @@ mod tests {
     use super::*;
 
     fn verdict(text: &str) -> Result<(), Blocked> {
-        check(text.parse().unwrap(), &["203.0.113.99".parse().unwrap()])
+        check(
+            text.parse().unwrap(),
+            &["203.0.113.99".parse().unwrap()],
+            &[Cidr::parse("198.51.100.0/24").unwrap()],
+        )
+    }
+
+    #[test]
+    fn operator_networks_are_refused() {
+        assert_eq!(verdict("198.51.100.200"), Err(Blocked::Operator));
+        assert_eq!(verdict("198.51.101.1"), Ok(()));
+        let v6 = Cidr::parse("2001:db8:1::/48").unwrap();
+        assert!(v6.contains("2001:db8:1::5".parse().unwrap()));
+        assert!(!v6.contains("2001:db8:2::5".parse().unwrap()));
+        assert!(Cidr::parse("10.0.0.0/33").is_err() && Cidr::parse("x/8").is_err());
+        assert_eq!(
+            Cidr::parse("192.0.2.7").unwrap().to_string(),
+            "192.0.2.7/32"
+        );
     }
 
     #[test]

@@ -22,16 +22,24 @@ pub struct Tap<S> {
     prefix: Vec<u8>,
     offset: usize,
     pub counters: Arc<Counters>,
+    /// The sandbox's running total, both ways, added to as bytes move.
+    meter: Arc<AtomicU64>,
 }
 
 impl<S> Tap<S> {
-    pub fn new(inner: S, prefix: Vec<u8>) -> Tap<S> {
+    pub fn new(inner: S, prefix: Vec<u8>, meter: Arc<AtomicU64>) -> Tap<S> {
         Tap {
             inner,
             prefix,
             offset: 0,
             counters: Arc::default(),
+            meter,
         }
+    }
+
+    fn count_up(&self, bytes: usize) {
+        self.counters.up.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.meter.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 }
 
@@ -46,13 +54,13 @@ impl<S: AsyncRead + Unpin> AsyncRead for Tap<S> {
             let start = self.offset;
             buf.put_slice(&self.prefix[start..start + take]);
             self.offset += take;
-            self.counters.up.fetch_add(take as u64, Ordering::Relaxed);
+            self.count_up(take);
             return Poll::Ready(Ok(()));
         }
         let before = buf.filled().len();
         let result = Pin::new(&mut self.inner).poll_read(cx, buf);
         let read = buf.filled().len() - before;
-        self.counters.up.fetch_add(read as u64, Ordering::Relaxed);
+        self.count_up(read);
         result
     }
 }
@@ -68,6 +76,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tap<S> {
             self.counters
                 .down
                 .fetch_add(*written as u64, Ordering::Relaxed);
+            self.meter.fetch_add(*written as u64, Ordering::Relaxed);
         }
         result
     }

@@ -424,8 +424,12 @@ impl Node {
             self.usage.push(sandbox.meter.sample(sandbox.id, false));
         }
         if let Some(network) = &self.network {
-            for event in network.take_usage() {
-                self.usage.push_event(event);
+            // Back-pressure: while the gateway is away and the outbox is full, egress bytes
+            // keep adding up in the network's per-sandbox counters instead.
+            if self.usage.has_room_for_events() {
+                for event in network.take_usage() {
+                    self.usage.push_event(event);
+                }
             }
             for event in network.take_audit() {
                 self.usage.push_audit(event);

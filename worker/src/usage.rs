@@ -157,14 +157,16 @@ impl Outbox {
         }
     }
 
-    /// An event (egress bytes of a connection, …); the oldest go first when the gateway
-    /// has been away for long.
+    /// A billable event (a sandbox's egress bytes of an interval, …). None is ever dropped:
+    /// producers hold theirs back while [`Outbox::has_room_for_events`] says no (they fold
+    /// what waits, so waiting costs no memory per event).
     pub fn push_event(&self, event: UsageEvent) {
-        let mut pending = self.lock();
-        if pending.events.len() >= MAX_EVENTS {
-            pending.events.pop_front();
-        }
-        pending.events.push_back(event);
+        self.lock().events.push_back(event);
+    }
+
+    /// Whether producers may hand over more events (fewer than [`MAX_EVENTS`] wait).
+    pub fn has_room_for_events(&self) -> bool {
+        self.lock().events.len() < MAX_EVENTS
     }
 
     pub fn take(&self) -> Vec<UsageSample> {
@@ -211,9 +213,6 @@ impl Outbox {
         let mut pending = self.lock();
         for event in events.into_iter().rev() {
             pending.events.push_front(event);
-        }
-        while pending.events.len() > MAX_EVENTS {
-            pending.events.pop_front();
         }
     }
 

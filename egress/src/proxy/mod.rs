@@ -16,6 +16,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::io::AsyncWriteExt;
@@ -42,6 +43,8 @@ pub use registry::{Entry, Interception, Registry, Resolver};
 pub struct ProxyConfig {
     /// Addresses of this node (refused as upstreams, like internal ones).
     pub node_addresses: Vec<IpAddr>,
+    /// Networks the operator refuses as upstreams (the fleet's NAT and public addresses).
+    pub denied_networks: Vec<ssrf::Cidr>,
     pub connect_timeout: Duration,
     /// How long a sandbox may take to send a request head (or TLS handshake).
     pub head_timeout: Duration,
@@ -49,6 +52,9 @@ pub struct ProxyConfig {
     pub idle_timeout: Duration,
     /// Trust for upstream servers of intercepted connections.
     pub upstream_tls: Arc<rustls::ClientConfig>,
+    /// Connections carried at once, all sandboxes together (from the open-file limit):
+    /// each sandbox also has its own cap, so none can take them all.
+    pub max_connections: usize,
 }
 
 /// Which listener a connection came in on.
@@ -65,9 +71,14 @@ pub enum Listener {
 pub struct Proxy {
     pub registry: Arc<Registry>,
     resolver: Resolver,
+    /// What is left of `config.max_connections`.
+    budget: Arc<tokio::sync::Semaphore>,
     config: ProxyConfig,
     flows: mpsc::Sender<Flow>,
 }
+
+/// How long the accept loop waits after a failed accept (EMFILE).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// The answer to a CONNECT the proxy serves.
 const CONNECTED: &[u8] = b"HTTP/1.1 200 Connection Established\r\n\r\n";
@@ -81,6 +92,8 @@ struct Connection {
     buffer: Vec<u8>,
     /// Where the head ends in `buffer` (0 for a ClientHello, which is replayed whole).
     head_len: usize,
+    /// The sandbox's running byte total.
+    meter: Arc<AtomicU64>,
 }
 
 /// How an admitted connection is carried, chosen once.
@@ -117,6 +130,7 @@ impl Proxy {
         Arc::new(Proxy {
             registry,
             resolver,
+            budget: Arc::new(tokio::sync::Semaphore::new(config.max_connections)),
             config,
             flows,
         })
@@ -126,6 +140,9 @@ impl Proxy {
     pub async fn serve(self: Arc<Self>, listener: TcpListener, kind: Listener) {
         loop {
             let Ok((stream, peer)) = listener.accept().await else {
+                // Out of descriptors (or another passing failure): wait for some to close
+                // instead of spinning on the error.
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
                 continue;
             };
             let proxy = Arc::clone(&self);
@@ -182,9 +199,29 @@ impl Proxy {
         // Small writes (a CONNECT answer, a request head) go out at once, not after Nagle's
         // delay meets the peer's delayed ACK.
         let _ = stream.set_nodelay(true);
-        let Ok(_permit) = entry.connections.try_acquire() else {
-            if kind != Listener::TransparentTls {
-                let _ = deny(&mut stream, 429, "too many connections from this sandbox").await;
+        // New connections a second, open ones per sandbox, open ones in all.
+        let refused = if !entry.opens.take() {
+            Some("this sandbox opens connections too fast")
+        } else {
+            None
+        };
+        let permits = refused.map_or_else(
+            || {
+                let own = entry.connections.try_acquire().ok();
+                let shared = Arc::clone(&self.budget).try_acquire_owned().ok();
+                match (own, shared) {
+                    (Some(own), Some(shared)) => Ok((own, shared)),
+                    (None, _) => Err("too many connections from this sandbox"),
+                    (_, None) => Err("the node's egress proxy is at its connection limit"),
+                }
+            },
+            Err,
+        );
+        let Ok(_permits) = permits else {
+            if kind != Listener::TransparentTls
+                && let Err(why) = permits
+            {
+                let _ = deny(&mut stream, 429, why).await;
             }
             return;
         };
@@ -204,6 +241,7 @@ impl Proxy {
             target,
             buffer,
             head_len,
+            meter: Arc::clone(&entry.metered),
         };
         match self.admit(&entry, &connection, &mut flow).await {
             Ok((upstream, address)) => {
@@ -255,7 +293,7 @@ impl Proxy {
                 "the request carries the placeholder of credential `{name}`, which is only sent over HTTPS to its own hosts; blocked"
             )));
         }
-        self.open(entry, &connection.target).await
+        self.open(entry, &connection.target, flow).await
     }
 
     /// Carries an admitted connection to its upstream along its path.
@@ -266,12 +304,17 @@ impl Proxy {
         upstream: TcpStream,
         flow: &mut Flow,
     ) {
+        if matches!(path, Path::Tunnel) {
+            self.tunnel(connection, upstream, flow).await;
+            return;
+        }
         let Connection {
             mut stream,
             kind,
             target,
-            mut buffer,
+            buffer,
             head_len,
+            meter,
         } = connection;
         match path {
             Path::Intercept(interception) => {
@@ -284,7 +327,7 @@ impl Proxy {
                     buffer
                 };
                 self.intercept(
-                    Tap::new(stream, replay),
+                    Tap::new(stream, replay, meter),
                     interception,
                     &target,
                     upstream,
@@ -294,29 +337,26 @@ impl Proxy {
             }
             Path::Plain(interception) => {
                 // The head read so far is replayed to the HTTP server.
-                let tap = Tap::new(stream, buffer);
+                let tap = Tap::new(stream, buffer, meter);
                 self.plain(tap, interception, &target, kind, upstream, flow)
                     .await;
             }
-            Path::Tunnel => {
-                let first = buffer.split_off(head_len);
-                self.tunnel(stream, kind, &target, upstream, first, flow)
-                    .await;
-            }
+            Path::Tunnel => {}
         }
     }
 
     /// Bytes both ways, untouched (spliced in the kernel). On the explicit listener the
     /// CONNECT is answered first and the client's TLS must name the tunnel's host.
-    async fn tunnel(
-        &self,
-        mut stream: TcpStream,
-        kind: Listener,
-        target: &Target,
-        mut upstream: TcpStream,
-        mut first: Vec<u8>,
-        flow: &mut Flow,
-    ) {
+    async fn tunnel(&self, connection: Connection, mut upstream: TcpStream, flow: &mut Flow) {
+        let Connection {
+            mut stream,
+            kind,
+            target,
+            mut buffer,
+            head_len,
+            meter,
+        } = connection;
+        let mut first = buffer.split_off(head_len);
         let sent = match kind {
             Listener::Explicit => {
                 stream.write_all(CONNECTED).await.is_ok()
@@ -334,7 +374,9 @@ impl Proxy {
             _ => upstream.write_all(&first).await.is_ok(),
         };
         if sent {
-            let relayed = relay::relay(&stream, &upstream, self.config.idle_timeout).await;
+            meter.fetch_add(first.len() as u64, Ordering::Relaxed);
+            let relayed =
+                relay::relay_metered(&stream, &upstream, self.config.idle_timeout, &meter).await;
             flow.bytes_up = relayed.forward + first.len() as u64;
             flow.bytes_down = relayed.backward;
         }
@@ -386,6 +428,7 @@ impl Proxy {
         &self,
         entry: &Entry,
         target: &Target,
+        flow: &mut Flow,
     ) -> Result<(TcpStream, SocketAddr), Decision> {
         let policy = entry.policy();
         if !policy.allows(&target.host, target.port) {
@@ -410,9 +453,17 @@ impl Proxy {
         // Every address must pass: a name that resolves to one internal address among
         // public ones is refused outright.
         for address in &addresses {
-            if let Err(blocked) = ssrf::check(*address, &self.config.node_addresses) {
+            let checked = ssrf::check(
+                *address,
+                &self.config.node_addresses,
+                &self.config.denied_networks,
+            );
+            if let Err(blocked) = checked {
+                // The sandbox learns the kind of address, not which one; the team's flow
+                // log keeps the address.
+                flow.address = Some(SocketAddr::new(*address, target.port));
                 return Err(Decision::Denied(format!(
-                    "{} resolves to {address} ({}); refused",
+                    "{} resolves to {}; refused",
                     target.host,
                     blocked.as_str()
                 )));
@@ -421,8 +472,15 @@ impl Proxy {
         let address = SocketAddr::new(addresses[0], target.port);
         let stream = tokio::time::timeout(self.config.connect_timeout, TcpStream::connect(address))
             .await
-            .map_err(|_| Decision::Failed(format!("{address} did not answer in time")))?
-            .map_err(|error| Decision::Failed(format!("{address}: {error}")))?;
+            .map_err(|_| {
+                Decision::Failed(format!(
+                    "{}:{} did not answer in time",
+                    target.host, target.port
+                ))
+            })?
+            .map_err(|error| {
+                Decision::Failed(format!("{}:{}: {error}", target.host, target.port))
+            })?;
         let _ = stream.set_nodelay(true);
         Ok((stream, address))
     }

@@ -2,9 +2,12 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock, RwLock};
 
 use tokio::sync::Semaphore;
+
+use crate::limits::{Bucket, CONNECTIONS_BURST, CONNECTIONS_PER_SECOND, DNS_BURST, DNS_PER_SECOND};
 
 use crate::credentials::Credential;
 use crate::policy::Policy;
@@ -17,6 +20,12 @@ pub struct Entry {
     policy: RwLock<Arc<Policy>>,
     pub(super) connections: Semaphore,
     pub(super) interception: Option<Arc<Interception>>,
+    /// New connections, and DNS queries, a second.
+    pub(super) opens: Bucket,
+    pub(crate) queries: Bucket,
+    /// Bytes it moved through the proxy (both ways, DNS included), counted as they move:
+    /// reported to the worker as a running total, metered from it.
+    pub metered: Arc<AtomicU64>,
 }
 
 /// A sandbox's credentials and the CA its intercepted connections are signed by; both live
@@ -75,12 +84,26 @@ impl Registry {
             policy: RwLock::new(Arc::new(policy)),
             connections: Semaphore::new(max_connections),
             interception,
+            opens: Bucket::new(CONNECTIONS_PER_SECOND, CONNECTIONS_BURST),
+            queries: Bucket::new(DNS_PER_SECOND, DNS_BURST),
+            metered: Arc::default(),
         });
         self.write().insert(address, entry);
     }
 
-    pub fn remove(&self, address: IpAddr) {
-        self.write().remove(&address);
+    /// Removes a sandbox; returns what it was (for its last byte count).
+    pub fn remove(&self, address: IpAddr) -> Option<Arc<Entry>> {
+        self.write().remove(&address)
+    }
+
+    /// Every sandbox registered.
+    pub fn entries(&self) -> Vec<Arc<Entry>> {
+        self.entries
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// Replaces a sandbox's policy; `false` when the address is not registered.
@@ -133,14 +156,40 @@ pub enum Resolver {
 impl Resolver {
     pub(crate) async fn resolve(&self, host: &str, port: u16) -> std::io::Result<Vec<IpAddr>> {
         match self {
-            Resolver::System => Ok(tokio::net::lookup_host((host, port))
-                .await?
-                .map(|address| address.ip())
-                .collect()),
+            Resolver::System => {
+                // At most this many lookups wait on upstream servers at once; the rest wait
+                // for a turn (the DNS responder drops what it cannot queue).
+                let _turn = LOOKUPS.acquire().await.map_err(std::io::Error::other)?;
+                let resolver = system_resolver()?;
+                let found = resolver
+                    .lookup_ip(host)
+                    .await
+                    .map_err(|error| std::io::Error::new(std::io::ErrorKind::NotFound, error))?;
+                let _ = port;
+                Ok(found.iter().collect())
+            }
             Resolver::Fixed(table) => table
                 .get(host)
                 .cloned()
                 .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no such name")),
         }
     }
+}
+
+/// Lookups in flight at once.
+const MAX_LOOKUPS: usize = 128;
+static LOOKUPS: Semaphore = Semaphore::const_new(MAX_LOOKUPS);
+
+/// The node's resolver (its `/etc/resolv.conf`), asynchronous and caching, made once.
+fn system_resolver() -> std::io::Result<&'static hickory_resolver::TokioResolver> {
+    static RESOLVER: OnceLock<Result<hickory_resolver::TokioResolver, String>> = OnceLock::new();
+    RESOLVER
+        .get_or_init(|| {
+            hickory_resolver::TokioResolver::builder_tokio()
+                .map_err(|error| error.to_string())?
+                .build()
+                .map_err(|error| error.to_string())
+        })
+        .as_ref()
+        .map_err(|why| std::io::Error::other(why.clone()))
 }

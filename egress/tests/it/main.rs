@@ -85,10 +85,12 @@ async fn the_proxy_lets_through_only_what_the_policy_allows_and_refuses_internal
         resolver,
         ProxyConfig {
             node_addresses: vec!["198.51.100.7".parse().unwrap()],
+            denied_networks: Vec::new(),
             connect_timeout: Duration::from_secs(3),
             head_timeout: Duration::from_secs(3),
             idle_timeout: Duration::from_secs(30),
             upstream_tls: sandbase_egress::tls::upstream_config(None).unwrap(),
+            max_connections: 256,
         },
         flows_tx,
     );
@@ -436,11 +438,13 @@ async fn plain_http_is_checked_request_by_request_and_upgrades_pass_through() {
         resolver,
         ProxyConfig {
             node_addresses: Vec::new(),
+            denied_networks: Vec::new(),
             connect_timeout: Duration::from_secs(3),
             head_timeout: Duration::from_secs(3),
             idle_timeout: Duration::from_secs(30),
             upstream_tls: sandbase_egress::tls::upstream_config(Some(upstream.ca_pem.as_bytes()))
                 .unwrap(),
+            max_connections: 256,
         },
         flows_tx,
     );

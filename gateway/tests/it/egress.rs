@@ -112,8 +112,14 @@ async fn egress_scene() -> (Scene, TestWorker) {
                 "node.test.example".to_owned(),
                 vec!["10.213.0.1".parse().unwrap()],
             ),
+            // A public-looking address of the fleet, on the operator's deny-list.
+            (
+                "fleet.test.example".to_owned(),
+                vec!["203.0.113.250".parse().unwrap()],
+            ),
         ])),
         node_addresses: Vec::new(),
+        denied_networks: vec![sandbase_egress::ssrf::Cidr::parse("203.0.113.248/29").unwrap()],
         max_connections: 16,
         extra_ca: None,
         proxy_program: proxy_program(),
@@ -132,6 +138,7 @@ async fn egress_scene() -> (Scene, TestWorker) {
             "metadata.test.example",
             "sibling.test.example",
             "node.test.example",
+            "fleet.test.example",
         ] } }),
     )
     .await;
@@ -181,6 +188,7 @@ async fn allowed_hosts_pass_and_denied_or_internal_ones_get_403(scene: &Scene) {
         ("metadata.test.example", "cloud metadata address"),
         ("sibling.test.example", "private address"),
         ("node.test.example", "address"),
+        ("fleet.test.example", "a network the operator denies"),
     ] {
         let answer = sh(app, token, id, &through_proxy(host, "/")).await;
         let stdout = answer["stdout"].as_str().unwrap();
@@ -188,7 +196,27 @@ async fn allowed_hosts_pass_and_denied_or_internal_ones_get_403(scene: &Scene) {
             stdout.starts_with("HTTP/1.1 403") && stdout.contains(why),
             "{host}: {answer}"
         );
+        // The refusal names the kind of address, never the address itself.
+        for internal in ["127.0.0.1", "169.254.169.254", "10.213.0", "203.0.113.250"] {
+            assert!(!stdout.contains(internal), "{host}: {answer}");
+        }
     }
+    // The team's flow log keeps the detail.
+    let flows = app
+        .get(&format!("/v1/sandboxes/{id}/egress"), token)
+        .await
+        .body;
+    assert!(
+        flows["flows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|flow| flow["host"] == "fleet.test.example"
+                && flow["address"]
+                    .as_str()
+                    .is_some_and(|a| a.starts_with("203.0.113.250"))),
+        "{flows}"
+    );
 }
 
 /// Around the proxy: the upstream's address directly, the proxy's host on another port,
@@ -292,30 +320,37 @@ async fn the_flow_log_and_the_egress_charge_tell_what_went_out(scene: &Scene) {
             "loopback.test.example",
             "metadata.test.example",
             "sibling.test.example",
-            "node.test.example"
+            "node.test.example",
+            "fleet.test.example"
         ]
     );
 
     // Allowed bytes become `egress_bytes` usage, charged to the team for this sandbox.
+    // Metered from the proxy's running totals: exactly the bytes of the allowed flow.
+    let flowed =
+        allowed[0]["bytes_up"].as_i64().unwrap() + allowed[0]["bytes_down"].as_i64().unwrap();
     crate::testbed::wait_until("the egress charge", Duration::from_secs(15), || async {
         app.count(&format!(
             "SELECT count(*) FROM ledger_transactions WHERE kind = 'debit' \
              AND details->>'kind' = 'egress_bytes' AND details->>'sandbox' = '{id}'"
         ))
         .await
-            == 1
+            >= 1
+            && metered_egress(app, id).await == flowed
     })
     .await;
-    let (quantity,): (i64,) = sqlx::query_as(
+}
+
+/// The `egress_bytes` the gateway received for a sandbox.
+pub async fn metered_egress(app: &crate::helpers::TestApp, id: &str) -> i64 {
+    let (quantity,): (Option<i64>,) = sqlx::query_as(
         "SELECT sum(quantity)::bigint FROM usage_events WHERE sandbox_id = $1::uuid AND kind = 'egress_bytes'",
     )
     .bind(id)
     .fetch_one(&app.db)
     .await
     .unwrap();
-    let flowed =
-        allowed[0]["bytes_up"].as_i64().unwrap() + allowed[0]["bytes_down"].as_i64().unwrap();
-    assert_eq!(quantity, flowed);
+    quantity.unwrap_or(0)
 }
 
 /// Port 80 straight to the upstream's address, ignoring the proxy variables: redirected to
@@ -382,7 +417,8 @@ async fn a_policy_change_applies_to_the_next_connection(scene: &Scene) {
             "loopback.test.example",
             "metadata.test.example",
             "sibling.test.example",
-            "node.test.example"
+            "node.test.example",
+            "fleet.test.example"
         ])
     );
     let changed = app
@@ -576,6 +612,7 @@ pub fn credentials_worker(
             ),
         ])),
         node_addresses: Vec::new(),
+        denied_networks: Vec::new(),
         max_connections: 16,
         extra_ca: Some(upstream.ca_pem.clone().into_bytes()),
         proxy_program: proxy_program(),

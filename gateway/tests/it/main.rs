@@ -11,6 +11,7 @@ mod bad_input;
 mod billing;
 mod egress;
 mod egress_credentials;
+mod egress_flood;
 mod egress_readback;
 mod flood;
 mod helpers;

@@ -54,6 +54,8 @@ pub struct EgressConfig {
     pub resolver: Resolver,
     /// Addresses of this node that no sandbox may reach through the proxy.
     pub node_addresses: Vec<IpAddr>,
+    /// Networks no sandbox may reach (the fleet's NAT and public addresses, …).
+    pub denied_networks: Vec<sandbase_egress::ssrf::Cidr>,
     /// Most connections one sandbox holds open through the proxy.
     pub max_connections: usize,
     /// Certificates (PEM) trusted for upstreams besides the system's roots (tests).
@@ -211,6 +213,9 @@ fn credential(
     ))
 }
 
+/// How long a removed sandbox's running byte total is kept (for the proxy's last report).
+const TOTAL_KEPT_AFTER_REMOVAL: Duration = Duration::from_secs(60);
+
 pub struct Network {
     config: EgressConfig,
     /// What the proxy process must know, by sandbox address: sent again to each new one.
@@ -280,6 +285,7 @@ impl Network {
                 Resolver::Fixed(table) => Some(table.clone()),
             },
             node_addresses,
+            denied_networks: config.denied_networks.clone(),
             extra_ca,
             connect_timeout_ms: 10_000,
             head_timeout_ms: 30_000,
@@ -303,6 +309,7 @@ impl Network {
         let registrations: Arc<Mutex<HashMap<IpAddr, Registration>>> = Arc::default();
         let (orders, order_receiver) = mpsc::unbounded_channel();
         let proxy_pid = Arc::new(AtomicU32::new(first.pid));
+        let book = Arc::new(FlowBook::default());
         tokio::spawn(
             Supervisor {
                 program: config.proxy_program.clone(),
@@ -311,11 +318,11 @@ impl Network {
                 registrations: Arc::clone(&registrations),
                 orders: order_receiver,
                 flows: sender,
+                book: Arc::clone(&book),
                 pid: Arc::clone(&proxy_pid),
             }
             .run(first),
         );
-        let book = Arc::new(FlowBook::default());
         tokio::spawn(Arc::clone(&book).keep(receiver));
         Ok(Arc::new(Network {
             config,
@@ -482,8 +489,16 @@ impl Network {
         let address = IpAddr::V4(attached.address);
         {
             let mut registrations = self.registrations.lock().unwrap_or_else(|p| p.into_inner());
-            registrations.remove(&address);
+            let removed = registrations.remove(&address);
             drop(self.order(Order::Remove { address }));
+            // Its running total is kept a while for the proxy's last report, then dropped.
+            if let Some(registration) = removed {
+                let book = Arc::clone(&self.book);
+                tokio::spawn(async move {
+                    tokio::time::sleep(TOTAL_KEPT_AFTER_REMOVAL).await;
+                    book.forget(&registration.sandbox);
+                });
+            }
         }
         if let Err(error) = run("ip", &["link", "del", &attached.link]).await {
             tracing::debug!(error = format!("{error:#}"), "removing a sandbox link");

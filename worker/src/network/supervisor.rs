@@ -108,6 +108,9 @@ pub(super) struct Supervisor {
     pub(super) registrations: Arc<Mutex<HashMap<IpAddr, Registration>>>,
     pub(super) orders: mpsc::UnboundedReceiver<(Envelope, Option<oneshot::Sender<()>>)>,
     pub(super) flows: mpsc::Sender<Flow>,
+    /// Where running byte totals go (straight, never through the flow channel, which may
+    /// drop records when full).
+    pub(super) book: Arc<super::flows::FlowBook>,
     pub(super) pid: Arc<AtomicU32>,
 }
 
@@ -166,6 +169,9 @@ impl Supervisor {
                             }
                             Ok(Report::Flow { flow }) => {
                                 let _ = self.flows.try_send(*flow);
+                            }
+                            Ok(Report::Metered { sandbox, bytes }) => {
+                                self.book.metered(&sandbox, bytes);
                             }
                             Ok(Report::Ready { .. }) | Err(_) => {}
                         }
