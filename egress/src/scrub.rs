@@ -49,8 +49,10 @@ impl ScrubRules {
                 .map_or_else(|| placeholder_for(value), str::to_owned);
             for (form, replacement) in forms(value.as_bytes(), stand_in.as_bytes()) {
                 if !patterns.iter().any(|known| **known == *form) {
+                    // As long as what it replaces: a scrubbed body keeps its length, so its
+                    // `Content-Length` stands and the client sees no change of framing.
+                    replacements.push(fit(replacement, form.len()));
                     patterns.push(form);
-                    replacements.push(replacement);
                 }
             }
         }
@@ -160,6 +162,12 @@ fn aligned_base64(
     let start = (offset * 8).div_ceil(6);
     let end = (padded.len() * 8) / 6;
     Zeroizing::new(encoded.get(start..end).unwrap_or_default().to_vec())
+}
+
+/// `replacement` cut or padded (with `X`) to `length` bytes.
+fn fit(mut replacement: Vec<u8>, length: usize) -> Vec<u8> {
+    replacement.resize(length, b'X');
+    replacement
 }
 
 /// Percent escapes with lowercase hexadecimal digits.
@@ -274,6 +282,7 @@ mod tests {
             in_url: false,
             paths: Vec::new(),
         });
+        assert!(rules.keeps_length());
         let scrubbed = rules.scrub(format!("echo: {VALUE}").as_bytes()).unwrap();
         assert_eq!(
             String::from_utf8(scrubbed).unwrap(),

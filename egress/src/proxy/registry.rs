@@ -68,6 +68,9 @@ impl Interception {
 #[derive(Default)]
 pub struct Registry {
     entries: RwLock<HashMap<IpAddr, Arc<Entry>>>,
+    /// New connections a second and their burst for sandboxes added from now on (`None`:
+    /// [`CONNECTIONS_PER_SECOND`], [`CONNECTIONS_BURST`]).
+    connection_rate: RwLock<Option<(f64, f64)>>,
 }
 
 impl Registry {
@@ -79,16 +82,30 @@ impl Registry {
         max_connections: usize,
         interception: Option<Arc<Interception>>,
     ) {
+        let (rate, burst) = self
+            .connection_rate
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or((CONNECTIONS_PER_SECOND, CONNECTIONS_BURST));
         let entry = Arc::new(Entry {
             sandbox: sandbox.to_owned(),
             policy: RwLock::new(Arc::new(policy)),
             connections: Semaphore::new(max_connections),
             interception,
-            opens: Bucket::new(CONNECTIONS_PER_SECOND, CONNECTIONS_BURST),
+            opens: Bucket::new(rate, burst),
             queries: Bucket::new(DNS_PER_SECOND, DNS_BURST),
             metered: Arc::default(),
         });
         self.write().insert(address, entry);
+    }
+
+    /// Sets the connection rate of sandboxes added from now on (benchmarks measuring
+    /// latency over many connections from one source).
+    pub fn set_connection_rate(&self, per_second: f64, burst: f64) {
+        *self
+            .connection_rate
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some((per_second, burst));
     }
 
     /// Removes a sandbox; returns what it was (for its last byte count).
