@@ -199,31 +199,14 @@ impl Proxy {
         // Small writes (a CONNECT answer, a request head) go out at once, not after Nagle's
         // delay meets the peer's delayed ACK.
         let _ = stream.set_nodelay(true);
-        // New connections a second, open ones per sandbox, open ones in all.
-        let refused = if !entry.opens.take() {
-            Some("this sandbox opens connections too fast")
-        } else {
-            None
-        };
-        let permits = refused.map_or_else(
-            || {
-                let own = entry.connections.try_acquire().ok();
-                let shared = Arc::clone(&self.budget).try_acquire_owned().ok();
-                match (own, shared) {
-                    (Some(own), Some(shared)) => Ok((own, shared)),
-                    (None, _) => Err("too many connections from this sandbox"),
-                    (_, None) => Err("the node's egress proxy is at its connection limit"),
+        let _permits = match self.room_for(&entry) {
+            Ok(permits) => permits,
+            Err(why) => {
+                if kind != Listener::TransparentTls {
+                    let _ = deny(&mut stream, 429, why).await;
                 }
-            },
-            Err,
-        );
-        let Ok(_permits) = permits else {
-            if kind != Listener::TransparentTls
-                && let Err(why) = permits
-            {
-                let _ = deny(&mut stream, 429, why).await;
+                return;
             }
-            return;
         };
         let mut buffer = Vec::with_capacity(2048);
         let (target, head_len) = match self.read_target(&mut stream, kind, &mut buffer).await {
@@ -270,6 +253,31 @@ impl Proxy {
             "egress"
         );
         let _ = self.flows.try_send(flow);
+    }
+
+    /// Room for one more connection of `entry`'s: its rate of new connections, its own cap
+    /// on open ones, and the proxy's budget for all sandboxes together.
+    fn room_for<'e>(
+        &self,
+        entry: &'e Entry,
+    ) -> Result<
+        (
+            tokio::sync::SemaphorePermit<'e>,
+            tokio::sync::OwnedSemaphorePermit,
+        ),
+        &'static str,
+    > {
+        if !entry.opens.take() {
+            return Err("this sandbox opens connections too fast");
+        }
+        let own = entry
+            .connections
+            .try_acquire()
+            .map_err(|_| "too many connections from this sandbox")?;
+        let shared = Arc::clone(&self.budget)
+            .try_acquire_owned()
+            .map_err(|_| "the node's egress proxy is at its connection limit")?;
+        Ok((own, shared))
     }
 
     /// Whether the connection may go out, and to which checked address: plain HTTP is read,
