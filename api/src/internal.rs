@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::sandboxes::{Mount, Resources, RunAs};
+use crate::sandboxes::{Isolation, Mount, Resources, RunAs};
 
 /// A worker announcing itself. A worker registers after its start-up reconciliation, so
 /// it hosts nothing yet: every sandbox the gateway routed to it before is lost.
@@ -20,12 +20,22 @@ pub struct RegisterWorker {
     /// Volumes sandboxes may mount.
     #[serde(default)]
     pub volumes: Vec<VolumeInfo>,
+    /// Isolation levels it offers.
+    #[serde(default = "runc_only")]
+    pub isolations: Vec<Isolation>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeInfo {
     pub name: String,
     pub writable: bool,
+    /// The teams that may mount a writable volume writable (nobody else may).
+    #[serde(default)]
+    pub writers: Vec<Uuid>,
+}
+
+fn runc_only() -> Vec<Isolation> {
+    vec![Isolation::Runc]
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -54,6 +64,8 @@ pub struct Heartbeat {
     pub memory_mb: u64,
     #[serde(default)]
     pub reserved_memory_mb: u64,
+    #[serde(default = "runc_only")]
+    pub isolations: Vec<Isolation>,
 }
 
 fn healthy() -> bool {
@@ -85,13 +97,20 @@ pub struct WorkerStatus {
     pub memory_mb: u64,
     #[serde(default)]
     pub reserved_memory_mb: u64,
+    #[serde(default = "runc_only")]
+    pub isolations: Vec<Isolation>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CreateSandbox {
     pub id: Uuid,
+    /// The team it is for (writable volumes are offered to named teams only).
+    #[serde(default)]
+    pub team_id: Option<Uuid>,
     pub template: String,
     pub resources: Resources,
+    #[serde(default)]
+    pub isolation: Isolation,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     pub cwd: String,

@@ -40,6 +40,9 @@ pub struct CreateRunRequest {
     /// Vault credentials (names) the proxy adds to the run's requests to their hosts.
     #[serde(default)]
     pub credentials: Vec<String>,
+    /// Isolation level of the run's sandbox (as for sandboxes).
+    #[serde(default)]
+    pub isolation: Option<crate::sandboxes::Isolation>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]

@@ -7,6 +7,36 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+/// How a sandbox is isolated from its node.
+/// - `runc`: Linux namespaces, cgroups, a seccomp allow-list and no capabilities; commands
+///   call the host kernel (through the allow-list).
+/// - `gvisor`: gVisor's user-space kernel serves every system call; the host kernel sees
+///   only the Sentry's own small set. Slower to start and to run system-call-heavy work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    #[default]
+    Runc,
+    Gvisor,
+}
+
+impl Isolation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isolation::Runc => "runc",
+            Isolation::Gvisor => "gvisor",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Isolation> {
+        match text {
+            "runc" => Some(Isolation::Runc),
+            "gvisor" => Some(Isolation::Gvisor),
+            _ => None,
+        }
+    }
+}
+
 /// Resources asked for; every field falls back to the server's default.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -58,6 +88,10 @@ pub struct CreateSandboxRequest {
     /// else of the host is visible.
     #[serde(default)]
     pub mounts: Vec<Mount>,
+    /// Isolation level; the template's default (`sandboxes.template_isolation`), else the
+    /// server's (`sandboxes.default_isolation`), when absent.
+    #[serde(default)]
+    pub isolation: Option<Isolation>,
     /// Spend cap of this sandbox, in credits (a decimal, e.g. "0.5"): once its runtime and
     /// usage cost this much it is stopped (`stop_reason: spend_cap`).
     #[serde(default)]
@@ -148,6 +182,8 @@ pub struct Sandbox {
     pub metadata: BTreeMap<String, String>,
     #[serde(default)]
     pub mounts: Vec<Mount>,
+    #[serde(default)]
+    pub isolation: Isolation,
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
     #[serde(default)]

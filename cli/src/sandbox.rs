@@ -57,6 +57,9 @@ pub enum SandboxCommand {
 pub struct CreateArgs {
     #[arg(long)]
     template: Option<String>,
+    /// Isolation level: runc or gvisor (the server's default when absent).
+    #[arg(long, value_parser = parse_isolation)]
+    isolation: Option<sandbase_api::sandboxes::Isolation>,
     /// Lifetime in seconds.
     #[arg(long)]
     timeout: Option<u64>,
@@ -224,6 +227,7 @@ async fn create(client: &Client, json: bool, args: CreateArgs) -> anyhow::Result
         egress: args.egress.policy(),
         mounts: args.mounts,
         credentials: args.egress.credentials.clone(),
+        isolation: args.isolation,
     };
     let sandbox: Sandbox = client.post("/v1/sandboxes", &request).await?;
     emit(json, &sandbox, |sandbox| println!("{}", sandbox.id))
@@ -567,6 +571,9 @@ pub struct RunArgs {
     input: Option<PathBuf>,
     #[arg(long)]
     template: Option<String>,
+    /// Isolation level: runc or gvisor (the server's default when absent).
+    #[arg(long, value_parser = parse_isolation)]
+    isolation: Option<sandbase_api::sandboxes::Isolation>,
     /// Kill the command after this many seconds.
     #[arg(long)]
     timeout: Option<u64>,
@@ -619,6 +626,7 @@ pub async fn run_once(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<Exit
         outputs: Some(args.outputs),
         egress: args.egress.policy(),
         credentials: args.egress.credentials.clone(),
+        isolation: args.isolation,
     };
     let mut run: Run = client.post("/v1/runs", &request).await?;
     eprintln!("run {} queued", run.id);
@@ -667,4 +675,9 @@ pub async fn run_once(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<Exit
     Ok(ExitCode::from(
         run.exit_code.unwrap_or(1).clamp(0, 255) as u8
     ))
+}
+
+fn parse_isolation(value: &str) -> Result<sandbase_api::sandboxes::Isolation, String> {
+    sandbase_api::sandboxes::Isolation::parse(value)
+        .ok_or_else(|| format!("`{value}` is not an isolation level (runc or gvisor)"))
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use sandbase_worker::node::NodeConfig;
+use sandbase_worker::node::{NodeConfig, Volume};
 use sandbase_worker::runtime::RuntimeConfig;
 use sandbase_worker::service::{self, ServiceConfig, TemplateSource};
 use sandbase_worker::spec::Limits;
@@ -81,10 +81,15 @@ pub struct NodeArgs {
     /// Warm pool: TEMPLATE=SIZE (repeatable).
     #[arg(long = "pool", value_parser = parse_pool, default_values = ["base=2"])]
     pub pools: Vec<(String, usize)>,
-    /// A host directory sandboxes may mount: NAME=PATH, or NAME=PATH:rw for a writable one
-    /// (repeatable). Nothing else of the host is ever mounted.
+    /// A host directory sandboxes may mount: NAME=PATH (read-only for every team), or
+    /// NAME=PATH:rw=TEAM_ID[,TEAM_ID…] (writable for the teams named, read-only for the
+    /// rest) (repeatable). Nothing else of the host is ever mounted.
     #[arg(long = "volume", value_parser = parse_volume)]
-    pub volumes: Vec<(String, PathBuf, bool)>,
+    pub volumes: Vec<(String, Volume)>,
+    /// gVisor's runsc, for sandboxes asking for `isolation: gvisor`: a path, `auto` (runsc on
+    /// the PATH, when installed) or `none`.
+    #[arg(long, default_value = "auto")]
+    pub runsc: String,
     /// The /16 sandboxes with egress take their addresses from (a /30 each); `none` turns
     /// egress off (sandboxes then have loopback only).
     #[arg(long = "egress-pool", default_value = "10.213.0.0")]
@@ -115,13 +120,29 @@ pub struct NodeArgs {
     pub default_pids: u32,
 }
 
-fn parse_volume(value: &str) -> Result<(String, PathBuf, bool), String> {
-    let (name, path) = value
+fn parse_volume(value: &str) -> Result<(String, Volume), String> {
+    let (name, rest) = value
         .split_once('=')
-        .ok_or_else(|| format!("`{value}` is not NAME=PATH[:rw]"))?;
-    let (path, writable) = match path.strip_suffix(":rw") {
-        Some(path) => (path, true),
-        None => (path.strip_suffix(":ro").unwrap_or(path), false),
+        .ok_or_else(|| format!("`{value}` is not NAME=PATH[:rw=TEAM_ID,…]"))?;
+    let (path, writers) = match rest.split_once(":rw") {
+        Some((path, teams)) => {
+            let teams = teams.strip_prefix('=').ok_or_else(|| {
+                format!(
+                    "volume `{name}`: a writable volume names the teams that may write it \
+                     (NAME=PATH:rw=TEAM_ID[,TEAM_ID…])"
+                )
+            })?;
+            let writers = teams
+                .split(',')
+                .map(|team| {
+                    team.trim()
+                        .parse::<uuid::Uuid>()
+                        .map_err(|_| format!("volume `{name}`: `{team}` is not a team id"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            (path, writers)
+        }
+        None => (rest.strip_suffix(":ro").unwrap_or(rest), Vec::new()),
     };
     let path = PathBuf::from(path);
     if !path.is_absolute() {
@@ -130,7 +151,7 @@ fn parse_volume(value: &str) -> Result<(String, PathBuf, bool), String> {
             path.display()
         ));
     }
-    Ok((name.to_owned(), path, writable))
+    Ok((name.to_owned(), Volume { path, writers }))
 }
 
 fn parse_pool(value: &str) -> Result<(String, usize), String> {
@@ -144,6 +165,23 @@ fn parse_pool(value: &str) -> Result<(String, usize), String> {
 }
 
 impl NodeArgs {
+    /// The runsc this node offers gVisor with, if any.
+    fn runsc(&self) -> anyhow::Result<Option<PathBuf>> {
+        match self.runsc.as_str() {
+            "none" => Ok(None),
+            "auto" => Ok(sandbase_worker::gvisor::find_runsc()),
+            path => {
+                let path = PathBuf::from(path);
+                anyhow::ensure!(
+                    path.is_absolute() && path.is_file(),
+                    "--runsc: `{}` is not an absolute path to runsc (or `auto`, `none`)",
+                    path.display()
+                );
+                Ok(Some(path))
+            }
+        }
+    }
+
     /// This worker's id: `--worker-id`, else the one `credential` names, else the host name.
     pub fn id_for(&self, credential: &str) -> String {
         self.worker_id
@@ -179,6 +217,7 @@ impl NodeArgs {
                 agent_binary: agent,
                 run_dir: self.run_dir.clone(),
                 id_base: self.id_base,
+                runsc: self.runsc()?,
             },
             node: NodeConfig {
                 capacity: self.capacity,
@@ -192,11 +231,7 @@ impl NodeArgs {
                 process_output_limit: 1024 * 1024,
                 memory_mb: self.memory_mb,
                 memory_overcommit: self.memory_overcommit,
-                volumes: self
-                    .volumes
-                    .iter()
-                    .map(|(name, path, writable)| (name.clone(), (path.clone(), *writable)))
-                    .collect(),
+                volumes: self.volumes.iter().cloned().collect(),
                 egress: match self.egress_pool.as_str() {
                     "none" => None,
                     pool => Some(sandbase_worker::network::EgressConfig {

@@ -159,6 +159,7 @@ fn main() -> anyhow::Result<()> {
                 agent_binary: PathBuf::from(std::env::var("SANDBASE_AGENT_BINARY")?),
                 run_dir: run_dir.clone(),
                 id_base: 5_000_000,
+                runsc: None,
             },
             node: NodeConfig {
                 capacity: density + 50,

@@ -101,9 +101,12 @@ pub enum ApiError {
     TemplateNotFound(String),
     /// 422 `volume_not_found`: no live worker with the template offers the volumes.
     #[error(
-        "no worker has the template `{0}` and the volumes asked for (a writable mount needs a writable volume)"
+        "no worker has the template `{0}` and the volumes asked for (a writable mount needs a volume your team may write)"
     )]
     VolumeNotFound(String),
+    /// 422 `isolation_unavailable`: no live worker offers the isolation level asked for.
+    #[error("no worker offers {0} isolation (the node needs runsc for gvisor)")]
+    IsolationUnavailable(&'static str),
     /// 503 `worker_unavailable`: the sandbox's worker is not live.
     #[error("the worker hosting this sandbox is not reachable")]
     WorkerUnavailable,
@@ -216,6 +219,7 @@ impl ApiError {
             | ApiError::CredentialsNeedEgress
             | ApiError::TemplateNotFound(_)
             | ApiError::VolumeNotFound(_)
+            | ApiError::IsolationUnavailable(_)
             | ApiError::UnknownPrice(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::VaultNotConfigured | ApiError::BillingNotConfigured(_) => {
                 StatusCode::NOT_IMPLEMENTED
@@ -276,6 +280,7 @@ impl ApiError {
             ApiError::SpendCapReached => "spend_cap_reached",
             ApiError::TemplateNotFound(_) => "template_not_found",
             ApiError::VolumeNotFound(_) => "volume_not_found",
+            ApiError::IsolationUnavailable(_) => "isolation_unavailable",
             ApiError::WorkerUnavailable => "worker_unavailable",
             ApiError::UnknownWorker => "unknown_worker",
             ApiError::InvalidNodeToken => "invalid_node_token",

@@ -19,6 +19,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use sandbase_agent::protocol::{ExecRequest, Reply, Request, read_frame, write_json};
+use sandbase_worker::gvisor::Isolation;
 use sandbase_worker::pool::WarmPool;
 use sandbase_worker::runtime::{Runtime, RuntimeConfig};
 use sandbase_worker::spec::Limits;
@@ -107,6 +108,7 @@ async fn main() -> anyhow::Result<()> {
         agent_binary: PathBuf::from(std::env::var("SANDBASE_AGENT_BINARY")?),
         run_dir: work.join("run"),
         id_base: base,
+        runsc: sandbase_worker::gvisor::find_runsc(),
     };
     let (worker, _) = Runtime::start(config).await?;
     worker
@@ -233,11 +235,83 @@ async fn main() -> anyhow::Result<()> {
         exec_ratio
     );
 
+    if worker.isolations().contains(&Isolation::Gvisor) {
+        gvisor_rows(&worker, &namespace, &baseline_rootfs, starts, execs).await?;
+    }
+
+    ctr(
+        &namespace,
+        &["snapshots", "rm", "sandbase/gvisor-template/busybox"],
+    );
     ctr(
         &namespace,
         &["snapshots", "rm", "sandbase/template/busybox"],
     );
     sandbase_worker::runtime::remove_run_dir(&work.join("run"))?;
     std::fs::remove_dir_all(&work)?;
+    Ok(())
+}
+
+/// The same start and exec under gVisor, against `ctr run` with the same runsc launcher.
+async fn gvisor_rows(
+    worker: &Runtime,
+    namespace: &str,
+    baseline_rootfs: &str,
+    starts: usize,
+    execs: usize,
+) -> anyhow::Result<()> {
+    let launcher = worker
+        .config()
+        .run_dir
+        .join("bin")
+        .join(sandbase_worker::gvisor::LAUNCHER);
+    let launcher = launcher.to_str().expect("utf-8").to_owned();
+    let create = || worker.create_with_volumes("busybox", LIMITS, Vec::new(), Isolation::Gvisor);
+    // The template's gVisor copy is made by the first start.
+    let first = create().await?;
+    worker.destroy(&first.id).await?;
+    let (mut ours, mut baseline) = (Samples(Vec::new()), Samples(Vec::new()));
+    for index in 0..starts {
+        let started = Instant::now();
+        let sandbox = create().await?;
+        let socket = sandbox.socket.clone();
+        tokio::task::spawn_blocking(move || agent_exec(&socket)).await?;
+        worker.destroy(&sandbox.id).await?;
+        ours.0.push(started.elapsed());
+        let name = format!("gvisor-baseline-{index}");
+        baseline.0.push(ctr(
+            namespace,
+            &[
+                "run",
+                "--rm",
+                "--runc-binary",
+                &launcher,
+                "--rootfs",
+                baseline_rootfs,
+                &name,
+                "/bin/true",
+            ],
+        ));
+    }
+    let sandbox = create().await?;
+    let socket = sandbox.socket.clone();
+    let mut execs = tokio::task::spawn_blocking(move || {
+        Samples((0..execs).map(|_| agent_exec(&socket)).collect())
+    })
+    .await?;
+    worker.destroy(&sandbox.id).await?;
+    println!(
+        "| gVisor: start + `true` + destroy | {:.1} | {:.1} | `ctr run --rm` (runsc) | {:.1} | {:.1} | {:.2} |",
+        ours.percentile(0.5),
+        ours.percentile(0.99),
+        baseline.percentile(0.5),
+        baseline.percentile(0.99),
+        ours.percentile(0.5) / baseline.percentile(0.5)
+    );
+    println!(
+        "| gVisor: exec `true` | {:.2} | {:.2} | — | | | |",
+        execs.percentile(0.5),
+        execs.percentile(0.99),
+    );
     Ok(())
 }

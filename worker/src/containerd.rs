@@ -43,6 +43,34 @@ pub fn template_snapshot(name: &str) -> String {
     format!("sandbase/template/{name}")
 }
 
+/// A template's copy for gVisor sandboxes: its files with their own ids, not shifted into
+/// the node's range (gVisor sandboxes have no user namespace on the host).
+pub fn gvisor_template_snapshot(name: &str) -> String {
+    format!("sandbase/gvisor-template/{name}")
+}
+
+/// The runc shim's options type, and the field of `Options` naming the OCI runtime binary
+/// (containerd's runtime/runc/options: `string binary_name = 6`).
+const RUNC_OPTIONS_TYPE_URL: &str = "containerd.runc.v1.Options";
+const BINARY_NAME_FIELD: u8 = 6;
+
+/// The shim options running `binary` instead of runc (protobuf, one string field).
+fn runc_options(binary: &Path) -> anyhow::Result<prost_types::Any> {
+    let name = binary.to_str().context("the runtime's path is not UTF-8")?;
+    let mut value = vec![BINARY_NAME_FIELD << 3 | 2];
+    let mut length = name.len();
+    while length >= 0x80 {
+        value.push((length as u8 & 0x7f) | 0x80);
+        length >>= 7;
+    }
+    value.push(length as u8);
+    value.extend_from_slice(name.as_bytes());
+    Ok(prost_types::Any {
+        type_url: RUNC_OPTIONS_TYPE_URL.to_owned(),
+        value,
+    })
+}
+
 impl Containerd {
     pub async fn connect(socket: &Path, namespace: &str) -> anyhow::Result<Containerd> {
         let channel = containerd_client::connect(socket)
@@ -55,9 +83,13 @@ impl Containerd {
     }
 
     pub async fn template_exists(&self, name: &str) -> anyhow::Result<bool> {
+        self.snapshot_exists(&template_snapshot(name)).await
+    }
+
+    async fn snapshot_exists(&self, key: &str) -> anyhow::Result<bool> {
         let request = StatSnapshotRequest {
             snapshotter: SNAPSHOTTER.to_owned(),
-            key: template_snapshot(name),
+            key: key.to_owned(),
         };
         match SnapshotsClient::new(self.channel.clone())
             .stat(with_namespace!(request, self.namespace))
@@ -140,19 +172,84 @@ impl Containerd {
         Ok(())
     }
 
-    /// Creates and starts a sandbox container on a fresh snapshot of `template`.
+    /// Makes the gVisor copy of template `name` (built for the id range at `base`) unless it
+    /// exists: a snapshot on top of the template whose files get their own ids back. Once per
+    /// template and node; costs a copy of the template's files.
+    pub async fn derive_gvisor_template(&self, name: &str, base: u32) -> anyhow::Result<()> {
+        let committed = gvisor_template_snapshot(name);
+        if self.snapshot_exists(&committed).await? {
+            return Ok(());
+        }
+        let key = format!("sandbase/template-build/{name}@gvisor");
+        let mut snapshots = SnapshotsClient::new(self.channel.clone());
+        let remove = RemoveSnapshotRequest {
+            snapshotter: SNAPSHOTTER.to_owned(),
+            key: key.clone(),
+        };
+        let _ = snapshots
+            .remove(with_namespace!(remove.clone(), self.namespace))
+            .await;
+        let prepared = snapshots
+            .prepare(with_namespace!(
+                PrepareSnapshotRequest {
+                    snapshotter: SNAPSHOTTER.to_owned(),
+                    key: key.clone(),
+                    parent: template_snapshot(name),
+                    labels: gc_root(),
+                },
+                self.namespace
+            ))
+            .await
+            .context("preparing the template's gVisor copy")?
+            .into_inner();
+        let unshifted = tokio::task::block_in_place(|| {
+            crate::gvisor::with_mounted(&prepared.mounts, |root| {
+                crate::templates::unshift_ids(root, base)
+            })
+        });
+        if let Err(error) = unshifted {
+            let _ = snapshots
+                .remove(with_namespace!(remove, self.namespace))
+                .await;
+            return Err(error);
+        }
+        snapshots
+            .commit(with_namespace!(
+                CommitSnapshotRequest {
+                    snapshotter: SNAPSHOTTER.to_owned(),
+                    name: committed,
+                    key,
+                    labels: gc_root(),
+                },
+                self.namespace
+            ))
+            .await
+            .context("committing the template's gVisor copy")?;
+        Ok(())
+    }
+
+    /// Creates and starts a sandbox container on a fresh snapshot of `template`, under runc
+    /// or, given `gvisor` (the runsc launcher), under gVisor on the template's gVisor copy.
     pub async fn start_sandbox(
         &self,
         id: &str,
         template: &str,
         spec: &serde_json::Value,
+        gvisor: Option<&Path>,
     ) -> anyhow::Result<()> {
+        let (parent, options) = match gvisor {
+            None => (template_snapshot(template), None),
+            Some(launcher) => (
+                gvisor_template_snapshot(template),
+                Some(runc_options(launcher)?),
+            ),
+        };
         let prepared = SnapshotsClient::new(self.channel.clone())
             .prepare(with_namespace!(
                 PrepareSnapshotRequest {
                     snapshotter: SNAPSHOTTER.to_owned(),
                     key: id.to_owned(),
-                    parent: template_snapshot(template),
+                    parent,
                     labels: gc_root(),
                 },
                 self.namespace
@@ -164,7 +261,7 @@ impl Containerd {
             id: id.to_owned(),
             runtime: Some(Runtime {
                 name: RUNTIME.to_owned(),
-                options: None,
+                options: options.clone(),
             }),
             spec: Some(prost_types::Any {
                 type_url: SPEC_TYPE_URL.to_owned(),
@@ -190,6 +287,7 @@ impl Containerd {
                 CreateTaskRequest {
                     container_id: id.to_owned(),
                     rootfs: prepared.mounts,
+                    options,
                     ..Default::default()
                 },
                 self.namespace
@@ -240,9 +338,19 @@ impl Containerd {
         Ok(names)
     }
 
-    /// Removes a template's snapshot (sandboxes started from it keep running: the
-    /// snapshotter refuses while they exist).
+    /// Removes a template's snapshot and its gVisor copy (refused by the snapshotter while
+    /// sandboxes started from them exist).
     pub async fn remove_template(&self, name: &str) -> anyhow::Result<()> {
+        let copy = SnapshotsClient::new(self.channel.clone())
+            .remove(with_namespace!(
+                RemoveSnapshotRequest {
+                    snapshotter: SNAPSHOTTER.to_owned(),
+                    key: gvisor_template_snapshot(name),
+                },
+                self.namespace
+            ))
+            .await;
+        tolerate_missing(copy.map(|_| ()), "removing the template's gVisor copy")?;
         SnapshotsClient::new(self.channel.clone())
             .remove(with_namespace!(
                 RemoveSnapshotRequest {
@@ -289,8 +397,13 @@ impl Containerd {
     }
 
     /// Changes a running sandbox's cgroup limits (cpu, memory, pids).
-    pub async fn update_limits(&self, id: &str, limits: crate::spec::Limits) -> anyhow::Result<()> {
-        let mut resources = crate::spec::linux_resources(limits);
+    pub async fn update_limits(
+        &self,
+        id: &str,
+        limits: crate::spec::Limits,
+        isolation: crate::gvisor::Isolation,
+    ) -> anyhow::Result<()> {
+        let mut resources = crate::spec::linux_resources(limits, isolation);
         // Device rules are fixed at creation.
         if let Some(object) = resources.as_object_mut() {
             object.remove("devices");

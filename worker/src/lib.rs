@@ -11,6 +11,7 @@ pub mod background;
 pub mod containerd;
 pub mod error;
 pub mod exec;
+pub mod gvisor;
 pub mod health;
 pub mod images;
 pub mod network;

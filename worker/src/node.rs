@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use sandbase_api::internal::{CreateSandbox, TemplateInfo};
-use sandbase_api::sandboxes::Resources;
+use sandbase_api::sandboxes::{Isolation, Resources};
 use uuid::Uuid;
 
 use crate::agent_client::AgentClient;
@@ -28,8 +28,8 @@ pub struct NodeConfig {
     pub default_limits: Limits,
     /// Most output a background process keeps per stream (older output is dropped).
     pub process_output_limit: usize,
-    /// Host directories sandboxes may ask to mount, by name: (host path, writable).
-    pub volumes: BTreeMap<String, (std::path::PathBuf, bool)>,
+    /// Host directories sandboxes may ask to mount, by name.
+    pub volumes: BTreeMap<String, Volume>,
     /// Egress through the node's proxy; without it sandboxes have loopback only.
     pub egress: Option<crate::network::EgressConfig>,
     /// Memory sandboxes may reserve, in MiB, before overcommit (0: the machine's memory
@@ -37,6 +37,15 @@ pub struct NodeConfig {
     pub memory_mb: u64,
     /// How far reservations may exceed `memory_mb` (1.0: not at all).
     pub memory_overcommit: f64,
+}
+
+/// A host directory the operator offers: read-only to every team, writable only to the
+/// teams named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Volume {
+    pub path: std::path::PathBuf,
+    /// Teams whose sandboxes may mount it writable (none: read-only for everyone).
+    pub writers: Vec<Uuid>,
 }
 
 /// Memory kept back for the worker, containerd, the proxy and the system when the
@@ -163,15 +172,26 @@ impl Node {
         if self.read().len() + in_progress >= self.config.capacity {
             return Err(NodeError::AtCapacity);
         }
+        if !self.runtime.isolations().contains(&request.isolation) {
+            return Err(NodeError::Invalid(format!(
+                "this worker does not offer {} isolation",
+                request.isolation.as_str()
+            )));
+        }
         let limits = limits_of(request.resources);
-        // Memory is reserved, not only counted: a node full by memory is full.
-        let memory = u64::from(limits.memory_mb);
+        // Memory is reserved, not only counted: a node full by memory is full (a gVisor
+        // sandbox's Sentry included).
+        let memory = u64::from(limits.memory_mb)
+            + match request.isolation {
+                Isolation::Runc => 0,
+                Isolation::Gvisor => u64::from(crate::spec::GVISOR_MEMORY_ALLOWANCE_MB),
+            };
         let creating = self.creating_memory.fetch_add(memory, Ordering::AcqRel);
         let _reserved = ReleaseMemory(&self.creating_memory, memory);
         if self.reserved_memory_mb() + creating + memory > self.allocatable_memory_mb {
             return Err(NodeError::AtCapacity);
         }
-        let volumes = self.volumes_for(&request.mounts)?;
+        let volumes = self.volumes_for(&request.mounts, request.team_id)?;
         let started = self.start_for(&request, limits, volumes).await;
         match &started {
             Err(NodeError::Internal(_)) => self.health.failed(),
@@ -189,10 +209,11 @@ impl Node {
         limits: Limits,
         volumes: Vec<(String, String, bool)>,
     ) -> Result<Sandbox, NodeError> {
-        if volumes.is_empty() {
+        if volumes.is_empty() && request.isolation == Isolation::Runc {
             return self.start_sandbox(&request.template, limits).await;
         }
-        // Mounts are fixed at start: no warm sandbox has them.
+        // Mounts are fixed at start: no warm sandbox has them (nor is any warm sandbox
+        // under gVisor).
         if !self
             .runtime
             .containerd()
@@ -203,7 +224,7 @@ impl Node {
         }
         Ok(self
             .runtime
-            .create_with_volumes(&request.template, limits, volumes)
+            .create_with_volumes(&request.template, limits, volumes, request.isolation)
             .await?)
     }
 
@@ -314,9 +335,10 @@ impl Node {
         self.config
             .volumes
             .iter()
-            .map(|(name, (_, writable))| sandbase_api::internal::VolumeInfo {
+            .map(|(name, volume)| sandbase_api::internal::VolumeInfo {
                 name: name.clone(),
-                writable: *writable,
+                writable: !volume.writers.is_empty(),
+                writers: volume.writers.clone(),
             })
             .collect()
     }
@@ -326,25 +348,27 @@ impl Node {
     fn volumes_for(
         &self,
         mounts: &[sandbase_api::sandboxes::Mount],
+        team: Option<Uuid>,
     ) -> Result<Vec<(String, String, bool)>, NodeError> {
         let mut resolved = Vec::new();
         for mount in mounts {
-            let Some((host, writable)) = self.config.volumes.get(&mount.volume) else {
+            let Some(volume) = self.config.volumes.get(&mount.volume) else {
                 return Err(NodeError::Invalid(format!(
                     "no volume `{}` on this worker",
                     mount.volume
                 )));
             };
-            if !mount.read_only && !writable {
+            if !mount.read_only && !team.is_some_and(|team| volume.writers.contains(&team)) {
                 return Err(NodeError::Invalid(format!(
-                    "volume `{}` is read-only",
+                    "volume `{}` is not writable by this team",
                     mount.volume
                 )));
             }
             if let Some(reason) = reserved_mount_path(&mount.path) {
                 return Err(NodeError::Invalid(reason));
             }
-            let host = host
+            let host = volume
+                .path
                 .to_str()
                 .ok_or_else(|| NodeError::Invalid("a volume path is not UTF-8".to_owned()))?;
             resolved.push((host.to_owned(), mount.path.clone(), mount.read_only));
@@ -365,7 +389,7 @@ impl Node {
             match self
                 .runtime
                 .containerd()
-                .update_limits(&sandbox.id, limits)
+                .update_limits(&sandbox.id, limits, crate::gvisor::Isolation::Runc)
                 .await
             {
                 Ok(()) => return Ok(sandbox),

@@ -52,6 +52,7 @@ impl GatewayLink {
             capacity: node.capacity() as u32,
             templates: node.templates().await?,
             volumes: node.volume_infos(),
+            isolations: node.runtime().isolations(),
         };
         let answer = client
             .post(format!("{}{}", self.gateway_url, paths::WORKER_REGISTER))
@@ -85,6 +86,7 @@ impl GatewayLink {
             healthy: node.healthy(),
             memory_mb: node.allocatable_memory_mb(),
             reserved_memory_mb: node.reserved_memory_mb(),
+            isolations: node.runtime().isolations(),
         };
         let answer = client
             .post(format!("{}{}", self.gateway_url, paths::WORKER_HEARTBEAT))

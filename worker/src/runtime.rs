@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use crate::containerd::Containerd;
+use crate::gvisor::Isolation;
 use crate::spec::{Limits, SandboxSpec, oci_spec};
 
 #[derive(Debug, Clone)]
@@ -25,11 +26,17 @@ pub struct RuntimeConfig {
     /// First host uid/gid of the range sandbox user namespaces map to; templates' files
     /// are owned by this range.
     pub id_base: u32,
+    /// gVisor's `runsc`, when this node offers gVisor sandboxes.
+    pub runsc: Option<PathBuf>,
 }
 
 pub struct Runtime {
     containerd: Containerd,
     config: RuntimeConfig,
+    /// The launcher the shim runs for gVisor sandboxes (written at start when `runsc` is set).
+    gvisor_launcher: Option<PathBuf>,
+    /// Serialises the making of templates' gVisor copies.
+    gvisor_copies: tokio::sync::Mutex<()>,
     /// Every sandbox this worker started (or is starting) and has not destroyed: anything
     /// else of ours on the node is an orphan.
     live: Mutex<HashSet<String>>,
@@ -42,6 +49,11 @@ pub struct Sandbox {
     pub socket: PathBuf,
 }
 
+/// A sandbox asked for an isolation level this node does not offer.
+#[derive(Debug, thiserror::Error)]
+#[error("this node does not offer {} isolation", .0.as_str())]
+pub struct IsolationUnavailable(pub Isolation);
+
 /// How long a new sandbox's agent may take to listen.
 const AGENT_START_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -52,6 +64,8 @@ const CONTROL_MOUNT_OPTIONS: &str = "size=16k,nr_inodes=16,mode=0700";
 /// The run directory itself is a capped tmpfs (mounted at start when it is not a mount
 /// point already): the worker's own files there cannot fill the node's `/run` either.
 const RUN_DIR_MOUNT_OPTIONS: &str = "size=16m,nr_inodes=65536,mode=0755";
+/// Where the runsc launcher lives: the one executable file under the run directory.
+const LAUNCHER_MOUNT_OPTIONS: &str = "size=64k,nr_inodes=8,mode=0755";
 
 impl Runtime {
     /// Connects to containerd and removes every sandbox a previous run left behind;
@@ -67,9 +81,15 @@ impl Runtime {
         let resolv_conf = config.run_dir.join("resolv.conf");
         std::fs::write(&resolv_conf, crate::spec::RESOLV_CONF)
             .with_context(|| format!("writing {}", resolv_conf.display()))?;
+        let gvisor_launcher = match &config.runsc {
+            Some(runsc) => Some(install_launcher(&config.run_dir, runsc)?),
+            None => None,
+        };
         let worker = Runtime {
             containerd,
             config,
+            gvisor_launcher,
+            gvisor_copies: tokio::sync::Mutex::new(()),
             live: Mutex::new(HashSet::new()),
         };
         let removed = worker.remove_orphans().await?;
@@ -84,22 +104,49 @@ impl Runtime {
         &self.config
     }
 
-    /// Starts a sandbox from `template` and waits until its agent answers.
+    /// The isolation levels this node offers.
+    pub fn isolations(&self) -> Vec<Isolation> {
+        let mut offered = vec![Isolation::Runc];
+        if self.gvisor_launcher.is_some() {
+            offered.push(Isolation::Gvisor);
+        }
+        offered
+    }
+
+    /// Starts a runc sandbox from `template` and waits until its agent answers.
     pub async fn create(&self, template: &str, limits: Limits) -> anyhow::Result<Sandbox> {
-        self.create_with_volumes(template, limits, Vec::new()).await
+        self.create_with_volumes(template, limits, Vec::new(), Isolation::Runc)
+            .await
     }
 
     /// Like [`Runtime::create`], with host directories bind-mounted in (host path, path in
-    /// the sandbox, read-only).
+    /// the sandbox, read-only), isolated by `isolation`.
     pub async fn create_with_volumes(
         &self,
         template: &str,
         limits: Limits,
         volumes: Vec<(String, String, bool)>,
+        isolation: Isolation,
     ) -> anyhow::Result<Sandbox> {
+        let launcher = match isolation {
+            Isolation::Runc => None,
+            Isolation::Gvisor => {
+                let launcher = self
+                    .gvisor_launcher
+                    .clone()
+                    .ok_or(IsolationUnavailable(isolation))?;
+                let _making = self.gvisor_copies.lock().await;
+                self.containerd
+                    .derive_gvisor_template(template, self.config.id_base)
+                    .await?;
+                Some(launcher)
+            }
+        };
         let id = format!("sbx-{}", uuid::Uuid::new_v4().simple());
         self.live().insert(id.clone());
-        let result = self.try_create(&id, template, limits, volumes).await;
+        let result = self
+            .try_create(&id, template, limits, volumes, launcher.as_deref())
+            .await;
         if result.is_err() {
             // Leave nothing of a sandbox that did not start.
             let _ = self.destroy(&id).await;
@@ -113,15 +160,21 @@ impl Runtime {
         template: &str,
         limits: Limits,
         volumes: Vec<(String, String, bool)>,
+        gvisor: Option<&Path>,
     ) -> anyhow::Result<Sandbox> {
         let control = self.control_dir(id);
         std::fs::create_dir(&control).with_context(|| format!("creating {}", control.display()))?;
         // A tiny tmpfs of its own, owned by the sandbox's root and closed to everyone else:
         // user commands (another uid inside the sandbox) cannot reach the agent's socket.
-        let base = self.config.id_base;
+        // (Under gVisor the sandbox's root is the host's root as the gofer sees it.)
+        let owner = if gvisor.is_some() {
+            0
+        } else {
+            self.config.id_base
+        };
         mount_tmpfs(
             &control,
-            &format!("{CONTROL_MOUNT_OPTIONS},uid={base},gid={base}"),
+            &format!("{CONTROL_MOUNT_OPTIONS},uid={owner},gid={owner}"),
         )
         .with_context(|| format!("mounting the control directory {}", control.display()))?;
         let spec = oci_spec(&SandboxSpec {
@@ -133,8 +186,15 @@ impl Runtime {
             network_namespace: None,
             limits,
             volumes,
+            isolation: if gvisor.is_some() {
+                Isolation::Gvisor
+            } else {
+                Isolation::Runc
+            },
         });
-        self.containerd.start_sandbox(id, template, &spec).await?;
+        self.containerd
+            .start_sandbox(id, template, &spec, gvisor)
+            .await?;
         let socket = control.join("agent.sock");
         let deadline = Instant::now() + AGENT_START_TIMEOUT;
         while crate::agent_client::connect_without_following(&socket)
@@ -212,16 +272,40 @@ fn is_mount_point(path: &Path) -> anyhow::Result<bool> {
 }
 
 fn mount_tmpfs(path: &Path, options: &str) -> anyhow::Result<()> {
+    mount_tmpfs_with(path, options, rustix::mount::MountFlags::NOEXEC)
+}
+
+fn mount_tmpfs_with(
+    path: &Path,
+    options: &str,
+    flags: rustix::mount::MountFlags,
+) -> anyhow::Result<()> {
     use rustix::mount::{MountFlags, mount};
     let options = std::ffi::CString::new(options)?;
     mount(
         "tmpfs",
         path,
         "tmpfs",
-        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        MountFlags::NOSUID | MountFlags::NODEV | flags,
         Some(options.as_c_str()),
     )?;
     Ok(())
+}
+
+/// Writes the runsc launcher into a small tmpfs of its own under the run directory (which
+/// is `noexec`: nothing there may be run but this).
+fn install_launcher(run_dir: &Path, runsc: &Path) -> anyhow::Result<PathBuf> {
+    let bin = run_dir.join("bin");
+    std::fs::create_dir_all(&bin).with_context(|| format!("creating {}", bin.display()))?;
+    if !is_mount_point(&bin)? {
+        mount_tmpfs_with(
+            &bin,
+            LAUNCHER_MOUNT_OPTIONS,
+            rustix::mount::MountFlags::empty(),
+        )
+        .with_context(|| format!("mounting a tmpfs on {}", bin.display()))?;
+    }
+    crate::gvisor::write_launcher(&bin, runsc)
 }
 
 /// Removes a worker's run directory after it stopped: its tmpfs unmounted (lazily), then

@@ -8,6 +8,8 @@
 
 use serde_json::{Value, json};
 
+use crate::gvisor::Isolation;
+
 /// Where the agent and its socket appear inside the sandbox. The socket directory is
 /// mode 0700 and owned by the sandbox's root, so user commands cannot reach it.
 pub const AGENT_PATH: &str = "/.sandbase/agent";
@@ -43,6 +45,7 @@ pub struct SandboxSpec {
     pub limits: Limits,
     /// Host directories bind-mounted in: (host path, path in the sandbox, read-only).
     pub volumes: Vec<(String, String, bool)>,
+    pub isolation: Isolation,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,29 +104,57 @@ const READONLY_PATHS: &[&str] = &[
 /// The CFS period the cpu limit is expressed in.
 const CPU_PERIOD_US: u64 = 100_000;
 
+/// Host threads a gVisor sandbox needs besides its tasks' (the Sentry's and the gofer's Go
+/// threads).
+pub const GVISOR_PIDS_ALLOWANCE: u32 = 256;
+/// Host threads per task under gVisor's ptrace platform: a stub process per address space,
+/// with a thread for each Sentry thread that has run it (measured: 31 tasks, 287 host
+/// threads).
+pub const GVISOR_TASK_THREADS: u32 = 10;
+/// Memory of a gVisor sandbox's Sentry and gofer beyond what its tasks use, added to its
+/// memory cgroup (and to what the node reserves for it).
+pub const GVISOR_MEMORY_ALLOWANCE_MB: u32 = 64;
+
 /// The cgroup settings of `limits` (OCI `LinuxResources`), also what a running sandbox's
-/// limits are updated to.
-pub fn linux_resources(limits: Limits) -> Value {
-    let memory_bytes = u64::from(limits.memory_mb) * 1024 * 1024;
+/// limits are updated to. Under gVisor the pids cgroup holds the Sentry too (the tasks
+/// themselves are held to `limits.pids` by the Sentry's RLIMIT_NPROC).
+pub fn linux_resources(limits: Limits, isolation: Isolation) -> Value {
+    let memory_mb = match isolation {
+        Isolation::Runc => limits.memory_mb,
+        Isolation::Gvisor => limits.memory_mb.saturating_add(GVISOR_MEMORY_ALLOWANCE_MB),
+    };
+    let memory_bytes = u64::from(memory_mb) * 1024 * 1024;
     let cpu_quota = u64::from(limits.cpu_millis) * CPU_PERIOD_US / 1000;
+    let pids = match isolation {
+        Isolation::Runc => limits.pids,
+        Isolation::Gvisor => limits
+            .pids
+            .saturating_mul(GVISOR_TASK_THREADS)
+            .saturating_add(GVISOR_PIDS_ALLOWANCE),
+    };
     json!({
         "devices": [{ "allow": false, "access": "rwm" }],
         "memory": { "limit": memory_bytes, "swap": memory_bytes },
         "cpu": { "quota": cpu_quota, "period": CPU_PERIOD_US },
-        "pids": { "limit": limits.pids },
+        "pids": { "limit": pids },
     })
 }
 
 pub fn oci_spec(sandbox: &SandboxSpec) -> Value {
     let limits = sandbox.limits;
+    let gvisor = sandbox.isolation == Isolation::Gvisor;
     let mut namespaces = vec![
         json!({ "type": "pid" }),
         json!({ "type": "ipc" }),
         json!({ "type": "uts" }),
         json!({ "type": "mount" }),
-        json!({ "type": "user" }),
         json!({ "type": "cgroup" }),
     ];
+    // Under gVisor the user namespace is the Sentry's own (runsc runs it as an unprivileged
+    // process of its own); its root file system is the template's unshifted copy.
+    if !gvisor {
+        namespaces.push(json!({ "type": "user" }));
+    }
     namespaces.push(match &sandbox.network_namespace {
         Some(path) => json!({ "type": "network", "path": path }),
         None => json!({ "type": "network" }),
@@ -150,9 +181,14 @@ pub fn oci_spec(sandbox: &SandboxSpec) -> Value {
             "options": ["rbind", if *read_only { "ro" } else { "rw" }, "nosuid", "nodev"],
         }));
     }
-    let id_mapping =
-        json!([{ "containerID": 0, "hostID": sandbox.host_id_base, "size": ID_RANGE }]);
-    json!({
+    let mut rlimits = vec![json!({ "type": "RLIMIT_NOFILE", "hard": 4096, "soft": 1024 })];
+    // gVisor's tasks are not host processes, so the pids cgroup does not count them: the
+    // Sentry holds the sandbox to the same number.
+    if gvisor {
+        let pids = limits.pids;
+        rlimits.push(json!({ "type": "RLIMIT_NPROC", "hard": pids, "soft": pids }));
+    }
+    let mut spec = json!({
         "ociVersion": "1.0.2",
         "process": {
             "terminal": false,
@@ -167,7 +203,7 @@ pub fn oci_spec(sandbox: &SandboxSpec) -> Value {
                 "inheritable": [],
                 "ambient": [],
             },
-            "rlimits": [{ "type": "RLIMIT_NOFILE", "hard": 4096, "soft": 1024 }],
+            "rlimits": rlimits,
             // A sandbox is the first thing the host's OOM killer takes, never the worker,
             // containerd or the proxy: the agent at 500, what it starts at 1000.
             "oomScoreAdj": 500,
@@ -179,14 +215,19 @@ pub fn oci_spec(sandbox: &SandboxSpec) -> Value {
         "mounts": mounts,
         "linux": {
             "namespaces": namespaces,
-            "uidMappings": id_mapping,
-            "gidMappings": id_mapping,
-            "resources": linux_resources(limits),
+            "resources": linux_resources(limits, sandbox.isolation),
             "maskedPaths": MASKED_PATHS,
             "readonlyPaths": READONLY_PATHS,
             "seccomp": crate::seccomp::profile(),
         },
-    })
+    });
+    if !gvisor {
+        let id_mapping =
+            json!([{ "containerID": 0, "hostID": sandbox.host_id_base, "size": ID_RANGE }]);
+        spec["linux"]["uidMappings"] = id_mapping.clone();
+        spec["linux"]["gidMappings"] = id_mapping;
+    }
+    spec
 }
 
 #[cfg(test)]
@@ -208,6 +249,7 @@ mod tests {
                 pids: 256,
             },
             volumes: vec![("/srv/data".to_owned(), "/data".to_owned(), true)],
+            isolation: Isolation::Runc,
         })
     }
 

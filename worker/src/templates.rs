@@ -151,21 +151,33 @@ fn append_unless_present(file: &Path, marker: &str, line: &str) -> anyhow::Resul
 /// targets), each inode once (hard links), keeping set-id bits that `chown` clears.
 pub fn shift_ids(root: &Path, base: u32) -> anyhow::Result<()> {
     let mut seen = HashSet::new();
-    shift(root, base, &mut seen)
-        .with_context(|| format!("shifting owners under {}", root.display()))
+    let up = |id: u32| id.checked_add(base).context("id out of range");
+    shift(root, &up, &mut seen).with_context(|| format!("shifting owners under {}", root.display()))
 }
 
-fn shift(path: &Path, base: u32, seen: &mut HashSet<(u64, u64)>) -> anyhow::Result<()> {
+/// The reverse of [`shift_ids`]: the template's own ids back (for gVisor, whose sandboxes
+/// have no user namespace on the host). An id outside the range becomes `nobody`.
+pub fn unshift_ids(root: &Path, base: u32) -> anyhow::Result<()> {
+    let mut seen = HashSet::new();
+    let down = |id: u32| {
+        Ok(id
+            .checked_sub(base)
+            .filter(|id| *id < crate::spec::ID_RANGE)
+            .unwrap_or(NOBODY))
+    };
+    shift(root, &down, &mut seen)
+        .with_context(|| format!("unshifting owners under {}", root.display()))
+}
+
+const NOBODY: u32 = 65_534;
+
+type IdMap<'a> = &'a dyn Fn(u32) -> anyhow::Result<u32>;
+
+fn shift(path: &Path, map: IdMap<'_>, seen: &mut HashSet<(u64, u64)>) -> anyhow::Result<()> {
     let metadata = std::fs::symlink_metadata(path)?;
     if seen.insert((metadata.dev(), metadata.ino())) {
-        let uid = metadata
-            .uid()
-            .checked_add(base)
-            .context("uid out of range")?;
-        let gid = metadata
-            .gid()
-            .checked_add(base)
-            .context("gid out of range")?;
+        let uid = map(metadata.uid())?;
+        let gid = map(metadata.gid())?;
         std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
         if !metadata.file_type().is_symlink() && metadata.mode() & 0o6000 != 0 {
             std::fs::set_permissions(
@@ -176,7 +188,7 @@ fn shift(path: &Path, base: u32, seen: &mut HashSet<(u64, u64)>) -> anyhow::Resu
     }
     if metadata.is_dir() {
         for entry in std::fs::read_dir(path)? {
-            shift(&entry?.path(), base, seen)?;
+            shift(&entry?.path(), map, seen)?;
         }
     }
     Ok(())

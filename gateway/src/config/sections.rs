@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 
+use sandbase_api::sandboxes::Isolation;
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 
@@ -189,6 +190,12 @@ fn default_region() -> String {
 pub struct SandboxSettings {
     /// Template of sandboxes that name none.
     pub default_template: String,
+    /// Isolation of sandboxes that name none (`runc` or `gvisor`)...
+    #[serde(default)]
+    pub default_isolation: Isolation,
+    /// ... unless their template's is set here (`{ untrusted = "gvisor" }`).
+    #[serde(default)]
+    pub template_isolation: std::collections::BTreeMap<String, Isolation>,
     /// Lifetime of a sandbox that asks for none.
     pub default_timeout_secs: u64,
     /// Longest lifetime a sandbox may ask for (or be extended to).
@@ -386,6 +393,8 @@ impl Default for SandboxSettings {
     fn default() -> Self {
         SandboxSettings {
             default_template: "base".to_owned(),
+            default_isolation: Isolation::Runc,
+            template_isolation: Default::default(),
             default_timeout_secs: 300,
             max_timeout_secs: 24 * 3600,
             default_resources: ResourceSettings {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::Context;
 use futures_util::StreamExt;
 use sandbase_api::internal::Exec;
-use sandbase_api::sandboxes::{ExecResult, Resources, RunAs, TemplateName};
+use sandbase_api::sandboxes::{ExecResult, Isolation, Resources, RunAs, TemplateName};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Semaphore;
 use uuid::Uuid;
@@ -247,6 +247,7 @@ async fn carry_out(
         egress: claimed.egress.as_ref().map(|policy| policy.0.clone()),
         credentials: claimed.credentials.clone(),
         mounts: Vec::new(),
+        isolation: Isolation::parse(&claimed.isolation).unwrap_or_default(),
     };
     let created = placement::create(state, owner, None, sandbox).await;
     // Placed (and counted in the workers' snapshot), or not placed at all.

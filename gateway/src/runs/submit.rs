@@ -92,6 +92,7 @@ pub async fn submit(
             max_credits: None,
             egress: request.egress,
             credentials: request.credentials,
+            isolation: request.isolation,
         },
         &state.settings.sandboxes,
     )?;
@@ -125,8 +126,16 @@ pub async fn submit(
     };
     let inputs = inputs_archive(&request.inputs.files, tar)?;
     affordable(state, principal, &sandbox).await?;
-    // Workers must exist and have the template (capacity may come later).
-    state.workers.candidates(sandbox.template.as_str()).await?;
+    // Workers must exist and have the template and isolation (capacity may come later).
+    let owner = crate::sandboxes::Owner {
+        team_id: principal.team_id,
+        api_key_id: None,
+        user_id: None,
+    };
+    state
+        .workers
+        .candidates(&crate::sandboxes::placement::placement_of(&sandbox, owner))
+        .await?;
     queue(
         state,
         principal,

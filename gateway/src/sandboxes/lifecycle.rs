@@ -181,9 +181,9 @@ pub async fn insert_creating(
     sqlx::query(
         "INSERT INTO sandboxes (id, team_id, api_key_id, user_id, template, state, worker_id, cwd, \
            cpu_millis, memory_mb, disk_mb, pids, metadata, expires_at, mounts, max_credits, egress, \
-           credentials) \
+           credentials, isolation) \
          VALUES ($1, $2, $3, $4, $5, $17, NULL, $6, $7, $8, $9, $10, $11, \
-           now() + make_interval(secs => $12), $13, $14, $15, $16)",
+           now() + make_interval(secs => $12), $13, $14, $15, $16, $18)",
     )
     .bind(new.id)
     .bind(new.owner.team_id)
@@ -202,6 +202,7 @@ pub async fn insert_creating(
     .bind(sandbox.egress.as_ref().map(sqlx::types::Json))
     .bind(&sandbox.credentials)
     .bind(SandboxState::Creating)
+    .bind(sandbox.isolation.as_str())
     .execute(connection)
     .await?;
     Ok(())

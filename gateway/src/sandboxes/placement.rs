@@ -30,7 +30,7 @@ pub async fn create(
     }
     state
         .workers
-        .candidates_with(sandbox.template.as_str(), &sandbox.mounts)
+        .candidates(&placement_of(&sandbox, owner))
         .await?;
     let id = Uuid::now_v7();
     // The first minute (or the sandbox's cap, when lower) is reserved before anything
@@ -53,6 +53,16 @@ pub async fn create(
             .await;
     }
     created
+}
+
+/// What `sandbox` needs of its worker.
+pub fn placement_of(sandbox: &NewSandbox, owner: Owner) -> crate::workers::registry::Placement<'_> {
+    crate::workers::registry::Placement {
+        template: sandbox.template.as_str(),
+        mounts: &sandbox.mounts,
+        isolation: sandbox.isolation,
+        team_id: owner.team_id,
+    }
 }
 
 /// Reserves `amount` for `ttl_ms` against the team's credits and the caps of `keys` (a key
@@ -87,7 +97,7 @@ async fn place(
 ) -> ApiResult<Created> {
     let mut candidates = state
         .workers
-        .candidates_with(sandbox.template.as_str(), &sandbox.mounts)
+        .candidates(&placement_of(&sandbox, owner))
         .await?;
     // Credentials travel to a worker only over TLS.
     if !sandbox.credentials.is_empty() {
@@ -124,6 +134,8 @@ async fn place(
     transaction.commit().await?;
     let mut request = CreateSandbox {
         id,
+        team_id: Some(owner.team_id),
+        isolation: sandbox.isolation,
         template: sandbox.template.into_string(),
         resources: sandbox.resources,
         env: sandbox.env,

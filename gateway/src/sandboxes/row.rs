@@ -48,7 +48,7 @@ impl SandboxState {
 }
 
 pub const SANDBOX_COLUMNS: &str = "id, template, state, stop_reason, cwd, cpu_millis, memory_mb, \
-     disk_mb, pids, metadata, mounts, created_at, expires_at, stopped_at, spent_micro, max_credits, egress, credentials";
+     disk_mb, pids, metadata, mounts, created_at, expires_at, stopped_at, spent_micro, max_credits, egress, credentials, isolation";
 
 #[derive(sqlx::FromRow)]
 pub struct SandboxRow {
@@ -70,6 +70,7 @@ pub struct SandboxRow {
     pub max_credits: Option<i64>,
     pub egress: Option<sqlx::types::Json<EgressPolicy>>,
     pub credentials: Vec<String>,
+    pub isolation: String,
 }
 
 impl SandboxRow {
@@ -88,6 +89,8 @@ impl SandboxRow {
             },
             metadata: self.metadata.0.clone(),
             mounts: self.mounts.0.clone(),
+            isolation: sandbase_api::sandboxes::Isolation::parse(&self.isolation)
+                .unwrap_or_default(),
             created_at: self.created_at,
             expires_at: self.expires_at,
             stopped_at: self.stopped_at,

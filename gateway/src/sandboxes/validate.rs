@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use sandbase_api::sandboxes::{
-    CreateSandboxRequest, EgressPolicy, Mount, Resources, ResourcesRequest, TemplateName,
+    CreateSandboxRequest, EgressPolicy, Isolation, Mount, Resources, ResourcesRequest, TemplateName,
 };
 
 use crate::config::SandboxSettings;
@@ -25,6 +25,7 @@ pub struct NewSandbox {
     pub egress: Option<EgressPolicy>,
     /// Vault credentials (names) for the egress proxy.
     pub credentials: Vec<String>,
+    pub isolation: Isolation,
 }
 
 /// Checks an egress policy and returns it normalized (lowercase, `*.` and ports explicit).
@@ -109,7 +110,12 @@ impl NewSandbox {
         if !credentials.is_empty() && egress.is_none() {
             return Err(ApiError::CredentialsNeedEgress);
         }
+        let isolation = request
+            .isolation
+            .or_else(|| settings.template_isolation.get(template.as_str()).copied())
+            .unwrap_or(settings.default_isolation);
         Ok(NewSandbox {
+            isolation,
             template,
             env: request.env,
             cwd,

@@ -67,6 +67,7 @@ pub async fn register(state: &AppState, worker: RegisterWorker) -> ApiResult<()>
             healthy: true,
             memory_mb: 0,
             reserved_memory_mb: 0,
+            isolations: worker.isolations,
         })
         .await
 }
@@ -122,6 +123,7 @@ pub async fn heartbeat(state: &AppState, beat: Heartbeat) -> ApiResult<Heartbeat
             healthy: beat.healthy,
             memory_mb: beat.memory_mb,
             reserved_memory_mb: beat.reserved_memory_mb,
+            isolations: beat.isolations,
         })
         .await?;
     Ok(HeartbeatReply { destroy })

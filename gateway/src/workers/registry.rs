@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use redis::AsyncCommands;
 use sandbase_api::internal::{TemplateInfo, WorkerStatus};
+use uuid::Uuid;
 
 use crate::config::Settings;
 use crate::error::{ApiError, ApiResult};
@@ -58,30 +59,25 @@ impl Workers {
         Ok(workers)
     }
 
-    /// Workers that can host `template`, best first: warm sandboxes of it, then free room.
-    pub async fn candidates(&self, template: &str) -> ApiResult<Vec<WorkerStatus>> {
-        self.candidates_with(template, &[]).await
-    }
-
-    /// Like [`Workers::candidates`], among workers offering every volume of `mounts`.
-    pub async fn candidates_with(
-        &self,
-        template: &str,
-        mounts: &[sandbase_api::sandboxes::Mount],
-    ) -> ApiResult<Vec<WorkerStatus>> {
+    /// Workers that can host `placement`, best first: warm sandboxes of its template, then
+    /// free room. A worker qualifies when it has the template, offers the isolation level,
+    /// and offers every volume of the mounts (a writable mount: writable by the team).
+    pub async fn candidates(&self, placement: &Placement<'_>) -> ApiResult<Vec<WorkerStatus>> {
         let live = self.live().await?;
         if live.is_empty() {
             return Err(ApiError::NoWorkers);
         }
-        let mut candidates: Vec<(u32, u32, WorkerStatus)> = live
+        let template = placement.template;
+        let offering: Vec<&WorkerStatus> = live
             .iter()
-            .filter(|worker| {
-                mounts.iter().all(|mount| {
-                    worker.volumes.iter().any(|volume| {
-                        volume.name == mount.volume && (mount.read_only || volume.writable)
-                    })
-                })
-            })
+            .filter(|worker| worker.isolations.contains(&placement.isolation))
+            .collect();
+        if offering.is_empty() {
+            return Err(ApiError::IsolationUnavailable(placement.isolation.as_str()));
+        }
+        let mut candidates: Vec<(u32, u32, WorkerStatus)> = offering
+            .into_iter()
+            .filter(|worker| placement.mounts_fit(worker))
             .filter_map(|worker| {
                 let info: &TemplateInfo =
                     worker.templates.iter().find(|info| info.name == template)?;
@@ -90,7 +86,7 @@ impl Workers {
             })
             .collect();
         if candidates.is_empty() {
-            if !mounts.is_empty() {
+            if !placement.mounts.is_empty() {
                 return Err(ApiError::VolumeNotFound(template.to_owned()));
             }
             return Err(ApiError::TemplateNotFound(template.to_owned()));
@@ -161,5 +157,26 @@ pub fn address(worker: &WorkerStatus) -> WorkerAddress {
     WorkerAddress {
         id: worker.id.clone(),
         url: worker.url.clone(),
+    }
+}
+
+/// What a sandbox needs of its worker.
+pub struct Placement<'a> {
+    pub template: &'a str,
+    pub mounts: &'a [sandbase_api::sandboxes::Mount],
+    pub isolation: sandbase_api::sandboxes::Isolation,
+    /// The team it is for: writable volumes are offered to the teams named only.
+    pub team_id: Uuid,
+}
+
+impl Placement<'_> {
+    fn mounts_fit(&self, worker: &WorkerStatus) -> bool {
+        self.mounts.iter().all(|mount| {
+            worker.volumes.iter().any(|volume| {
+                volume.name == mount.volume
+                    && (mount.read_only
+                        || (volume.writable && volume.writers.contains(&self.team_id)))
+            })
+        })
     }
 }

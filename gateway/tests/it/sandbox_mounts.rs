@@ -5,6 +5,8 @@ use reqwest::StatusCode;
 use serde_json::json;
 use uuid::Uuid;
 
+use sandbase_worker::node::Volume;
+
 use crate::testbed::{TestWorker, create, create_ok, sandbox_app, sh, worker_config};
 
 #[allow(
@@ -25,14 +27,28 @@ async fn sandboxes_mount_only_the_volumes_they_ask_for() {
     // The sandbox user is host uid id_base + 1000: the operator gives it the writable volume.
     let user = config.worker.id_base + 1000;
     std::os::unix::fs::chown(&scratch, Some(user), Some(user)).unwrap();
+    let alice = app.signup("alice@example.com", "Alice").await;
+    let mallory = app.signup("mallory@example.com", "Mallory").await;
+    let token = alice.api_key.token.as_str();
+    // Writable for Alice's team only.
     config.node.volumes = [
-        ("shared".to_owned(), (shared.clone(), false)),
-        ("scratch".to_owned(), (scratch.clone(), true)),
+        (
+            "shared".to_owned(),
+            Volume {
+                path: shared.clone(),
+                writers: Vec::new(),
+            },
+        ),
+        (
+            "scratch".to_owned(),
+            Volume {
+                path: scratch.clone(),
+                writers: vec![alice.team.id],
+            },
+        ),
     ]
     .into();
     let worker = TestWorker::start(config).await;
-    let alice = app.signup("alice@example.com", "Alice").await;
-    let token = alice.api_key.token.as_str();
 
     let answer = create(
         &app,
@@ -69,6 +85,65 @@ async fn sandboxes_mount_only_the_volumes_they_ask_for() {
     assert_eq!(
         std::fs::read_to_string(shared.join("readme.txt")).unwrap(),
         "shared data\n"
+    );
+
+    // Another team may not write the volume (the attack: its files are Alice's team's) ...
+    app.post(
+        "/v1/sandboxes",
+        &mallory.api_key.token,
+        json!({ "mounts": [{ "volume": "scratch", "path": "/work/scratch", "read_only": false }] }),
+    )
+    .await
+    .assert_error(422, "volume_not_found");
+    // ... nor get it past the gateway: the worker refuses it too.
+    let refused = worker
+        .running()
+        .node()
+        .create(sandbase_api::internal::CreateSandbox {
+            id: Uuid::new_v4(),
+            team_id: Some(mallory.team.id),
+            template: "busybox".to_owned(),
+            resources: sandbase_api::sandboxes::Resources {
+                cpu_millis: 500,
+                memory_mb: 64,
+                disk_mb: 16,
+                pids: 32,
+            },
+            isolation: Default::default(),
+            env: Default::default(),
+            cwd: "/work".to_owned(),
+            mounts: vec![sandbase_api::sandboxes::Mount {
+                volume: "scratch".to_owned(),
+                path: "/work/scratch".to_owned(),
+                read_only: false,
+            }],
+            egress: None,
+            credentials: Vec::new(),
+        })
+        .await;
+    assert!(
+        matches!(refused, Err(sandbase_worker::node::NodeError::Invalid(_))),
+        "{refused:?}"
+    );
+    // Read-only, it may.
+    let reader = create_ok(
+        &app,
+        &mallory.api_key.token,
+        json!({ "mounts": [{ "volume": "scratch", "path": "/work/scratch" }] }),
+    )
+    .await;
+    let result = sh(
+        &app,
+        &mallory.api_key.token,
+        &reader,
+        "cat /work/scratch/out.txt; echo x > /work/scratch/out.txt",
+    )
+    .await;
+    assert_eq!(result["stdout"], "new\n", "{result}");
+    assert_ne!(result["exit_code"], 0, "{result}");
+    assert_eq!(
+        std::fs::read_to_string(scratch.join("out.txt")).unwrap(),
+        "new\n"
     );
 
     // A sandbox that asked for nothing sees nothing of them.
@@ -121,7 +196,7 @@ async fn sandboxes_mount_only_the_volumes_they_ask_for() {
     assert_eq!(
         app.count("SELECT count(*) FROM sandboxes WHERE state = 'running'")
             .await,
-        2
+        3
     );
     worker.clean_up().await;
     std::fs::remove_dir_all(&shared).unwrap();

@@ -73,6 +73,10 @@ pub fn worker_config(app: &TestApp, id: &str, capacity: usize, warm: usize) -> S
             ),
             run_dir: std::env::temp_dir().join(format!("sandbase-gw-run-{unique}")),
             id_base: 2_000_000 + slot * 65_536,
+            runsc: Some(
+                sandbase_worker::gvisor::find_runsc()
+                    .expect("runsc (gVisor) on the PATH: scripts/setup installs it"),
+            ),
         },
         node: NodeConfig {
             capacity,

@@ -42,8 +42,12 @@ async fn containerd_runs_a_sandbox_and_destroy_removes_every_trace() {
         network_namespace: None,
         volumes: Vec::new(),
         limits: LIMITS,
+        isolation: sandbase_worker::gvisor::Isolation::Runc,
     });
-    client.start_sandbox(&id, template, &spec).await.unwrap();
+    client
+        .start_sandbox(&id, template, &spec, None)
+        .await
+        .unwrap();
     let socket = control.join("agent.sock");
     tokio::task::spawn_blocking({
         let socket = socket.clone();
@@ -81,7 +85,7 @@ async fn containerd_runs_a_sandbox_and_destroy_removes_every_trace() {
     // A second sandbox from the same template still has its busybox.
     let second = format!("{id}-2");
     client
-        .start_sandbox(&second, template, &spec)
+        .start_sandbox(&second, template, &spec, None)
         .await
         .unwrap();
     tokio::task::spawn_blocking(move || {
@@ -116,11 +120,24 @@ fn worker_config() -> sandbase_worker::runtime::RuntimeConfig {
         ),
         run_dir: std::env::temp_dir().join(format!("sandbase-worker-run-{unique}")),
         id_base: 1_000_000 + (unique % 1000) as u32 * 65_536,
+        runsc: Some(
+            sandbase_worker::gvisor::find_runsc()
+                .expect("runsc (gVisor) on the PATH: scripts/setup installs it"),
+        ),
     }
 }
 
 /// Removes a test worker's template snapshot and run directory (its sandboxes are gone).
 fn clean_up(config: &sandbase_worker::runtime::RuntimeConfig, template: &str) {
+    // The template's gVisor copy, when one was made.
+    let _ = Command::new("ctr")
+        .args(["--address", &socket_path(), "-n", &config.namespace])
+        .args([
+            "snapshots",
+            "rm",
+            &format!("sandbase/gvisor-template/{template}"),
+        ])
+        .output();
     run(Command::new("ctr").args([
         "--address",
         &socket_path(),
@@ -459,8 +476,8 @@ async fn the_agent_client_streams_commands_and_moves_files() {
 /// expects, run as the unprivileged user.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_base_template_runs_python_pip_git_and_curl_as_the_user() {
-    use sandbase_agent::protocol::{ExecRequest, Owner};
     use sandbase_worker::agent_client::AgentClient;
+    use sandbase_worker::gvisor::Isolation;
     use sandbase_worker::runtime::Runtime;
 
     let tarball = PathBuf::from(
@@ -477,12 +494,29 @@ async fn the_base_template_runs_python_pip_git_and_curl_as_the_user() {
         })
         .await
         .unwrap();
-    let sandbox = worker.create("base", LIMITS).await.unwrap();
-    let agent = AgentClient::new(sandbox.socket.clone());
+    for isolation in [Isolation::Runc, Isolation::Gvisor] {
+        let sandbox = worker
+            .create_with_volumes("base", LIMITS, Vec::new(), isolation)
+            .await
+            .unwrap();
+        base_template_tools_work(&AgentClient::new(sandbox.socket.clone()), isolation).await;
+        worker.destroy(&sandbox.id).await.unwrap();
+    }
+    clean_up(worker.config(), "base");
+}
+
+/// The tools of the base template, as the user; nothing gained through set-uid programs;
+/// under runc, namespaces and ptrace refused by the allow-list.
+async fn base_template_tools_work(
+    agent: &sandbase_worker::agent_client::AgentClient,
+    isolation: sandbase_worker::gvisor::Isolation,
+) {
+    use sandbase_agent::protocol::{ExecRequest, Owner};
+    use sandbase_worker::gvisor::Isolation;
     let script = "set -e; id -un; python3 -c 'print(6 * 7)'; pip3 --version | cut -d' ' -f1; \
                   git --version | cut -d' ' -f1-2; curl --version | head -1 | cut -d' ' -f1; \
                   test -s /etc/ssl/certs/ca-certificates.crt && echo certs; \
-                  cd ~ && git init -q repo && echo repo; ls -ld /usr/bin/passwd | cut -c1-10";
+                  cd ~ && git init -q repo && echo repo; test -u /usr/bin/passwd && echo set-uid";
     let (stdout, stderr, exit) = agent
         .run(
             ExecRequest {
@@ -499,7 +533,12 @@ async fn the_base_template_runs_python_pip_git_and_curl_as_the_user() {
         .await
         .unwrap();
     let stdout = String::from_utf8(stdout).unwrap();
-    assert_eq!(exit.code, 0, "{stdout}{}", String::from_utf8_lossy(&stderr));
+    assert_eq!(
+        exit.code,
+        0,
+        "{isolation:?}: {stdout}{}",
+        String::from_utf8_lossy(&stderr)
+    );
     assert_eq!(
         stdout.lines().collect::<Vec<_>>(),
         [
@@ -510,10 +549,45 @@ async fn the_base_template_runs_python_pip_git_and_curl_as_the_user() {
             "curl",
             "certs",
             "repo",
-            "-rwsr-xr-x"
+            "set-uid"
         ],
-        "set-uid bits survive the id shift (and no_new_privs makes them inert)"
+        "{isolation:?}: set-uid bits survive the id shift (and no_new_privs makes them inert): {}",
+        String::from_utf8_lossy(&stderr)
     );
+    if isolation == Isolation::Runc {
+        namespaces_and_ptrace_are_refused(agent).await;
+    }
+    // And a set-uid program gives the user nothing.
+    let (stdout, _, _) = agent
+        .run(
+            ExecRequest {
+                argv: vec![
+                    "bash".into(),
+                    "-c".into(),
+                    "su -c id root </dev/null 2>&1; id -u".into(),
+                ],
+                user: Some(Owner {
+                    uid: SANDBOX_USER,
+                    gid: SANDBOX_USER,
+                }),
+                ..Default::default()
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(
+        String::from_utf8(stdout)
+            .unwrap()
+            .trim_end()
+            .ends_with("1000")
+    );
+}
+
+/// Under runc, namespaces and ptrace are refused by the allow-list. (Under gVisor these
+/// calls reach only the Sentry's own namespaces and ptrace.)
+async fn namespaces_and_ptrace_are_refused(agent: &sandbase_worker::agent_client::AgentClient) {
+    use sandbase_agent::protocol::{ExecRequest, Owner};
     // New namespaces through clone(2) are refused too (unshare(2) is denied by name), as the
     // user and as the sandbox's root; threads and processes still start.
     for root in [false, true] {
@@ -549,32 +623,4 @@ async fn the_base_template_runs_python_pip_git_and_curl_as_the_user() {
             String::from_utf8_lossy(&stderr)
         );
     }
-    // And a set-uid program gives the user nothing.
-    let (stdout, _, _) = agent
-        .run(
-            ExecRequest {
-                argv: vec![
-                    "bash".into(),
-                    "-c".into(),
-                    "su -c id root </dev/null 2>&1; id -u".into(),
-                ],
-                user: Some(Owner {
-                    uid: SANDBOX_USER,
-                    gid: SANDBOX_USER,
-                }),
-                ..Default::default()
-            },
-            None,
-        )
-        .await
-        .unwrap();
-    assert!(
-        String::from_utf8(stdout)
-            .unwrap()
-            .trim_end()
-            .ends_with("1000")
-    );
-
-    worker.destroy(&sandbox.id).await.unwrap();
-    clean_up(worker.config(), "base");
 }

@@ -14,9 +14,12 @@ use std::time::{Duration, Instant};
 use sandbase_agent::protocol::{
     ExecRequest, ExitInfo, FrameKind, Owner, Reply, Request, read_frame, write_json,
 };
+use sandbase_worker::gvisor::{Isolation, write_launcher};
 use sandbase_worker::spec::{Limits, SANDBOX_USER, SandboxSpec, oci_spec};
 
 struct Sandbox {
+    /// runc, or the worker's runsc launcher.
+    runtime: PathBuf,
     id: String,
     dir: PathBuf,
     state: PathBuf,
@@ -38,8 +41,32 @@ fn run(command: &mut Command) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// Every isolation level: each test runs its attacks against all of them.
+const ISOLATIONS: [Isolation; 2] = [Isolation::Runc, Isolation::Gvisor];
+
+/// The OCI runtime binary for `isolation`: runc, or the worker's launcher for runsc
+/// (written once per test process).
+fn runtime_binary(isolation: Isolation) -> PathBuf {
+    match isolation {
+        Isolation::Runc => PathBuf::from("runc"),
+        Isolation::Gvisor => {
+            static LAUNCHER: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+            LAUNCHER
+                .get_or_init(|| {
+                    let runsc = sandbase_worker::gvisor::find_runsc()
+                        .expect("runsc (gVisor) on the PATH: scripts/setup installs it");
+                    let dir = std::env::temp_dir()
+                        .join(format!("sandbase-spec-launcher-{}", std::process::id()));
+                    std::fs::create_dir_all(&dir).unwrap();
+                    write_launcher(&dir, &runsc).unwrap()
+                })
+                .clone()
+        }
+    }
+}
+
 impl Sandbox {
-    fn start(limits: Limits) -> Sandbox {
+    fn start(isolation: Isolation, limits: Limits) -> Sandbox {
         let agent = std::env::var("SANDBASE_AGENT_BINARY")
             .expect("SANDBASE_AGENT_BINARY: a statically linked agent (scripts/test builds it)");
         let unique = format!("{}-{}", std::process::id(), rand_suffix());
@@ -48,14 +75,19 @@ impl Sandbox {
         let rootfs = dir.join("rootfs");
         // Each test its own id range: 65536 ids from 1_000_000 up.
         let base = 1_000_000 + (rand_suffix() % 1000) as u32 * 65_536;
+        // Under gVisor the files keep their own ids (the worker's unshifted template copy).
+        let owner = match isolation {
+            Isolation::Runc => base,
+            Isolation::Gvisor => 0,
+        };
 
-        busybox_rootfs(&rootfs, base);
+        busybox_rootfs(&rootfs, owner);
 
         // The agent's socket directory: the sandbox's root only.
         let control = dir.join("control");
         std::fs::create_dir_all(&control).unwrap();
         run(Command::new("chown")
-            .arg(format!("{base}:{base}"))
+            .arg(format!("{owner}:{owner}"))
             .arg(&control));
         run(Command::new("chmod").arg("700").arg(&control));
 
@@ -68,18 +100,21 @@ impl Sandbox {
             network_namespace: None,
             volumes: Vec::new(),
             limits,
+            isolation,
         });
         std::fs::write(
             dir.join("config.json"),
             serde_json::to_vec_pretty(&spec).unwrap(),
         )
         .unwrap();
-        // One runc state root for every test sandbox, outside the sandbox's own directory.
-        let state = std::env::temp_dir().join("sandbase-spec-runc");
+        // One state root per runtime for every test sandbox, outside the sandbox's own
+        // directory.
+        let state = std::env::temp_dir().join(format!("sandbase-spec-{}", isolation.as_str()));
+        let runtime = runtime_binary(isolation);
         // The container inherits runc's standard streams: a log file, not pipes that would
         // stay open as long as the agent runs.
         let log = std::fs::File::create(dir.join("agent.log")).unwrap();
-        let status = Command::new("runc")
+        let status = Command::new(&runtime)
             .arg("--root")
             .arg(&state)
             .args(["run", "--detach", "--bundle"])
@@ -92,7 +127,7 @@ impl Sandbox {
             .unwrap();
         assert!(
             status.success(),
-            "runc run failed: {}",
+            "{isolation:?}: run failed: {}",
             std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
         );
         let socket = control.join("agent.sock");
@@ -105,6 +140,7 @@ impl Sandbox {
             std::thread::sleep(Duration::from_millis(10));
         }
         Sandbox {
+            runtime,
             id,
             dir,
             state,
@@ -117,6 +153,16 @@ impl Sandbox {
         agent_sh(&self.socket, script, as_root)
     }
 
+    /// The host process the runtime reports for the sandbox (under gVisor, the Sentry).
+    fn host_pid(&self) -> u32 {
+        let state = run(Command::new(&self.runtime)
+            .arg("--root")
+            .arg(&self.state)
+            .args(["state", &self.id]));
+        let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+        u32::try_from(state["pid"].as_u64().unwrap()).unwrap()
+    }
+
     /// Runs as the sandbox user and expects failure.
     #[track_caller]
     fn refused(&self, script: &str) {
@@ -127,12 +173,12 @@ impl Sandbox {
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
-        let _ = Command::new("runc")
+        let _ = Command::new(&self.runtime)
             .arg("--root")
             .arg(&self.state)
             .args(["kill", &self.id, "KILL"])
             .output();
-        let _ = Command::new("runc")
+        let _ = Command::new(&self.runtime)
             .arg("--root")
             .arg(&self.state)
             .args(["delete", "--force", &self.id])
@@ -230,7 +276,13 @@ const LIMITS: Limits = Limits {
 
 #[test]
 fn the_agent_is_pid_one_and_commands_run_unprivileged() {
-    let sandbox = Sandbox::start(LIMITS);
+    for isolation in ISOLATIONS {
+        the_agent_is_pid_one_and_commands_run_unprivileged_under(isolation);
+    }
+}
+
+fn the_agent_is_pid_one_and_commands_run_unprivileged_under(isolation: Isolation) {
+    let sandbox = Sandbox::start(isolation, LIMITS);
     let (stdout, _, exit) = sandbox.sh(
         "id -u; id -g; cat /proc/1/cmdline | tr '\\0' ' '; echo; hostname",
         false,
@@ -244,23 +296,48 @@ fn the_agent_is_pid_one_and_commands_run_unprivileged() {
         "{stdout}"
     );
     assert_eq!(lines[3], "sandbox");
-    // Even the sandbox's root is an unprivileged id on the host.
-    let (stdout, _, _) = sandbox.sh("cat /proc/self/uid_map", true);
-    let fields: Vec<&str> = stdout.split_whitespace().collect();
-    assert_eq!(fields[0], "0");
-    assert_ne!(fields[1], "0");
     let (stdout, _, _) = sandbox.sh(
         "grep -E '^(NoNewPrivs|Seccomp|CapEff)' /proc/self/status",
         false,
     );
-    assert!(stdout.contains("NoNewPrivs:\t1"), "{stdout}");
-    assert!(stdout.contains("Seccomp:\t2"), "{stdout}");
     assert!(stdout.contains("CapEff:\t0000000000000000"), "{stdout}");
+    match isolation {
+        Isolation::Runc => {
+            assert!(stdout.contains("NoNewPrivs:\t1"), "{stdout}");
+            // Even the sandbox's root is an unprivileged id on the host, and every call
+            // passes the allow-list.
+            let (uid_map, _, _) = sandbox.sh("cat /proc/self/uid_map", true);
+            let fields: Vec<&str> = uid_map.split_whitespace().collect();
+            assert_eq!(fields[0], "0");
+            assert_ne!(fields[1], "0");
+            assert!(stdout.contains("Seccomp:\t2"), "{stdout}");
+        }
+        Isolation::Gvisor => {
+            // Commands meet gVisor's kernel, not the host's ...
+            let (dmesg, _, _) = sandbox.sh("dmesg | head -3", false);
+            assert!(dmesg.contains("gVisor"), "{dmesg}");
+            // ... whose host process is itself confined: a seccomp filter of its own, no
+            // full capability set, and a root of its own.
+            let pid = sandbox.host_pid();
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+            assert!(status.contains("Seccomp:\t2"), "{status}");
+            assert!(!status.contains("CapEff:\t000001ffffffffff"), "{status}");
+            // Its root is an empty directory: none of the host's files are there.
+            assert!(Path::new("/etc/passwd").exists());
+            assert!(!Path::new(&format!("/proc/{pid}/root/etc/passwd")).exists());
+        }
+    }
 }
 
 #[test]
 fn escape_attempts_fail_and_the_sandbox_keeps_working() {
-    let sandbox = Sandbox::start(LIMITS);
+    for isolation in ISOLATIONS {
+        escape_attempts_fail_and_the_sandbox_keeps_working_under(isolation);
+    }
+}
+
+fn escape_attempts_fail_and_the_sandbox_keeps_working_under(isolation: Isolation) {
+    let sandbox = Sandbox::start(isolation, LIMITS);
     // The agent's control socket is out of reach of user commands.
     sandbox.refused("ls /.sandbase/run");
     sandbox.refused("echo x > /.sandbase/agent");
@@ -268,7 +345,7 @@ fn escape_attempts_fail_and_the_sandbox_keeps_working() {
     sandbox.refused("mount -t tmpfs none /mnt");
     sandbox.refused("unshare -r true");
     sandbox.refused("echo 1 > /proc/sys/kernel/sysrq");
-    sandbox.refused("mknod /tmp/sda b 8 0");
+    sandbox.refused("mknod /tmp/sda b 8 0 && head -c 512 /tmp/sda > /tmp/mbr && test -s /tmp/mbr");
     sandbox.refused("head -c 16 /proc/kcore > /tmp/kcore && test -s /tmp/kcore");
     sandbox.refused("echo hi > /etc/passwd");
     // Not even the sandbox's root may mount or reach kernel state.
@@ -296,7 +373,13 @@ fn escape_attempts_fail_and_the_sandbox_keeps_working() {
 
 #[test]
 fn limits_hold_against_exhaustion() {
-    let sandbox = Sandbox::start(LIMITS);
+    for isolation in ISOLATIONS {
+        limits_hold_against_exhaustion_under(isolation);
+    }
+}
+
+fn limits_hold_against_exhaustion_under(isolation: Isolation) {
+    let sandbox = Sandbox::start(isolation, LIMITS);
     // More processes than the pids limit: the fork bomb is contained.
     let (stdout, _, _) = sandbox.sh("for i in $(seq 1 100); do sleep 5 & done 2>/dev/null; sleep 0.2; ls /proc | grep -c '^[0-9]'", false);
     let processes: u32 = stdout.trim().parse().unwrap_or(0);
@@ -306,15 +389,6 @@ fn limits_hold_against_exhaustion() {
         LIMITS.pids
     );
     sandbox.sh("kill -9 -1 2>/dev/null; true", false);
-    // Memory beyond the limit kills the hog, not the sandbox.
-    let (stdout, _, exit) = sandbox.sh(
-        "awk 'BEGIN { s = \"x\"; for (i = 0; i < 40; i++) s = s s; print length(s) }'",
-        false,
-    );
-    assert_ne!(
-        exit.code, 0,
-        "a 1 TiB string under a 128 MiB limit: {stdout}"
-    );
     // Writing past the disk cap fails with ENOSPC, in /work and in /tmp; the root is read-only.
     let (_, stderr, exit) = sandbox.sh("dd if=/dev/zero of=/work/fill bs=1M count=100", false);
     assert_ne!(exit.code, 0);
@@ -337,18 +411,75 @@ fn limits_hold_against_exhaustion() {
     );
     let (stdout, _, exit) = sandbox.sh("echo alive", false);
     assert_eq!((stdout.as_str(), exit.code), ("alive\n", 0));
+    // Memory beyond the limit: a 1 TiB string under a 128 MiB limit.
+    let hog = "awk 'BEGIN { s = \"x\"; for (i = 0; i < 40; i++) s = s s; print length(s) }'";
+    match isolation {
+        // The host's OOM killer takes the hog, not the sandbox.
+        Isolation::Runc => {
+            let (stdout, _, exit) = sandbox.sh(hog, false);
+            assert_ne!(exit.code, 0, "{stdout}");
+            let (stdout, _, exit) = sandbox.sh("echo alive", false);
+            assert_eq!((stdout.as_str(), exit.code), ("alive\n", 0));
+        }
+        // gVisor's Sentry holds all of the sandbox's memory, so the cgroup's OOM killer
+        // ends the whole sandbox: the hog never gets its memory, and the node and the next
+        // sandbox are unaffected.
+        Isolation::Gvisor => {
+            let survived = agent_sh_or_gone(&sandbox.socket, hog);
+            assert!(
+                survived.is_none_or(|exit| exit.code != 0),
+                "the hog finished: {survived:?}"
+            );
+            let next = Sandbox::start(isolation, LIMITS);
+            let (stdout, _, exit) = next.sh("echo alive", false);
+            assert_eq!((stdout.as_str(), exit.code), ("alive\n", 0));
+        }
+    }
+}
+
+/// Runs `script` as the sandbox user; `None` when the sandbox ended before answering.
+fn agent_sh_or_gone(socket: &Path, script: &str) -> Option<ExitInfo> {
+    let mut stream = UnixStream::connect(socket).ok()?;
+    write_json(
+        &mut stream,
+        &Request::Exec(ExecRequest {
+            argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+            user: Some(Owner {
+                uid: SANDBOX_USER,
+                gid: SANDBOX_USER,
+            }),
+            timeout_ms: Some(20_000),
+            ..Default::default()
+        }),
+    )
+    .ok()?;
+    loop {
+        let frame = read_frame(&mut stream).ok()??;
+        if frame.kind == FrameKind::Json
+            && let Ok(Reply::Exit(exit)) = serde_json::from_slice::<Reply>(&frame.payload)
+        {
+            return Some(exit);
+        }
+    }
 }
 
 #[test]
 fn nothing_is_left_after_destroy() {
-    let sandbox = Sandbox::start(LIMITS);
-    let (id, state, dir) = (
+    for isolation in ISOLATIONS {
+        nothing_is_left_after_destroy_under(isolation);
+    }
+}
+
+fn nothing_is_left_after_destroy_under(isolation: Isolation) {
+    let sandbox = Sandbox::start(isolation, LIMITS);
+    let (id, state, dir, runtime) = (
         sandbox.id.clone(),
         sandbox.state.clone(),
         sandbox.dir.clone(),
+        sandbox.runtime.clone(),
     );
     drop(sandbox);
-    let listed = Command::new("runc")
+    let listed = Command::new(&runtime)
         .arg("--root")
         .arg(&state)
         .arg("list")
