@@ -140,36 +140,10 @@ impl Containerd {
         };
         if let Err(error) = populate(&directory) {
             // Nothing of a failed build stays.
-            let _ = snapshots
-                .remove(with_namespace!(
-                    RemoveSnapshotRequest {
-                        snapshotter: SNAPSHOTTER.to_owned(),
-                        key: key.clone(),
-                    },
-                    self.namespace
-                ))
-                .await;
+            self.forget_snapshot(&key).await;
             return Err(error);
         }
-        snapshots
-            .commit(with_namespace!(
-                CommitSnapshotRequest {
-                    snapshotter: SNAPSHOTTER.to_owned(),
-                    name: template_snapshot(name),
-                    key,
-                    // Nothing else references a template: without a root label containerd's
-                    // garbage collector would remove it.
-                    labels: [(
-                        "containerd.io/gc.root".to_owned(),
-                        "sandbase-template".to_owned()
-                    )]
-                    .into(),
-                },
-                self.namespace
-            ))
-            .await
-            .context("committing a template snapshot")?;
-        Ok(())
+        self.commit_template(key, template_snapshot(name)).await
     }
 
     /// Makes the gVisor copy of template `name` (built for the id range at `base`) unless it
@@ -181,15 +155,9 @@ impl Containerd {
             return Ok(());
         }
         let key = format!("sandbase/template-build/{name}@gvisor");
-        let mut snapshots = SnapshotsClient::new(self.channel.clone());
-        let remove = RemoveSnapshotRequest {
-            snapshotter: SNAPSHOTTER.to_owned(),
-            key: key.clone(),
-        };
-        let _ = snapshots
-            .remove(with_namespace!(remove.clone(), self.namespace))
-            .await;
-        let prepared = snapshots
+        // A copy interrupted earlier leaves its active snapshot behind.
+        self.forget_snapshot(&key).await;
+        let prepared = SnapshotsClient::new(self.channel.clone())
             .prepare(with_namespace!(
                 PrepareSnapshotRequest {
                     snapshotter: SNAPSHOTTER.to_owned(),
@@ -208,23 +176,44 @@ impl Containerd {
             })
         });
         if let Err(error) = unshifted {
-            let _ = snapshots
-                .remove(with_namespace!(remove, self.namespace))
-                .await;
+            self.forget_snapshot(&key).await;
             return Err(error);
         }
-        snapshots
+        self.commit_template(key, committed).await
+    }
+
+    /// Removes an active snapshot that will not be committed (best effort).
+    async fn forget_snapshot(&self, key: &str) {
+        let _ = SnapshotsClient::new(self.channel.clone())
+            .remove(with_namespace!(
+                RemoveSnapshotRequest {
+                    snapshotter: SNAPSHOTTER.to_owned(),
+                    key: key.to_owned(),
+                },
+                self.namespace
+            ))
+            .await;
+    }
+
+    /// Commits a built template snapshot under `name`. Nothing else references a template:
+    /// without a root label containerd's garbage collector would remove it.
+    async fn commit_template(&self, key: String, name: String) -> anyhow::Result<()> {
+        SnapshotsClient::new(self.channel.clone())
             .commit(with_namespace!(
                 CommitSnapshotRequest {
                     snapshotter: SNAPSHOTTER.to_owned(),
-                    name: committed,
+                    name,
                     key,
-                    labels: gc_root(),
+                    labels: [(
+                        "containerd.io/gc.root".to_owned(),
+                        "sandbase-template".to_owned()
+                    )]
+                    .into(),
                 },
                 self.namespace
             ))
             .await
-            .context("committing the template's gVisor copy")?;
+            .context("committing a template snapshot")?;
         Ok(())
     }
 

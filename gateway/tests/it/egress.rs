@@ -206,22 +206,26 @@ async fn allowed_hosts_pass_and_denied_or_internal_ones_get_403(scene: &Scene) {
             assert!(!stdout.contains(internal), "{host}: {answer}");
         }
     }
-    // The team's flow log keeps the detail.
-    let flows = app
-        .get(&format!("/v1/sandboxes/{id}/egress"), token)
-        .await
-        .body;
-    assert!(
-        flows["flows"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|flow| flow["host"] == "fleet.test.example"
-                && flow["address"]
-                    .as_str()
-                    .is_some_and(|a| a.starts_with("203.0.113.250"))),
-        "{flows}"
-    );
+    // The team's flow log keeps the detail (flows reach it a moment after they end).
+    crate::testbed::wait_until(
+        "the refused flow's address in the flow log",
+        Duration::from_secs(10),
+        || async {
+            let flows = app
+                .get(&format!("/v1/sandboxes/{id}/egress"), token)
+                .await
+                .body;
+            flows["flows"].as_array().is_some_and(|flows| {
+                flows.iter().any(|flow| {
+                    flow["host"] == "fleet.test.example"
+                        && flow["address"]
+                            .as_str()
+                            .is_some_and(|a| a.starts_with("203.0.113.250"))
+                })
+            })
+        },
+    )
+    .await;
 }
 
 /// Around the proxy: the upstream's address directly, the proxy's host on another port,

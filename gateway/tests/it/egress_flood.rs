@@ -153,7 +153,8 @@ async fn a_flooding_sandbox_leaves_its_neighbours_egress_and_billing_exact() {
              AND action = 'sandbox.egress_denied'"
         ))
         .await;
-    assert!(rows < 200, "{rows} audit rows");
+    // (One row per fold window: a loaded machine makes more, never one per query.)
+    assert!(rows < 500, "{rows} audit rows for 5 000 refused queries");
     // Both sandboxes still work.
     for (token, id) in [
         (&alice.api_key.token, &flooder),

@@ -217,11 +217,11 @@ async fn a_restarted_worker_removes_what_the_previous_one_left() {
             .unwrap()
             .is_empty()
     );
-    // Nothing of a sandbox (the worker's own resolver file stays).
+    // Nothing of a sandbox (the worker's own resolver file and runsc launcher stay).
     let left: Vec<String> = std::fs::read_dir(&run_dir)
         .unwrap()
         .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|name| name != "resolv.conf")
+        .filter(|name| name != "resolv.conf" && name != "bin")
         .collect();
     assert!(left.is_empty(), "{left:?}");
 
