@@ -64,6 +64,11 @@ pub struct Heartbeat {
     pub memory_mb: u64,
     #[serde(default)]
     pub reserved_memory_mb: u64,
+    /// CPU (millicores) sandboxes may reserve on it, and what they reserve now.
+    #[serde(default)]
+    pub cpu_millis: u64,
+    #[serde(default)]
+    pub reserved_cpu_millis: u64,
     #[serde(default = "runc_only")]
     pub isolations: Vec<Isolation>,
 }
@@ -97,6 +102,10 @@ pub struct WorkerStatus {
     pub memory_mb: u64,
     #[serde(default)]
     pub reserved_memory_mb: u64,
+    #[serde(default)]
+    pub cpu_millis: u64,
+    #[serde(default)]
+    pub reserved_cpu_millis: u64,
     #[serde(default = "runc_only")]
     pub isolations: Vec<Isolation>,
 }

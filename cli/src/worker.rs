@@ -78,6 +78,13 @@ pub struct NodeArgs {
     /// How far memory reservations may exceed `--memory-mb` (1.0: not at all).
     #[arg(long, default_value_t = 1.0)]
     pub memory_overcommit: f64,
+    /// CPU sandboxes may reserve in all, in thousandths of a core (0: the machine's cores).
+    #[arg(long, default_value_t = 0)]
+    pub cpu_millis: u64,
+    /// How far CPU reservations may exceed `--cpu-millis` (CPU is shared: idle sandboxes
+    /// leave theirs to busy ones).
+    #[arg(long, default_value_t = 8.0)]
+    pub cpu_overcommit: f64,
     /// Warm pool: TEMPLATE=SIZE (repeatable).
     #[arg(long = "pool", value_parser = parse_pool, default_values = ["base=2"])]
     pub pools: Vec<(String, usize)>,
@@ -231,6 +238,8 @@ impl NodeArgs {
                 process_output_limit: 1024 * 1024,
                 memory_mb: self.memory_mb,
                 memory_overcommit: self.memory_overcommit,
+                cpu_millis: self.cpu_millis,
+                cpu_overcommit: self.cpu_overcommit,
                 volumes: self.volumes.iter().cloned().collect(),
                 egress: match self.egress_pool.as_str() {
                     "none" => None,

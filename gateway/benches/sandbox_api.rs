@@ -168,6 +168,8 @@ fn main() -> anyhow::Result<()> {
                 process_output_limit: 1024 * 1024,
             memory_mb: 0,
             memory_overcommit: 1.0,
+            cpu_millis: 0,
+            cpu_overcommit: 100.0,
                 volumes: Default::default(),
                 egress: None,
             },

@@ -31,6 +31,7 @@ pub struct Hosted {
     pub(crate) output_budget: OutputBudget,
     /// The memory it reserves on the node (MiB).
     pub(crate) memory_mb: u64,
+    pub(crate) cpu_millis: u64,
     pub(crate) meter: crate::usage::Meter,
     /// Its link to the egress proxy, when it has egress.
     pub link: Option<Attached>,

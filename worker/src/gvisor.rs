@@ -40,7 +40,7 @@ pub fn write_launcher(dir: &Path, runsc: &Path) -> anyhow::Result<PathBuf> {
         "#!/bin/sh\n\
          # Written by the SandBase worker: runsc with the flags every sandbox needs, in a\n\
          # mount namespace of its own where /proc/sys/net is hidden (see worker/src/gvisor.rs).\n\
-         exec '{runsc}' {flags} \"$@\"\n"
+         GOMEMLIMIT=48MiB exec '{runsc}' {flags} \"$@\"\n"
     );
     let path = dir.join(LAUNCHER);
     let staging = dir.join(format!(".{LAUNCHER}.new"));

@@ -37,6 +37,12 @@ pub struct NodeConfig {
     pub memory_mb: u64,
     /// How far reservations may exceed `memory_mb` (1.0: not at all).
     pub memory_overcommit: f64,
+    /// CPU sandboxes may reserve, in thousandths of a core, before overcommit (0: the
+    /// machine's cores).
+    pub cpu_millis: u64,
+    /// How far CPU reservations may exceed `cpu_millis` (CPU is shared, not lost: idle
+    /// sandboxes leave it to busy ones, so nodes usually overcommit it several times).
+    pub cpu_overcommit: f64,
 }
 
 /// A host directory the operator offers: read-only to every team, writable only to the
@@ -80,10 +86,12 @@ pub struct Node {
     /// Usage samples waiting for the gateway.
     usage: crate::usage::Outbox,
     network: Option<Arc<crate::network::Network>>,
-    /// Memory (MiB) reserved by creates in progress.
+    /// Memory (MiB) and CPU (millicores) reserved by creates in progress.
     creating_memory: AtomicU64,
-    /// Memory (MiB) sandboxes may reserve in all.
+    creating_cpu: AtomicU64,
+    /// Memory (MiB) and CPU (millicores) sandboxes may reserve in all.
     allocatable_memory_mb: u64,
+    allocatable_cpu_millis: u64,
     /// Background output kept for every sandbox, against the worker's ceiling.
     output: Arc<Retained>,
     health: crate::health::CreateHealth,
@@ -111,9 +119,17 @@ impl Node {
             0 => machine_memory_mb().saturating_sub(NODE_MEMORY_RESERVE_MB),
             given => given,
         };
+        let cpu_millis = match config.cpu_millis {
+            0 => {
+                std::thread::available_parallelism().map_or(1, std::num::NonZero::get) as u64 * 1000
+            }
+            given => given,
+        };
         Arc::new(Node {
             allocatable_memory_mb: (memory_mb as f64 * config.memory_overcommit.max(0.0)) as u64,
+            allocatable_cpu_millis: (cpu_millis as f64 * config.cpu_overcommit.max(0.0)) as u64,
             creating_memory: AtomicU64::new(0),
+            creating_cpu: AtomicU64::new(0),
             output: Retained::new(WORKER_OUTPUT_CEILING),
             health: crate::health::CreateHealth::default(),
             runtime,
@@ -186,9 +202,20 @@ impl Node {
                 Isolation::Runc => 0,
                 Isolation::Gvisor => u64::from(crate::spec::GVISOR_MEMORY_ALLOWANCE_MB),
             };
+        let reserved = Reserved {
+            memory_mb: memory,
+            cpu_millis: u64::from(limits.cpu_millis),
+        };
         let creating = self.creating_memory.fetch_add(memory, Ordering::AcqRel);
-        let _reserved = ReleaseMemory(&self.creating_memory, memory);
-        if self.reserved_memory_mb() + creating + memory > self.allocatable_memory_mb {
+        let _memory = ReleaseMemory(&self.creating_memory, memory);
+        let creating_cpu = self
+            .creating_cpu
+            .fetch_add(reserved.cpu_millis, Ordering::AcqRel);
+        let _cpu = ReleaseMemory(&self.creating_cpu, reserved.cpu_millis);
+        if self.reserved_memory_mb() + creating + memory > self.allocatable_memory_mb
+            || self.reserved_cpu_millis() + creating_cpu + reserved.cpu_millis
+                > self.allocatable_cpu_millis
+        {
             return Err(NodeError::AtCapacity);
         }
         let volumes = self.volumes_for(&request.mounts, request.team_id)?;
@@ -199,7 +226,7 @@ impl Node {
             Err(_) => {}
         }
         let sandbox = started?;
-        self.host(request, sandbox, memory).await
+        self.host(request, sandbox, reserved).await
     }
 
     /// Starts the sandbox: from the warm pool, or a new one (with its volumes).
@@ -234,7 +261,7 @@ impl Node {
         &self,
         mut request: CreateSandbox,
         sandbox: Sandbox,
-        memory_mb: u64,
+        reserved: Reserved,
     ) -> Result<(), NodeError> {
         let pid = self
             .runtime
@@ -270,7 +297,8 @@ impl Node {
                 Retained::new(SANDBOX_OUTPUT_BUDGET),
                 Arc::clone(&self.output),
             ),
-            memory_mb,
+            memory_mb: reserved.memory_mb,
+            cpu_millis: reserved.cpu_millis,
         });
         if let Some(link) = &hosted.link
             && let Err(error) = link.install_ca(&hosted.agent).await
@@ -558,12 +586,29 @@ impl Node {
         self.allocatable_memory_mb
     }
 
+    /// CPU (millicores) the hosted sandboxes reserve, and may reserve in all.
+    pub fn reserved_cpu_millis(&self) -> u64 {
+        self.read().values().map(|hosted| hosted.cpu_millis).sum()
+    }
+
+    pub fn allocatable_cpu_millis(&self) -> u64 {
+        self.allocatable_cpu_millis
+    }
+
     /// Whether the gateway should place sandboxes here (creates are not failing).
     pub fn healthy(&self) -> bool {
         self.health.healthy()
     }
 }
 
+/// What a hosted sandbox holds of its node.
+#[derive(Debug, Clone, Copy)]
+struct Reserved {
+    memory_mb: u64,
+    cpu_millis: u64,
+}
+
+/// Gives back what a create in progress counted (memory or CPU) when it ends.
 struct ReleaseMemory<'a>(&'a AtomicU64, u64);
 
 impl Drop for ReleaseMemory<'_> {

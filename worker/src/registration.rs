@@ -86,6 +86,8 @@ impl GatewayLink {
             healthy: node.healthy(),
             memory_mb: node.allocatable_memory_mb(),
             reserved_memory_mb: node.reserved_memory_mb(),
+            cpu_millis: node.allocatable_cpu_millis(),
+            reserved_cpu_millis: node.reserved_cpu_millis(),
             isolations: node.runtime().isolations(),
         };
         let answer = client

@@ -67,6 +67,8 @@ pub async fn register(state: &AppState, worker: RegisterWorker) -> ApiResult<()>
             healthy: true,
             memory_mb: 0,
             reserved_memory_mb: 0,
+            cpu_millis: 0,
+            reserved_cpu_millis: 0,
             isolations: worker.isolations,
         })
         .await
@@ -123,6 +125,8 @@ pub async fn heartbeat(state: &AppState, beat: Heartbeat) -> ApiResult<Heartbeat
             healthy: beat.healthy,
             memory_mb: beat.memory_mb,
             reserved_memory_mb: beat.reserved_memory_mb,
+            cpu_millis: beat.cpu_millis,
+            reserved_cpu_millis: beat.reserved_cpu_millis,
             isolations: beat.isolations,
         })
         .await?;

@@ -34,7 +34,13 @@ pub struct Scene {
 #[tokio::test(flavor = "multi_thread")]
 async fn credentials_are_injected_by_the_proxy_and_never_reach_the_sandbox() {
     let _network = NODE_NETWORK.lock().await;
-    let (scene, worker) = credentials_scene().await;
+    for isolation in crate::testbed::ISOLATIONS {
+        credentials_stay_out_under(isolation).await;
+    }
+}
+
+async fn credentials_stay_out_under(isolation: sandbase_api::sandboxes::Isolation) {
+    let (scene, worker) = credentials_scene(isolation).await;
     the_header_is_injected_for_its_host(&scene).await;
     a_placeholder_is_swapped_for_its_host_and_stopped_for_others(&scene).await;
     placeholders_in_bodies_are_swapped_or_stopped(&scene).await;
@@ -56,13 +62,14 @@ async fn credentials_are_injected_by_the_proxy_and_never_reach_the_sandbox() {
 
 /// Starts the upstream, a gateway with a vault and a worker with an egress network; stores
 /// Alice's secrets and creates her sandbox with them.
-async fn credentials_scene() -> (Scene, TestWorker) {
+async fn credentials_scene(isolation: sandbase_api::sandboxes::Isolation) -> (Scene, TestWorker) {
     // From here on, everything logged is kept, to be searched for the values at the end.
     crate::helpers::captured_logs();
     let upstream = Upstream::start();
     upstream.wait_ready().await;
-    let app = spawn_app_with(|settings| {
+    let app = spawn_app_with(move |settings| {
         crate::testbed::configure_sandboxes(settings);
+        settings.sandboxes.default_isolation = isolation;
         settings.workers.heartbeat_ttl_secs = 5;
         settings.vault.keys = vec![sandbase_vault::Keyring::generate_entry(1).into()];
     })
@@ -431,7 +438,7 @@ except socket.gaierror as e: print('no', e.errno)\" $name; done",
 
 /// UDP: port 53 reaches the node's DNS responder (a malformed query gets its FORMERR,
 /// which shows this sandbox's UDP works), anything else is dropped — here a host port
-/// this test listens on, at the sandbox's gateway.
+/// this test listens on, at the sandbox's gateway (the proxy's address).
 async fn udp_reaches_only_the_dns_responder(scene: &Scene) {
     let (app, token, id) = (&scene.app, scene.token.as_str(), &scene.id);
     let listener = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
@@ -445,9 +452,8 @@ async fn udp_reaches_only_the_dns_responder(scene: &Scene) {
         id,
         &format!(
             "python3 - <<'EOF'\n\
-import socket, struct\n\
-route = [l.split() for l in open('/proc/net/route') if l.split()[1] == '00000000'][0]\n\
-gateway = socket.inet_ntoa(struct.pack('<L', int(route[2], 16)))\n\
+import os, socket\n\
+gateway = os.environ['http_proxy'].split('//')[1].split(':')[0]\n\
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
 s.settimeout(3)\n\
 s.sendto(b'abcdefghijklmnop', ('192.0.2.53', 53))\n\

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use reqwest::{Method, StatusCode};
+use sandbase_api::sandboxes::Isolation;
 use sandbase_worker::node::NodeConfig;
 use sandbase_worker::runtime::RuntimeConfig;
 use sandbase_worker::service::{self, RunningService, ServiceConfig, TemplateSource};
@@ -40,8 +41,17 @@ pub fn configure_sandboxes(settings: &mut sandbase_gateway::Settings) {
 }
 
 pub async fn sandbox_app() -> TestApp {
-    spawn_app_with(|settings| {
+    sandbox_app_isolated(Isolation::Runc).await
+}
+
+/// Both isolation levels: the suites that run every attack under each.
+pub const ISOLATIONS: [Isolation; 2] = [Isolation::Runc, Isolation::Gvisor];
+
+/// A gateway whose sandboxes are isolated by `isolation` unless they ask otherwise.
+pub async fn sandbox_app_isolated(isolation: Isolation) -> TestApp {
+    spawn_app_with(move |settings| {
         configure_sandboxes(settings);
+        settings.sandboxes.default_isolation = isolation;
         settings.workers.heartbeat_ttl_secs = 5;
         settings.workers.lost_after_secs = 5;
         settings.runs.artifacts_dir =
@@ -85,6 +95,8 @@ pub fn worker_config(app: &TestApp, id: &str, capacity: usize, warm: usize) -> S
             process_output_limit: 1024 * 1024,
             memory_mb: 0,
             memory_overcommit: 1.0,
+            cpu_millis: 0,
+            cpu_overcommit: 64.0,
             volumes: Default::default(),
             egress: None,
         },
@@ -146,6 +158,12 @@ impl TestWorker {
         )
         .await
         .unwrap();
+        // A destroy the gateway asked for just before (a sandbox that failed) may still be
+        // under way: it must finish, and leave nothing.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !containerd.sandbox_ids().await.unwrap().is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         assert!(containerd.sandbox_ids().await.unwrap().is_empty());
         assert!(containerd.sandbox_snapshots().await.unwrap().is_empty());
         containerd.remove_template("busybox").await.unwrap();
