@@ -20,9 +20,10 @@ const SHORTEST_ENCODED_FORM: usize = 8;
 /// The values to look for in one connection's responses and what replaces each.
 pub struct ScrubRules {
     automaton: AhoCorasick,
+    /// The forms searched for (the automaton holds them too): a stream's end that begins
+    /// one of them is held until the rest arrives.
+    patterns: Vec<Zeroizing<Vec<u8>>>,
     replacements: Vec<Vec<u8>>,
-    /// The longest pattern's length, less one: what may be the start of one.
-    keep: usize,
     keeps_length: bool,
 }
 
@@ -59,7 +60,6 @@ impl ScrubRules {
         if patterns.is_empty() {
             return None;
         }
-        let keep = patterns.iter().map(|p| p.len()).max().unwrap_or(1) - 1;
         let keeps_length = patterns
             .iter()
             .zip(&replacements)
@@ -70,8 +70,8 @@ impl ScrubRules {
             .ok()?;
         Some(Arc::new(ScrubRules {
             automaton,
+            patterns,
             replacements,
-            keep,
             keeps_length,
         }))
     }
@@ -88,6 +88,22 @@ impl ScrubRules {
 
     fn replace(&self, text: &[u8]) -> Vec<u8> {
         self.automaton.replace_all_bytes(text, &self.replacements)
+    }
+
+    /// The length of the longest end of `text` that begins a form (and may be completed
+    /// by what comes next): all that must be held back. Everything before it can go.
+    fn pending(&self, text: &[u8]) -> usize {
+        let mut longest = 0;
+        for pattern in &self.patterns {
+            let most = (pattern.len() - 1).min(text.len());
+            if let Some(length) = (longest + 1..=most)
+                .rev()
+                .find(|&length| text.ends_with(&pattern[..length]))
+            {
+                longest = length;
+            }
+        }
+        longest
     }
 }
 
@@ -107,19 +123,53 @@ impl Scrub {
         }
     }
 
-    /// The next chunk: what may be passed on now.
+    /// The next chunk: what may be passed on now. Only an end that could be the start of a
+    /// value is held, so a stream (server-sent events, an upgraded connection) is not
+    /// delayed by the scrub unless its last bytes might be a value's first.
     pub fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
         self.held.extend_from_slice(chunk);
         if self.rules.automaton.is_match(&self.held) {
             self.held = self.rules.replace(&self.held);
         }
-        let ready = self.held.len().saturating_sub(self.rules.keep);
+        let ready = self.held.len() - self.rules.pending(&self.held);
         self.held.drain(..ready).collect()
     }
 
     /// What was held back, at the end of the body.
     pub fn finish(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.held)
+    }
+}
+
+/// Copies `from` to `to` through a [`Scrub`] until `from` ends (an upgraded connection's
+/// answers), then passes on what was held and closes `to`.
+pub async fn copy_scrubbed<R, W>(
+    from: &mut R,
+    to: &mut W,
+    rules: Arc<ScrubRules>,
+) -> std::io::Result<u64>
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut scrub = Scrub::new(rules);
+    let mut buffer = vec![0u8; 16 * 1024];
+    let mut copied = 0;
+    loop {
+        let read = from.read(&mut buffer).await?;
+        let ready = if read == 0 {
+            scrub.finish()
+        } else {
+            scrub.push(&buffer[..read])
+        };
+        to.write_all(&ready).await?;
+        to.flush().await?;
+        copied += ready.len() as u64;
+        if read == 0 {
+            to.shutdown().await?;
+            return Ok(copied);
+        }
     }
 }
 
@@ -270,6 +320,28 @@ mod tests {
             assert_eq!(out, whole);
         }
         assert_eq!(rules.scrub(b"nothing to see"), None);
+    }
+
+    #[test]
+    fn a_stream_is_held_back_only_where_a_value_may_begin() {
+        let rules = rules(Injection::Header {
+            name: http::HeaderName::from_static("x-key"),
+            format: "{value}".to_owned(),
+        });
+        let mut scrub = Scrub::new(Arc::clone(&rules));
+        // Nothing that could start a value: all of it goes at once (an event stream's
+        // line is not delayed until the next).
+        assert_eq!(scrub.push(b"data: token\n\n"), b"data: token\n\n");
+        // The value's first bytes at the end: those wait, the rest goes.
+        let head = &VALUE.as_bytes()[..5];
+        let mut chunk = b"data: ".to_vec();
+        chunk.extend_from_slice(head);
+        assert_eq!(scrub.push(&chunk), b"data: ");
+        // The rest of the value arrives: it leaves as the stand-in, never the value.
+        let mut out = scrub.push(&VALUE.as_bytes()[5..]);
+        out.extend(scrub.finish());
+        assert!(!leaks(&out), "{}", String::from_utf8_lossy(&out));
+        assert_eq!(out.len(), VALUE.len());
     }
 
     #[test]

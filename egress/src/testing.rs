@@ -7,7 +7,8 @@
 //! do and echo everything back (the whole request, headers, a POSTed body, base64-encoded
 //! (`/echo-b64`), gzip-compressed (`/echo-gzip`), chunked (`/echo-chunked`), the query in a
 //! redirect's `Location`, and TRACE); `GET /upgrade` with `Upgrade: echo` by switching protocols
-//! and echoing what it then receives, and logs every request in full (bodies too) to a file
+//! and echoing what it then receives (`/upgrade-greet` first writes the whole request into the
+//! upgraded stream), and logs every request in full (bodies too) to a file
 //! the test reads. Needs root, iproute2 and python3.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test support: a failed step is a failed test
@@ -26,11 +27,15 @@ class Echo(http.server.BaseHTTPRequestHandler):
         with lock:
             log.write(self.requestline + "\n" + str(self.headers))
             log.flush()
-        if self.path == "/upgrade" and self.headers.get("Upgrade") == "echo":
+        if self.path.split("?")[0] in ("/upgrade", "/upgrade-greet") and self.headers.get("Upgrade") == "echo":
             self.send_response(101)
             self.send_header("Upgrade", "echo")
             self.send_header("Connection", "Upgrade")
             self.end_headers()
+            if self.path.startswith("/upgrade-greet"):
+                # A careless server greets the upgraded stream with the request it got.
+                self.wfile.write((self.requestline + "\n" + str(self.headers) + "END-GREETING\n").encode())
+                self.wfile.flush()
             while True:
                 data = self.rfile.read1(65536)
                 if not data:

@@ -276,14 +276,24 @@ fn closes<B>(response: &hyper::Response<B>) -> bool {
         || (response.version() == http::Version::HTTP_10 && !connection.contains("keep-alive"))
 }
 
-/// Relays an upgraded connection until both ends close or nothing moves for `idle`.
-async fn relay_upgraded(
+/// The two sides of a connection that switched protocols, and the scrub of what comes back
+/// when it carried credentials.
+struct Upgraded {
     downstream: hyper::upgrade::OnUpgrade,
     upstream: hyper::upgrade::OnUpgrade,
+    scrub: Option<Arc<ScrubRules>>,
+}
+
+/// Relays an upgraded connection until both ends close or nothing moves for `idle`; on a
+/// connection that carried credentials the upstream's side is scrubbed like any answer
+/// (an upstream may write the request it got into the new protocol).
+async fn relay_upgraded(
+    upgraded: Upgraded,
     counters: Arc<crate::stream::Counters>,
     idle: Duration,
 ) {
-    let (Ok(downstream), Ok(upstream)) = tokio::join!(downstream, upstream) else {
+    let (Ok(downstream), Ok(upstream)) = tokio::join!(upgraded.downstream, upgraded.upstream)
+    else {
         return;
     };
     let (mut downstream, mut upstream) = (TokioIo::new(downstream), TokioIo::new(upstream));
@@ -299,8 +309,22 @@ async fn relay_upgraded(
             }
         }
     };
+    let Some(rules) = upgraded.scrub else {
+        tokio::select! {
+            _ = tokio::io::copy_bidirectional(&mut downstream, &mut upstream) => {}
+            () = quiet => {}
+        }
+        return;
+    };
+    let (mut down_read, mut down_write) = tokio::io::split(downstream);
+    let (mut up_read, mut up_write) = tokio::io::split(upstream);
+    let up = async {
+        let _ = tokio::io::copy(&mut down_read, &mut up_write).await;
+        let _ = tokio::io::AsyncWriteExt::shutdown(&mut up_write).await;
+    };
+    let down = crate::scrub::copy_scrubbed(&mut up_read, &mut down_write, rules);
     tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut downstream, &mut upstream) => {}
+        _ = async { tokio::join!(up, down) } => {}
         () = quiet => {}
     }
 }
@@ -414,11 +438,13 @@ impl Session {
             }
         };
         if self.scrub.is_some() {
-            // What comes back is scrubbed: it must come back as it is, not compressed.
+            // What comes back is scrubbed: it must come back as it is, not compressed (nor
+            // the frames of a WebSocket it may switch to).
             parts.headers.insert(
                 http::header::ACCEPT_ENCODING,
                 http::HeaderValue::from_static("identity"),
             );
+            parts.headers.remove(http::header::SEC_WEBSOCKET_EXTENSIONS);
         }
         match outcome {
             Outcome::Leak(name) => Err(Refusal::Leak(name)),
@@ -495,8 +521,11 @@ impl Session {
             };
             let upstream = hyper::upgrade::on(&mut response);
             let relay = tokio::spawn(relay_upgraded(
-                downstream,
-                upstream,
+                Upgraded {
+                    downstream,
+                    upstream,
+                    scrub: self.scrub.clone(),
+                },
                 Arc::clone(&self.counters),
                 self.idle_timeout,
             ));

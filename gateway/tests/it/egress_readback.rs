@@ -134,6 +134,7 @@ pub async fn echoing_upstreams_hand_back_only_placeholders(scene: &Scene) {
             .contains("accept-encoding: identity"),
         "{requests}"
     );
+    an_upgraded_stream_hands_back_only_placeholders(scene, &id).await;
     // The sandbox still works and its egress too.
     let again = sh(
         app,
@@ -150,6 +151,70 @@ pub async fn echoing_upstreams_hand_back_only_placeholders(scene: &Scene) {
         "{again}"
     );
     app.delete(&format!("/v1/sandboxes/{id}"), token).await;
+}
+
+/// A connection upgraded (101) to another protocol, whose upstream writes the request it
+/// got, values and all, into the new stream: what reaches the sandbox is scrubbed too.
+async fn an_upgraded_stream_hands_back_only_placeholders(scene: &Scene, id: &str) {
+    let (app, token) = (&scene.app, scene.token.as_str());
+    let script = r#"python3 - <<'EOF'
+import os, socket, ssl
+NL = bytes([13, 10])
+def head(lines):
+    return NL.join(line.encode() for line in lines) + NL + NL
+host, port = os.environ["https_proxy"].split("//")[1].rstrip("/").rsplit(":", 1)
+s = socket.create_connection((host, int(port)), timeout=10)
+s.sendall(head(["CONNECT echo.test.example:443 HTTP/1.1", "Host: echo.test.example:443"]))
+answer = b""
+while NL + NL not in answer:
+    answer += s.recv(1)
+t = ssl.create_default_context().wrap_socket(s, server_hostname="echo.test.example")
+t.sendall(head(["GET /upgrade-greet HTTP/1.1", "Host: echo.test.example", "Upgrade: echo",
+                "Connection: Upgrade", "Sec-WebSocket-Extensions: permessage-deflate"]))
+data = b""
+while b"END-GREETING" not in data:
+    chunk = t.recv(4096)
+    if not chunk:
+        break
+    data += chunk
+t.sendall(b"ping" + bytes([10]))
+while not data.endswith(b"ping" + bytes([10])):
+    chunk = t.recv(4096)
+    if not chunk:
+        break
+    data += chunk
+print(data.decode(errors="replace"))
+EOF"#;
+    let answer = sh(app, token, id, script).await;
+    let stdout = answer["stdout"].as_str().unwrap();
+    assert!(
+        stdout.contains("HTTP/1.1 101")
+            && stdout.contains("END-GREETING")
+            && stdout.ends_with(
+                "ping
+
+"
+            ),
+        "{answer}"
+    );
+    // The upstream did greet with the values (the attack reached it) ...
+    assert!(
+        scene
+            .upstream
+            .requests()
+            .contains("GET /upgrade-greet?key=")
+    );
+    // ... and the sandbox got placeholders only, uncompressed.
+    assert_no_value(stdout, "the upgraded stream");
+    assert!(stdout.contains("x-api-key: hk_"), "{stdout}");
+    assert!(
+        !scene
+            .upstream
+            .requests()
+            .to_ascii_lowercase()
+            .contains("sec-websocket-extensions"),
+        "compression of the upgraded stream was asked away"
+    );
 }
 
 /// `usable_by`: a member may attach only what the secret allows members to.

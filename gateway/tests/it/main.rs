@@ -24,6 +24,7 @@ mod openapi;
 mod operations;
 mod rate_limit;
 mod runs;
+mod sandbox_attacks;
 mod sandbox_credits;
 mod sandbox_mounts;
 mod sandboxes;
