@@ -141,6 +141,11 @@ impl Scrub {
     }
 }
 
+/// How long an upgraded stream's end that could begin a value waits for the rest before
+/// it is passed on as it is: an interactive protocol (a WebSocket) must not stall on it,
+/// and an upstream writes what it echoes in one go, not a value in pieces this far apart.
+const HOLD_AT_MOST: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Copies `from` to `to` through a [`Scrub`] until `from` ends (an upgraded connection's
 /// answers), then passes on what was held and closes `to`.
 pub async fn copy_scrubbed<R, W>(
@@ -157,16 +162,22 @@ where
     let mut buffer = vec![0u8; 16 * 1024];
     let mut copied = 0;
     loop {
-        let read = from.read(&mut buffer).await?;
-        let ready = if read == 0 {
-            scrub.finish()
+        let read = if scrub.held.is_empty() {
+            Some(from.read(&mut buffer).await?)
         } else {
-            scrub.push(&buffer[..read])
+            tokio::time::timeout(HOLD_AT_MOST, from.read(&mut buffer))
+                .await
+                .ok()
+                .transpose()?
+        };
+        let ready = match read {
+            Some(0) | None => scrub.finish(),
+            Some(read) => scrub.push(&buffer[..read]),
         };
         to.write_all(&ready).await?;
         to.flush().await?;
         copied += ready.len() as u64;
-        if read == 0 {
+        if read == Some(0) {
             to.shutdown().await?;
             return Ok(copied);
         }

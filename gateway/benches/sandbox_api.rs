@@ -169,7 +169,7 @@ fn main() -> anyhow::Result<()> {
             memory_mb: 0,
             memory_overcommit: 1.0,
             cpu_millis: 0,
-            cpu_overcommit: 100.0,
+            cpu_overcommit: 1000.0,
                 volumes: Default::default(),
                 egress: None,
             },
