@@ -145,7 +145,7 @@ fn main() -> anyhow::Result<()> {
         settings.sandboxes.max_per_team = 100_000;
         let application = Application::build(settings).await?;
         let url = format!("http://{}", application.local_addr());
-        let internal = format!("http://{}", application.internal_addr());
+        let internal = format!("https://{}", application.internal_addr());
         tokio::spawn(application.run_until_stopped(std::future::pending()));
 
         let socket = std::env::var("SANDBASE_CONTAINERD_SOCKET")
@@ -242,8 +242,9 @@ fn main() -> anyhow::Result<()> {
             cold.0.push(elapsed);
             api.delete(&format!("/v1/sandboxes/{id}")).await;
         }
-        // Baseline: ctr run --rm of the same busybox root file system.
-        let rootfs = run_dir.join("baseline-rootfs");
+        // Baseline: ctr run --rm of the same busybox root file system (outside the worker's
+        // run directory, which is noexec).
+        let rootfs = std::env::temp_dir().join(format!("sandbase-bench-rootfs-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&rootfs)?;
         sandbase_worker::templates::busybox(&rootfs, 0)?;
         let mut ctr_run = Samples(Vec::new());
@@ -316,6 +317,7 @@ fn main() -> anyhow::Result<()> {
             .args(["--address", &socket, "-n", &namespace, "snapshots", "rm", "sandbase/template/busybox"])
             .output();
         let _ = sandbase_worker::runtime::remove_run_dir(&run_dir);
+        let _ = std::fs::remove_dir_all(&rootfs);
 
         println!("| measurement | SandBase p50 ms | p99 ms | baseline | p50 ms | p99 ms | ratio (p50) |");
         println!("|---|---|---|---|---|---|---|");
