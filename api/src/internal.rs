@@ -168,6 +168,9 @@ pub struct Exec {
     pub stream: bool,
     #[serde(default)]
     pub background: bool,
+    /// Run in this shell session (see the public `ExecRequest`).
+    #[serde(default)]
+    pub session: Option<String>,
 }
 
 /// The header carrying a worker's credential on internal calls (both directions: a worker

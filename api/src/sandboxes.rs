@@ -284,6 +284,13 @@ pub struct ExecRequest {
     /// Start the command and answer at once with its pid; see `/processes`.
     #[serde(default)]
     pub background: bool,
+    /// A shell session's name (1–64 letters, digits, `-`, `_`, `.`): the command runs in
+    /// that session's bash, started on first use, so the working directory and exported
+    /// variables carry over to the session's next command; the answer is still this
+    /// command's own exit code, stdout and stderr. `exit` ends the session, as does a
+    /// timeout. At most 4 per sandbox; not with `stream`, `background` or `stdin`.
+    #[serde(default)]
+    pub session: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]

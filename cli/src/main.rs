@@ -7,6 +7,7 @@ mod commands;
 mod credentials;
 mod egress_default;
 mod output;
+mod run;
 mod sandbox;
 mod secret;
 mod serve;
@@ -101,7 +102,7 @@ enum ClientCommand {
     #[command(subcommand)]
     Sandbox(sandbox::SandboxCommand),
     /// Run one command in a fresh sandbox: inputs in, output and artifacts out.
-    Run(sandbox::RunArgs),
+    Run(run::RunArgs),
     /// Credentials for sandboxes' outbound requests: set (value from stdin), ls, rm.
     #[command(subcommand)]
     Secret(secret::SecretCommand),
@@ -154,7 +155,7 @@ fn run_client(global: GlobalArgs, command: ClientCommand) -> anyhow::Result<Exit
     runtime.block_on(async move {
         match command {
             ClientCommand::Sandbox(command) => return sandbox::run(&global, command).await,
-            ClientCommand::Run(args) => return sandbox::run_once(&global, args).await,
+            ClientCommand::Run(args) => return run::run_once(&global, args).await,
             ClientCommand::Template(command) => return template::run(&global, command).await,
             ClientCommand::Signup(args) => commands::signup(&global, args).await,
             ClientCommand::Login(args) => commands::login(&global, args).await,

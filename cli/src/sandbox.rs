@@ -101,11 +101,11 @@ pub struct EgressArgs {
     /// A vault credential the egress proxy adds to its requests for the credential's hosts
     /// (repeatable); the sandbox never sees its value.
     #[arg(long = "credential")]
-    credentials: Vec<String>,
+    pub(crate) credentials: Vec<String>,
 }
 
 impl EgressArgs {
-    fn policy(&self) -> Option<sandbase_api::sandboxes::EgressPolicy> {
+    pub(crate) fn policy(&self) -> Option<sandbase_api::sandboxes::EgressPolicy> {
         (self.no_egress || !self.egress.is_empty()).then(|| sandbase_api::sandboxes::EgressPolicy {
             allow: self.egress.clone(),
             deny: Vec::new(),
@@ -144,12 +144,16 @@ pub struct ExecArgs {
     /// Kill the command after this many seconds.
     #[arg(long)]
     timeout: Option<u64>,
+    /// Run in this shell session: its working directory and exported variables carry over
+    /// to the session's next command.
+    #[arg(long)]
+    session: Option<String>,
     /// The command and its arguments (after `--`).
     #[arg(last = true, required = true)]
     command: Vec<String>,
 }
 
-fn parse_pair(value: &str) -> Result<(String, String), String> {
+pub(crate) fn parse_pair(value: &str) -> Result<(String, String), String> {
     value
         .split_once('=')
         .map(|(key, value)| (key.to_owned(), value.to_owned()))
@@ -305,6 +309,9 @@ fn state_text(sandbox: &Sandbox) -> String {
 
 /// Streams a command's output to ours and returns its exit code.
 async fn exec(client: &Client, args: ExecArgs) -> anyhow::Result<ExitCode> {
+    if args.session.is_some() {
+        return exec_in_session(client, args).await;
+    }
     // Piped input goes to the command; a terminal is not read.
     let stdin = if std::io::stdin().is_terminal() {
         None
@@ -470,7 +477,7 @@ async fn copy(client: &Client, source: &str, destination: &str) -> anyhow::Resul
 }
 
 /// A local directory as a tar archive.
-fn pack(directory: &Path) -> anyhow::Result<Vec<u8>> {
+pub(crate) fn pack(directory: &Path) -> anyhow::Result<Vec<u8>> {
     let mut builder = tar::Builder::new(Vec::new());
     builder.follow_symlinks(false);
     builder
@@ -564,120 +571,37 @@ pub fn human_bytes(bytes: u64) -> String {
     }
 }
 
-#[derive(Args)]
-pub struct RunArgs {
-    /// A directory whose content the command finds in /work/in (read-only).
-    #[arg(long)]
-    input: Option<PathBuf>,
-    #[arg(long)]
-    template: Option<String>,
-    /// Isolation level: runc or gvisor (the server's default when absent).
-    #[arg(long, value_parser = parse_isolation)]
-    isolation: Option<sandbase_api::sandboxes::Isolation>,
-    /// Kill the command after this many seconds.
-    #[arg(long)]
-    timeout: Option<u64>,
-    /// KEY=VALUE (repeatable).
-    #[arg(long = "env", value_parser = parse_pair)]
-    env: Vec<(String, String)>,
-    /// The directory in the sandbox kept as the artifact.
-    #[arg(long, default_value = "/work/out")]
-    outputs: String,
-    /// Where the artifact is unpacked (default: ./run-<id>).
-    #[arg(long)]
-    download_to: Option<PathBuf>,
-    #[command(flatten)]
-    egress: EgressArgs,
-    /// The command and its arguments (after `--`).
-    #[arg(last = true, required = true)]
-    command: Vec<String>,
-}
-
-/// `sandbase run`: submits a run, follows it, prints its output, downloads its artifact,
-/// and exits with the command's exit code.
-pub async fn run_once(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<ExitCode> {
-    use base64::Engine;
-    use sandbase_api::runs::{CreateRunRequest, Run, RunInputs, RunState};
-
-    let client = Client::new(global)?;
-    client.require_token()?;
-    let tar_base64 = match &args.input {
-        Some(directory) => {
-            anyhow::ensure!(
-                directory.is_dir(),
-                "{} is not a directory",
-                directory.display()
-            );
-            Some(base64::engine::general_purpose::STANDARD.encode(pack(directory)?))
-        }
-        None => None,
-    };
-    let request = CreateRunRequest {
-        template: args.template,
-        cmd: Some(args.command),
-        command: None,
-        env: args.env.into_iter().collect(),
-        inputs: RunInputs {
-            files: BTreeMap::new(),
-            tar_base64,
-        },
-        timeout_secs: args.timeout,
-        resources: ResourcesRequest::default(),
-        outputs: Some(args.outputs),
-        egress: args.egress.policy(),
-        credentials: args.egress.credentials.clone(),
-        isolation: args.isolation,
-    };
-    let mut run: Run = client.post("/v1/runs", &request).await?;
-    eprintln!("run {} queued", run.id);
-    let mut last = run.state;
-    while matches!(run.state, RunState::Queued | RunState::Running) {
-        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-        run = client.get(&format!("/v1/runs/{}", run.id), &[]).await?;
-        if run.state != last {
-            eprintln!(
-                "run {}: {}",
-                run.id,
-                serde_json::to_value(run.state)?.as_str().unwrap_or("")
-            );
-            last = run.state;
-        }
-    }
-    emit(global.json, &run, |run| {
-        print!("{}", run.stdout.as_deref().unwrap_or(""));
-        eprint!("{}", run.stderr.as_deref().unwrap_or(""));
-    })?;
-    if run.state == RunState::Failed {
-        bail!(
-            "the run failed: {}",
-            run.error.as_deref().unwrap_or("no reason given")
-        );
-    }
-    if run.artifact_size.is_some() {
-        let target = args
-            .download_to
-            .unwrap_or_else(|| PathBuf::from(format!("run-{}", run.id)));
-        let response = client
-            .stream(
-                Method::GET,
-                &format!("/v1/runs/{}/artifacts", run.id),
-                &[],
-                None,
-                None,
-            )
-            .await?;
-        let size = unpack_response(response, &target).await?;
-        eprintln!("artifact ({}) in {}", human_bytes(size), target.display());
-    }
-    if run.timed_out {
-        eprintln!("sandbase: the command timed out");
-    }
-    Ok(ExitCode::from(
-        run.exit_code.unwrap_or(1).clamp(0, 255) as u8
-    ))
-}
-
-fn parse_isolation(value: &str) -> Result<sandbase_api::sandboxes::Isolation, String> {
+pub(crate) fn parse_isolation(value: &str) -> Result<sandbase_api::sandboxes::Isolation, String> {
     sandbase_api::sandboxes::Isolation::parse(value)
         .ok_or_else(|| format!("`{value}` is not an isolation level (runc or gvisor)"))
+}
+
+/// A command in a shell session: one whole result (sessions do not stream), printed as
+/// the command's own output and exit code.
+async fn exec_in_session(client: &Client, args: ExecArgs) -> anyhow::Result<ExitCode> {
+    // One argument is a command line for the session's shell; several are a program and
+    // its arguments.
+    let (cmd, command) = match args.command.as_slice() {
+        [line] => (None, Some(line.clone())),
+        _ => (Some(args.command.clone()), None),
+    };
+    let env: BTreeMap<String, String> = args.env.into_iter().collect();
+    let body = json!({
+        "cmd": cmd,
+        "command": command,
+        "env": env,
+        "cwd": args.cwd,
+        "user": if args.root { RunAs::Root } else { RunAs::User },
+        "timeout_secs": args.timeout,
+        "session": args.session,
+    });
+    let result: sandbase_api::sandboxes::ExecResult = client
+        .post(&format!("/v1/sandboxes/{}/exec", args.id), &body)
+        .await?;
+    std::io::stdout().write_all(result.stdout.as_bytes())?;
+    std::io::stderr().write_all(result.stderr.as_bytes())?;
+    if result.timed_out {
+        eprintln!("sandbase: the command timed out (its session ended)");
+    }
+    Ok(ExitCode::from(u8::try_from(result.exit_code).unwrap_or(1)))
 }

@@ -1,18 +1,20 @@
 //! What runs in a hosted sandbox: the agent request for a command (environment, working
-//! directory, user), background processes with bounded output buffers and open stdin.
+//! directory, user), background processes with bounded output buffers and open stdin, and
+//! shell sessions (`session.rs` runs their commands).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use sandbase_agent::protocol::{ExecRequest, ExitInfo, Owner};
+use sandbase_agent::protocol::{ExecRequest, ExitInfo, Owner, Request};
 use sandbase_api::internal::Exec;
-use sandbase_api::sandboxes::{Process, RunAs};
+use sandbase_api::sandboxes::{ExecResult, Process, RunAs};
 use uuid::Uuid;
 
 use crate::agent_client::{AgentClient, ExecEvent};
 pub use crate::background::Background;
 use crate::background::{OutputBudget, Stream};
 use crate::runtime::Sandbox;
+use crate::session::{Ran, ShellSession};
 use crate::spec::{SANDBOX_USER, WORK_DIR};
 
 use crate::error::NodeError;
@@ -27,6 +29,8 @@ pub struct Hosted {
     pub(crate) env: BTreeMap<String, String>,
     pub(crate) cwd: String,
     pub(crate) processes: Mutex<HashMap<u32, Arc<Background>>>,
+    /// Its shell sessions, by name.
+    pub(crate) sessions: tokio::sync::Mutex<HashMap<String, Arc<ShellSession>>>,
     /// What its background processes' output may hold of the worker's memory.
     pub(crate) output_budget: OutputBudget,
     /// The memory it reserves on the node (MiB).
@@ -196,5 +200,111 @@ impl Background {
             open.close().await?;
         }
         Ok(())
+    }
+}
+
+impl Hosted {
+    /// Runs `exec`'s command in shell session `name` (started on first use) and answers
+    /// with its own result; `exit` or a timeout ends the session.
+    pub async fn run_in_session(
+        self: &Arc<Self>,
+        name: &str,
+        exec: &Exec,
+        output_limit: usize,
+    ) -> Result<ExecResult, NodeError> {
+        let session = self.session(name, exec).await?;
+        if session.user() != exec.user {
+            return Err(NodeError::Invalid(format!(
+                "session `{name}` runs as {}; start another session for the other user",
+                match session.user() {
+                    RunAs::User => "the user",
+                    RunAs::Root => "root",
+                }
+            )));
+        }
+        let ran = match session.run(exec, output_limit).await {
+            Ok(ran) => ran,
+            Err(error) => {
+                self.end_session(name).await;
+                return Err(NodeError::Internal(error.context("the session's shell")));
+            }
+        };
+        match ran {
+            Ran::Finished(result) => Ok(result),
+            Ran::Ended(result) => {
+                self.end_session(name).await;
+                Ok(result)
+            }
+            Ran::TimedOut { result, pid } => {
+                let _ = self
+                    .agent
+                    .simple(&Request::Signal {
+                        pid,
+                        signal: crate::session::KILL,
+                    })
+                    .await;
+                self.end_session(name).await;
+                Ok(result)
+            }
+        }
+    }
+
+    /// Session `name`, started now (with `exec`'s user, environment and directory) when it
+    /// does not exist or has ended.
+    async fn session(&self, name: &str, exec: &Exec) -> Result<Arc<ShellSession>, NodeError> {
+        let mut sessions = self.sessions.lock().await;
+        if let Some(session) = sessions.get(name)
+            && session.running().await
+        {
+            return Ok(Arc::clone(session));
+        }
+        sessions.remove(name);
+        if sessions.len() >= crate::session::MAX_SESSIONS {
+            return Err(NodeError::Invalid(format!(
+                "this sandbox has {} shell sessions already; end one with `exit`",
+                crate::session::MAX_SESSIONS
+            )));
+        }
+        let mut start = exec.clone();
+        // bash when the template has it, else its POSIX shell.
+        start.argv = vec![
+            "/bin/sh".to_owned(),
+            "-c".to_owned(),
+            "command -v bash >/dev/null && exec bash --noprofile --norc; exec /bin/sh".to_owned(),
+        ];
+        start.timeout_ms = None;
+        start.stdin = None;
+        let request = self.exec_request(&start)?;
+        crate::background::make_room(&mut self.lock_processes())?;
+        let (mut events, stdin) = self.agent.start(request, None, true).await?;
+        let pid = match events.recv().await {
+            Some(Ok(ExecEvent::Started { pid })) => pid,
+            Some(Err(error)) => return Err(error.into()),
+            other => {
+                return Err(NodeError::Internal(anyhow::anyhow!(
+                    "unexpected first event {other:?}"
+                )));
+            }
+        };
+        let stdin = stdin.ok_or_else(|| NodeError::Internal(anyhow::anyhow!("no stdin")))?;
+        // One of the sandbox's background processes: listed, counted, signalled like them.
+        let process = Arc::new(Background::new(
+            pid,
+            vec!["shell".to_owned(), format!("(session {name})")],
+            None,
+            0,
+            self.output_budget.clone(),
+        ));
+        self.lock_processes().insert(pid, Arc::clone(&process));
+        let session = Arc::new(ShellSession::new(exec.user, stdin, events, process));
+        sessions.insert(name.to_owned(), Arc::clone(&session));
+        Ok(session)
+    }
+
+    async fn end_session(&self, name: &str) {
+        let removed = self.sessions.lock().await.remove(name);
+        if let Some(session) = removed {
+            session.end().await;
+        }
     }
 }

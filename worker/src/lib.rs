@@ -23,6 +23,7 @@ pub mod reporter;
 pub mod runtime;
 pub mod seccomp;
 pub mod service;
+pub mod session;
 pub mod spec;
 pub mod templates;
 pub mod tls_listener;

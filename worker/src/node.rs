@@ -293,6 +293,7 @@ impl Node {
             env,
             cwd: request.cwd,
             processes: Mutex::new(HashMap::new()),
+            sessions: tokio::sync::Mutex::new(HashMap::new()),
             output_budget: OutputBudget::new(
                 Retained::new(SANDBOX_OUTPUT_BUDGET),
                 Arc::clone(&self.output),

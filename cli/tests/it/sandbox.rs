@@ -234,6 +234,38 @@ async fn the_cli_creates_runs_copies_and_destroys_sandboxes() {
         None,
     );
     assert_eq!(stdout(&output), "0\n");
+    // A shell session keeps its directory and variables between invocations.
+    let output = server.cli(
+        &[
+            "sandbox",
+            "exec",
+            &id,
+            "--session",
+            "main",
+            "--",
+            "cd /tmp && export N=4",
+        ],
+        &[],
+        None,
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let output = server.cli(
+        &[
+            "sandbox",
+            "exec",
+            &id,
+            "--session",
+            "main",
+            "--",
+            "pwd; echo $N; exit 5",
+        ],
+        &[],
+        None,
+    );
+    assert_eq!(
+        (output.status.code(), stdout(&output).as_str()),
+        (Some(5), "/tmp\n4\n")
+    );
 
     // cp in both directions, a file and a directory; export.
     let local = std::env::temp_dir().join(format!("sandbase-cli-cp-{}", Uuid::new_v4().simple()));

@@ -358,6 +358,7 @@ fn command(argv: Vec<String>, user: RunAs, timeout_ms: Option<u64>) -> Exec {
         timeout_ms,
         stream: false,
         background: false,
+        session: None,
     }
 }
 

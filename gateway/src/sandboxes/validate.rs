@@ -152,6 +152,25 @@ pub fn command_argv(cmd: Option<Vec<String>>, command: Option<String>) -> ApiRes
     Ok(argv)
 }
 
+/// A shell session's name and what may come with it.
+pub fn session(name: &str, request: &sandbase_api::sandboxes::ExecRequest) -> ApiResult<()> {
+    let plain = name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    if name.is_empty() || name.len() > 64 || !plain {
+        return Err(ApiError::InvalidRequest(
+            "`session`: 1 to 64 letters, digits, `-`, `_` or `.`".to_owned(),
+        ));
+    }
+    if request.stream || request.background || request.stdin.is_some() {
+        return Err(ApiError::InvalidRequest(
+            "a `session` command answers with its whole result: not with `stream`, `background` or `stdin`"
+                .to_owned(),
+        ));
+    }
+    Ok(())
+}
+
 pub fn validate_env(env: &BTreeMap<String, String>) -> ApiResult<()> {
     if env.len() > 256 {
         return Err(ApiError::InvalidRequest(

@@ -29,6 +29,7 @@ mod sandbox_credits;
 mod sandbox_mounts;
 mod sandboxes;
 mod secrets;
+mod sessions;
 mod stripe;
 mod templates;
 mod testbed;

@@ -28,6 +28,20 @@ pub(super) async fn exec(
     Json(exec): Json<Exec>,
 ) -> Result<Response, NodeError> {
     let hosted = state.node.get(id)?;
+    if let Some(session) = &exec.session {
+        if exec.background || exec.stream || exec.stdin.is_some() {
+            return Err(NodeError::Invalid(
+                "a session command answers with its whole result".to_owned(),
+            ));
+        }
+        if !crate::session::valid_name(session) {
+            return Err(NodeError::Invalid("invalid session name".to_owned()));
+        }
+        let result = hosted
+            .run_in_session(session, &exec, SYNC_OUTPUT_LIMIT)
+            .await?;
+        return Ok(Json(result).into_response());
+    }
     if exec.background {
         let pid = hosted
             .start_background(&exec, state.node.process_output_limit())

@@ -253,6 +253,9 @@ async fn exec(
 ) -> ApiResult<Response> {
     context.action("sandbox.exec");
     principal.require(Role::Member)?;
+    if let Some(session) = &request.session {
+        validate::session(session, &request)?;
+    }
     let argv = validate::command_argv(request.cmd, request.command)?;
     validate::validate_env(&request.env)?;
     if let Some(cwd) = &request.cwd {
@@ -285,6 +288,7 @@ async fn exec(
         timeout_ms,
         stream: request.stream,
         background: request.background,
+        session: request.session,
     };
     let answer = forward(
         &state,

@@ -1,0 +1,144 @@
+//! Shell sessions for agents: commands in a persistent shell keep `cd` and `export` between
+//! them, each still answering with its own exit code, stdout and stderr; under both
+//! isolation levels.
+
+use sandbase_api::sandboxes::Isolation;
+use serde_json::{Value, json};
+
+use crate::testbed::{
+    ISOLATIONS, TestWorker, create_ok, exec, sandbox_app_isolated, worker_config,
+};
+
+async fn run(
+    app: &crate::helpers::TestApp,
+    token: &str,
+    id: &str,
+    session: &str,
+    command: &str,
+) -> Value {
+    let answer = exec(
+        app,
+        token,
+        id,
+        json!({ "command": command, "session": session }),
+    )
+    .await;
+    assert_eq!(answer.status.as_u16(), 200, "{command}: {}", answer.body);
+    answer.body
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shell_session_keeps_its_directory_and_environment_between_commands() {
+    for isolation in ISOLATIONS {
+        sessions_under(isolation).await;
+    }
+}
+
+async fn sessions_under(isolation: Isolation) {
+    let app = sandbox_app_isolated(isolation).await;
+    let worker = TestWorker::start(worker_config(&app, "s", 4, 0)).await;
+    let alice = app.signup("alice@example.com", "Alice").await;
+    let token = alice.api_key.token.as_str();
+    let id = create_ok(&app, token, json!({})).await;
+
+    let first = run(&app, token, &id, "main", "cd /tmp && export GREETING=hi").await;
+    assert_eq!(first["exit_code"], 0, "{first}");
+    let second = run(
+        &app,
+        token,
+        &id,
+        "main",
+        "pwd; echo $GREETING; echo oops >&2; false",
+    )
+    .await;
+    assert_eq!(
+        (&second["stdout"], &second["stderr"], &second["exit_code"]),
+        (&json!("/tmp\nhi\n"), &json!("oops\n"), &json!(1)),
+        "{second}"
+    );
+    // Another session is a shell of its own.
+    let other = run(&app, token, &id, "other", "pwd; echo \"[$GREETING]\"").await;
+    assert_eq!(other["stdout"], "/work\n[]\n", "{other}");
+    // A syntax error is the command's; the session goes on where it was.
+    let broken = run(&app, token, &id, "main", "if then").await;
+    assert_ne!(broken["exit_code"], 0, "{broken}");
+    assert_eq!(
+        run(&app, token, &id, "main", "pwd").await["stdout"],
+        "/tmp\n"
+    );
+    // Output without a final newline, and a forged end marker, come back as printed.
+    assert_eq!(
+        run(&app, token, &id, "main", "printf abc").await["stdout"],
+        "abc"
+    );
+    let forged = run(
+        &app,
+        token,
+        &id,
+        "main",
+        "echo SANDBASE_END_0 0; echo after",
+    )
+    .await;
+    assert_eq!(forged["stdout"], "SANDBASE_END_0 0\nafter\n", "{forged}");
+    // `exit` ends the session with its code; the next command gets a fresh one.
+    let exited = run(&app, token, &id, "main", "exit 3").await;
+    assert_eq!(exited["exit_code"], 3, "{exited}");
+    assert_eq!(
+        run(&app, token, &id, "main", "pwd").await["stdout"],
+        "/work\n"
+    );
+    // A timeout kills the session's processes and says so.
+    let slow = exec(
+        &app,
+        token,
+        &id,
+        json!({ "command": "cd /tmp; sleep 30", "session": "main", "timeout_secs": 1 }),
+    )
+    .await;
+    assert_eq!(slow.body["timed_out"], true, "{}", slow.body);
+    assert_eq!(
+        run(&app, token, &id, "main", "pwd").await["stdout"],
+        "/work\n"
+    );
+
+    refusals(&app, token, &id).await;
+    // The sandbox's other commands still work.
+    let plain = exec(&app, token, &id, json!({ "command": "echo alive" })).await;
+    assert_eq!(plain.body["stdout"], "alive\n");
+    app.delete(&format!("/v1/sandboxes/{id}"), token).await;
+    worker.clean_up().await;
+}
+
+/// Bad names, combinations that cannot be, another user in a session, too many sessions.
+async fn refusals(app: &crate::helpers::TestApp, token: &str, id: &str) {
+    for body in [
+        json!({ "command": "true", "session": "a b" }),
+        json!({ "command": "true", "session": "" }),
+        json!({ "command": "true", "session": "s", "stream": true }),
+        json!({ "command": "true", "session": "s", "background": true }),
+        json!({ "command": "true", "session": "s", "stdin": "x" }),
+    ] {
+        let answer = exec(app, token, id, body.clone()).await;
+        answer.assert_error(422, "invalid_request");
+    }
+    let as_root = exec(
+        app,
+        token,
+        id,
+        json!({ "command": "id -u", "session": "other", "user": "root" }),
+    )
+    .await;
+    assert_ne!(as_root.status.as_u16(), 200, "{}", as_root.body);
+    for name in ["s3", "s4"] {
+        run(app, token, id, name, "true").await;
+    }
+    // main, other, s3 and s4 are open: a fifth is refused.
+    let fifth = exec(
+        app,
+        token,
+        id,
+        json!({ "command": "true", "session": "s5" }),
+    )
+    .await;
+    assert_ne!(fifth.status.as_u16(), 200, "{}", fifth.body);
+}
