@@ -43,15 +43,6 @@ pub fn save(url: &str, api_key: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// Saves only when nothing is saved yet; returns whether it saved.
-pub fn save_if_absent(url: &str, api_key: &str) -> anyhow::Result<bool> {
-    if path().exists() {
-        return Ok(false);
-    }
-    save(url, api_key)?;
-    Ok(true)
-}
-
 /// Writes `contents` to `path` with mode 0600, atomically: a new temporary file of a random
 /// name, created exclusively (never an existing file, never through a link someone left in
 /// the directory), then renamed over `path`.

@@ -117,7 +117,12 @@ pub async fn run_once(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<Exit
             )
             .await?;
         let size = unpack_response(response, &target).await?;
-        eprintln!("artifact ({}) in {}", human_bytes(size), target.display());
+        eprintln!(
+            "artifact ({}, {} files) in {}",
+            human_bytes(size.bytes),
+            size.files,
+            target.display()
+        );
     }
     if run.timed_out {
         eprintln!("sandbase: the command timed out");

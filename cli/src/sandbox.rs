@@ -44,6 +44,9 @@ pub enum SandboxCommand {
         /// Directory to unpack into.
         #[arg(long, default_value = ".")]
         to: PathBuf,
+        /// Destroy the sandbox once the export is written.
+        #[arg(long)]
+        destroy: bool,
     },
     /// Destroy a sandbox.
     Destroy { id: Uuid },
@@ -181,13 +184,25 @@ pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> anyhow::Result
             source,
             destination,
         } => copy(&client, &source, &destination).await?,
-        SandboxCommand::Export { id, path, to } => {
-            let count = download_archive(&client, id, &path, &to).await?;
+        SandboxCommand::Export {
+            id,
+            path,
+            to,
+            destroy,
+        } => {
+            let unpacked = download_archive(&client, id, &path, &to).await?;
             eprintln!(
-                "exported {path} ({}) into {}",
-                human_bytes(count),
+                "{} artifact{} saved ({} of {path}) into {}",
+                unpacked.files,
+                if unpacked.files == 1 { "" } else { "s" },
+                human_bytes(unpacked.bytes),
                 to.display()
             );
+            // Only once the export is safely written.
+            if destroy {
+                client.delete(&format!("/v1/sandboxes/{id}")).await?;
+                eprintln!("destroyed {id}");
+            }
         }
         SandboxCommand::Destroy { id } => {
             client.delete(&format!("/v1/sandboxes/{id}")).await?;
@@ -233,8 +248,30 @@ async fn create(client: &Client, json: bool, args: CreateArgs) -> anyhow::Result
         credentials: args.egress.credentials.clone(),
         isolation: args.isolation,
     };
+    let started = std::time::Instant::now();
     let sandbox: Sandbox = client.post("/v1/sandboxes", &request).await?;
+    // A person at a terminal is told what they got; scripts read the bare id on stdout.
+    if !json && std::io::stderr().is_terminal() {
+        eprintln!("{}", ready_line(&sandbox, started.elapsed()));
+    }
     emit(json, &sandbox, |sandbox| println!("{}", sandbox.id))
+}
+
+/// "✓ sandbox ready in 72 ms (non-root, fs: /work, egress: api.github.com)".
+fn ready_line(sandbox: &Sandbox, took: std::time::Duration) -> String {
+    let egress = match &sandbox.egress {
+        Some(policy) if !policy.allow.is_empty() => policy.allow.join(", "),
+        _ => "none".to_owned(),
+    };
+    format!(
+        "✓ sandbox ready in {} ms (non-root, fs: {}, egress: {egress}{})",
+        took.as_millis(),
+        sandbox.cwd,
+        match sandbox.isolation {
+            sandbase_api::sandboxes::Isolation::Runc => "",
+            sandbase_api::sandboxes::Isolation::Gvisor => ", gVisor",
+        }
+    )
 }
 
 fn print_list(list: &SandboxList) {
@@ -416,7 +453,7 @@ async fn copy(client: &Client, source: &str, destination: &str) -> anyhow::Resul
                 let count = download_archive(client, id, path, &target).await?;
                 eprintln!(
                     "copied {path} ({}) to {}",
-                    human_bytes(count),
+                    human_bytes(count.bytes),
                     target.display()
                 );
                 return Ok(());
@@ -493,7 +530,7 @@ pub async fn download_archive(
     id: Uuid,
     path: &str,
     target: &Path,
-) -> anyhow::Result<u64> {
+) -> anyhow::Result<Unpacked> {
     let response = client
         .stream(
             Method::GET,
@@ -507,7 +544,16 @@ pub async fn download_archive(
 }
 
 /// Reads an archive answer (with progress) and unpacks it into `target`.
-pub async fn unpack_response(response: reqwest::Response, target: &Path) -> anyhow::Result<u64> {
+/// What an archive held: its size and its files.
+pub struct Unpacked {
+    pub bytes: u64,
+    pub files: usize,
+}
+
+pub async fn unpack_response(
+    response: reqwest::Response,
+    target: &Path,
+) -> anyhow::Result<Unpacked> {
     let mut archive = Vec::new();
     let mut progress = Progress::new("downloading");
     let mut stream = response.bytes_stream();
@@ -518,12 +564,24 @@ pub async fn unpack_response(response: reqwest::Response, target: &Path) -> anyh
     }
     progress.finish();
     std::fs::create_dir_all(target)?;
+    let files = tar::Archive::new(archive.as_slice())
+        .entries()
+        .context("reading the archive")?
+        .filter(|entry| {
+            entry
+                .as_ref()
+                .is_ok_and(|entry| entry.header().entry_type().is_file())
+        })
+        .count();
     let mut unpacker = tar::Archive::new(archive.as_slice());
     unpacker.set_preserve_permissions(true);
     unpacker
         .unpack(target)
         .with_context(|| format!("unpacking into {}", target.display()))?;
-    Ok(archive.len() as u64)
+    Ok(Unpacked {
+        bytes: archive.len() as u64,
+        files,
+    })
 }
 
 /// A byte counter on standard error, redrawn in place when it is a terminal.
@@ -604,4 +662,25 @@ async fn exec_in_session(client: &Client, args: ExecArgs) -> anyhow::Result<Exit
         eprintln!("sandbase: the command timed out (its session ended)");
     }
     Ok(ExitCode::from(u8::try_from(result.exit_code).unwrap_or(1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ready_line_says_what_the_user_got() {
+        let sandbox: Sandbox = serde_json::from_value(json!({
+            "id": Uuid::nil(), "template": "base", "state": "running", "cwd": "/work",
+            "resources": { "cpu_millis": 1000, "memory_mb": 512, "disk_mb": 1024, "pids": 256 },
+            "metadata": {}, "created_at": "2026-12-04T00:00:00Z",
+            "expires_at": "2026-12-04T00:05:00Z",
+            "egress": { "allow": ["api.github.com"], "deny": [] },
+        }))
+        .unwrap();
+        assert_eq!(
+            ready_line(&sandbox, std::time::Duration::from_millis(72)),
+            "✓ sandbox ready in 72 ms (non-root, fs: /work, egress: api.github.com)"
+        );
+    }
 }

@@ -258,7 +258,7 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
             );
             Some(sandbase_worker::service::start(config).await?)
         };
-        let saved = credentials::save_if_absent(&url, &api_key)?;
+        let saved = save_for_the_cli(&url, &api_key).await?;
         println!();
         println!("  SandBase dev server is running");
         println!();
@@ -612,4 +612,30 @@ async fn ensure_dev_account(
     transaction.commit().await?;
     state.api_key = Some(created.token.clone());
     Ok(created.token)
+}
+
+/// Saves the dev key for the CLI unless the saved one is for this server and still works: a
+/// key saved for another URL, or one this server no longer knows (a fresh dev state), would
+/// leave `sandbase whoami` failing.
+async fn save_for_the_cli(url: &str, api_key: &str) -> anyhow::Result<bool> {
+    if let Some(saved) = credentials::load()?
+        && saved.url == url
+        && (saved.api_key == api_key || key_works(url, &saved.api_key).await)
+    {
+        return Ok(false);
+    }
+    credentials::save(url, api_key)?;
+    Ok(true)
+}
+
+/// Whether `api_key` authenticates at `url` (a network failure counts as working: nothing
+/// is overwritten on a guess).
+async fn key_works(url: &str, api_key: &str) -> bool {
+    let answer = reqwest::Client::new()
+        .get(format!("{url}/v1/me"))
+        .bearer_auth(api_key)
+        .timeout(std::time::Duration::from_secs(5))
+        .send()
+        .await;
+    !matches!(answer, Ok(response) if response.status() == reqwest::StatusCode::UNAUTHORIZED)
 }

@@ -335,6 +335,11 @@ async fn the_cli_creates_runs_copies_and_destroys_sandboxes() {
         None,
     );
     assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("1 artifact saved"),
+        "{}",
+        stderr(&output)
+    );
     assert_eq!(
         std::fs::read_to_string(local.join("exported/r.txt")).unwrap(),
         "result\n"
@@ -367,8 +372,27 @@ async fn the_cli_creates_runs_copies_and_destroys_sandboxes() {
     let output = server.cli(&["--json", "sandbox", "get", &id], &[], None);
     let sandbox: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(sandbox["state"], "running");
-    let output = server.cli(&["sandbox", "destroy", &id], &[], None);
+    // export --destroy: the sandbox goes once its export is written.
+    let output = server.cli(
+        &[
+            "sandbox",
+            "export",
+            &id,
+            "/work/out",
+            "--destroy",
+            "--to",
+            local.join("last").to_str().unwrap(),
+        ],
+        &[],
+        None,
+    );
     assert!(output.status.success(), "{}", stderr(&output));
+    assert!(local.join("last/r.txt").exists());
+    assert!(
+        stderr(&output).contains(&format!("destroyed {id}")),
+        "{}",
+        stderr(&output)
+    );
     let output = server.cli(&["sandbox", "exec", &id, "--", "true"], &[], None);
     assert!(!output.status.success());
     assert!(
