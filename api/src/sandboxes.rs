@@ -288,7 +288,9 @@ pub struct ExecRequest {
     /// that session's bash, started on first use, so the working directory and exported
     /// variables carry over to the session's next command; the answer is still this
     /// command's own exit code, stdout and stderr. `exit` ends the session, as does a
-    /// timeout. At most 4 per sandbox; not with `stream`, `background` or `stdin`.
+    /// timeout. A session is listed among the sandbox's `/processes` (`shell (session
+    /// NAME)`); a signal to it ends it. At most 4 per sandbox; not with `stream`,
+    /// `background` or `stdin`.
     #[serde(default)]
     pub session: Option<String>,
 }

@@ -165,9 +165,29 @@ impl ShellSession {
         self.user
     }
 
-    /// Whether its shell still runs.
+    /// Whether its shell still runs. What it printed between commands (a background child's
+    /// output) is dropped here; an exit seen here (a signal through `/processes`) ends it.
     pub async fn running(&self) -> bool {
-        self.io.lock().await.process.running()
+        let mut io = self.io.lock().await;
+        loop {
+            match io.events.try_recv() {
+                Ok(Ok(ExecEvent::Exit(exit))) => {
+                    io.process.exited(exit);
+                    return false;
+                }
+                Ok(Ok(_)) => {}
+                Err(mpsc::error::TryRecvError::Empty) => return io.process.running(),
+                Ok(Err(_)) | Err(mpsc::error::TryRecvError::Disconnected) => {
+                    io.process.exited(ExitInfo {
+                        code: -1,
+                        signal: None,
+                        timed_out: false,
+                        duration_ms: 0,
+                    });
+                    return false;
+                }
+            }
+        }
     }
 
     /// Marks its process ended (it exited, or is being killed).

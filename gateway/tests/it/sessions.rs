@@ -101,6 +101,37 @@ async fn sessions_under(isolation: Isolation) {
         "/work\n"
     );
 
+    // A session is one of the sandbox's processes: a signal through `/processes` ends it,
+    // and the next command gets a fresh one.
+    run(&app, token, &id, "main", "cd /tmp").await;
+    let processes = app
+        .get(&format!("/v1/sandboxes/{id}/processes"), token)
+        .await
+        .body;
+    let pid = processes
+        .as_array()
+        .or_else(|| processes["processes"].as_array())
+        .and_then(|list| {
+            list.iter().find(|process| {
+                process["running"] == true && process.to_string().contains("(session main)")
+            })
+        })
+        .and_then(|process| process["pid"].as_u64())
+        .unwrap_or_else(|| panic!("the session among the processes: {processes}"));
+    let signal = app
+        .post(
+            &format!("/v1/sandboxes/{id}/processes/{pid}/signal"),
+            token,
+            json!({ "signal": 9 }),
+        )
+        .await;
+    assert!(signal.status.is_success(), "{}", signal.body);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(
+        run(&app, token, &id, "main", "pwd").await["stdout"],
+        "/work\n"
+    );
+
     refusals(&app, token, &id).await;
     // The sandbox's other commands still work.
     let plain = exec(&app, token, &id, json!({ "command": "echo alive" })).await;
