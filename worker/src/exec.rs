@@ -15,6 +15,9 @@ pub use crate::background::Background;
 use crate::background::{OutputBudget, Stream};
 use crate::runtime::Sandbox;
 use crate::session::{Ran, ShellSession};
+
+/// The events of a process the agent runs.
+type EventReceiver = tokio::sync::mpsc::Receiver<anyhow::Result<ExecEvent>>;
 use crate::spec::{SANDBOX_USER, WORK_DIR};
 
 use crate::error::NodeError;
@@ -90,18 +93,8 @@ impl Hosted {
         output_limit: usize,
     ) -> Result<u32, NodeError> {
         let request = self.exec_request(exec)?;
-        crate::background::make_room(&mut self.lock_processes())?;
         let initial = exec.stdin.clone().map(String::into_bytes);
-        let (mut events, stdin) = self.agent.start(request, initial, true).await?;
-        let pid = match events.recv().await {
-            Some(Ok(ExecEvent::Started { pid })) => pid,
-            Some(Err(error)) => return Err(error.into()),
-            other => {
-                return Err(NodeError::Internal(anyhow::anyhow!(
-                    "unexpected first event {other:?}"
-                )));
-            }
-        };
+        let (pid, mut events, stdin) = self.start_kept(request, initial).await?;
         let process = Arc::new(Background::new(
             pid,
             exec.argv.clone(),
@@ -204,6 +197,25 @@ impl Background {
 }
 
 impl Hosted {
+    /// Starts a process that stays with the sandbox (a background process, a session's
+    /// shell), room made for it among the background processes, its input kept open;
+    /// answers once it started.
+    async fn start_kept(
+        &self,
+        request: ExecRequest,
+        initial: Option<Vec<u8>>,
+    ) -> Result<(u32, EventReceiver, Option<crate::agent_client::Stdin>), NodeError> {
+        crate::background::make_room(&mut self.lock_processes())?;
+        let (mut events, stdin) = self.agent.start(request, initial, true).await?;
+        match events.recv().await {
+            Some(Ok(ExecEvent::Started { pid })) => Ok((pid, events, stdin)),
+            Some(Err(error)) => Err(error.into()),
+            other => Err(NodeError::Internal(anyhow::anyhow!(
+                "unexpected first event {other:?}"
+            ))),
+        }
+    }
+
     /// Runs `exec`'s command in shell session `name` (started on first use) and answers
     /// with its own result; `exit` or a timeout ends the session.
     pub async fn run_in_session(
@@ -275,17 +287,7 @@ impl Hosted {
         start.timeout_ms = None;
         start.stdin = None;
         let request = self.exec_request(&start)?;
-        crate::background::make_room(&mut self.lock_processes())?;
-        let (mut events, stdin) = self.agent.start(request, None, true).await?;
-        let pid = match events.recv().await {
-            Some(Ok(ExecEvent::Started { pid })) => pid,
-            Some(Err(error)) => return Err(error.into()),
-            other => {
-                return Err(NodeError::Internal(anyhow::anyhow!(
-                    "unexpected first event {other:?}"
-                )));
-            }
-        };
+        let (pid, events, stdin) = self.start_kept(request, None).await?;
         let stdin = stdin.ok_or_else(|| NodeError::Internal(anyhow::anyhow!("no stdin")))?;
         // One of the sandbox's background processes: listed, counted, signalled like them.
         let process = Arc::new(Background::new(
