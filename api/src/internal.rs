@@ -55,6 +55,9 @@ pub struct Heartbeat {
     pub volumes: Vec<VolumeInfo>,
     /// Every sandbox this worker hosts.
     pub sandboxes: Vec<Uuid>,
+    /// Those of them that are paused (by the gateway, or by themselves when idle).
+    #[serde(default)]
+    pub paused: Vec<Uuid>,
     /// Whether its creates succeed (false after several failed in a row): the gateway
     /// places nothing on an unhealthy worker.
     #[serde(default = "healthy")]
@@ -131,6 +134,9 @@ pub struct CreateSandbox {
     /// Decrypted credentials for the node's egress proxy (memory only on the worker).
     #[serde(default)]
     pub credentials: Vec<SandboxCredential>,
+    /// Pause it after this many seconds without a call (commands, files, process I/O).
+    #[serde(default)]
+    pub auto_pause_after_idle_secs: Option<u64>,
 }
 
 /// A credential handed to the sandbox's worker. Its `Debug` leaves the value out.
@@ -274,6 +280,9 @@ pub struct UsageSample {
     pub uptime_ms: u64,
     /// CPU time used by the sandbox's cgroup since then, in microseconds.
     pub cpu_usec: u64,
+    /// How much of `uptime_ms` it spent paused (charged for its memory only).
+    #[serde(default)]
+    pub paused_ms: u64,
     /// The last sample, taken when the sandbox was destroyed.
     #[serde(default)]
     pub last: bool,

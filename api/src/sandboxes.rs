@@ -103,6 +103,10 @@ pub struct CreateSandboxRequest {
     /// hosts; the sandbox never sees the values. Needs `egress` allowing those hosts.
     #[serde(default)]
     pub credentials: Vec<String>,
+    /// Pause the sandbox by itself once no command, file call or process I/O has reached it
+    /// for this many seconds; the next call resumes it (its lifetime runs on meanwhile).
+    #[serde(default)]
+    pub auto_pause_after_idle_secs: Option<u64>,
 }
 
 /// Deny by default: `allow` lists host patterns (`api.github.com`, `*.example.org` — its
@@ -139,6 +143,10 @@ fn read_only_by_default() -> bool {
 pub enum SandboxState {
     Creating,
     Running,
+    /// Frozen (`POST /v1/sandboxes/{id}/pause`): its processes keep their memory but get no
+    /// CPU; commands and file calls are refused (`sandbox_paused`) until it is resumed, or,
+    /// when it paused itself after `auto_pause_after_idle_secs`, resume it.
+    Paused,
     Stopped,
 }
 
@@ -147,6 +155,7 @@ impl SandboxState {
         match self {
             SandboxState::Creating => "creating",
             SandboxState::Running => "running",
+            SandboxState::Paused => "paused",
             SandboxState::Stopped => "stopped",
         }
     }
@@ -159,9 +168,10 @@ impl std::str::FromStr for SandboxState {
         match value {
             "creating" => Ok(SandboxState::Creating),
             "running" => Ok(SandboxState::Running),
+            "paused" => Ok(SandboxState::Paused),
             "stopped" => Ok(SandboxState::Stopped),
             other => Err(format!(
-                "unknown state `{other}` (expected creating, running or stopped)"
+                "unknown state `{other}` (expected creating, running, paused or stopped)"
             )),
         }
     }
@@ -200,6 +210,9 @@ pub struct Sandbox {
     /// Credentials (names) injected into its requests.
     #[serde(default)]
     pub credentials: Vec<String>,
+    /// It pauses by itself after this many idle seconds.
+    #[serde(default)]
+    pub auto_pause_after_idle_secs: Option<u64>,
 }
 
 /// One connection a sandbox made (or tried) through the egress proxy.

@@ -14,6 +14,7 @@ mod serve;
 mod signal;
 mod telemetry;
 mod template;
+mod transfer;
 mod worker;
 
 use std::net::SocketAddr;

@@ -12,7 +12,8 @@ use sandbase_api::sandboxes::ResourcesRequest;
 use crate::GlobalArgs;
 use crate::client::Client;
 use crate::output::emit;
-use crate::sandbox::{EgressArgs, human_bytes, pack, parse_isolation, parse_pair, unpack_response};
+use crate::sandbox::{EgressArgs, parse_isolation, parse_pair};
+use crate::transfer::{human_bytes, pack, unpack_response};
 
 #[derive(Args)]
 pub struct RunArgs {

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
@@ -20,6 +20,7 @@ use uuid::Uuid;
 use crate::GlobalArgs;
 use crate::client::Client;
 use crate::output::{emit, optional_time, table, time};
+use crate::transfer::{copy, download_archive, human_bytes};
 
 #[derive(Subcommand)]
 pub enum SandboxCommand {
@@ -52,6 +53,10 @@ pub enum SandboxCommand {
     Destroy { id: Uuid },
     /// Give a running sandbox SECONDS more to live (from now).
     Extend { id: Uuid, seconds: u64 },
+    /// Freeze a sandbox: its processes keep their memory, use no CPU and cost memory only.
+    Pause { id: Uuid },
+    /// Thaw a paused sandbox: its processes go on where they were.
+    Resume { id: Uuid },
     /// The sandbox's connections through the egress proxy (allowed and denied).
     Egress { id: Uuid },
 }
@@ -87,6 +92,9 @@ pub struct CreateArgs {
     /// Spend cap in credits: the sandbox stops once it has cost this much.
     #[arg(long = "max-credits")]
     max_credits: Option<String>,
+    /// Pause by itself after this many seconds without a call (the next call resumes it).
+    #[arg(long = "auto-pause")]
+    auto_pause: Option<u64>,
     #[command(flatten)]
     egress: EgressArgs,
 }
@@ -219,6 +227,8 @@ pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> anyhow::Result
                 .await?;
             println!("{id} now expires at {}", time(&sandbox.expires_at));
         }
+        SandboxCommand::Pause { id } => pause_or_resume(&client, json, id, "pause").await?,
+        SandboxCommand::Resume { id } => pause_or_resume(&client, json, id, "resume").await?,
         SandboxCommand::Egress { id } => {
             let list: sandbase_api::sandboxes::EgressFlowList = client
                 .get(&format!("/v1/sandboxes/{id}/egress"), &[])
@@ -247,6 +257,7 @@ async fn create(client: &Client, json: bool, args: CreateArgs) -> anyhow::Result
         mounts: args.mounts,
         credentials: args.egress.credentials.clone(),
         isolation: args.isolation,
+        auto_pause_after_idle_secs: args.auto_pause,
     };
     let started = std::time::Instant::now();
     let sandbox: Sandbox = client.post("/v1/sandboxes", &request).await?;
@@ -255,6 +266,15 @@ async fn create(client: &Client, json: bool, args: CreateArgs) -> anyhow::Result
         eprintln!("{}", ready_line(&sandbox, started.elapsed()));
     }
     emit(json, &sandbox, |sandbox| println!("{}", sandbox.id))
+}
+
+async fn pause_or_resume(client: &Client, json: bool, id: Uuid, verb: &str) -> anyhow::Result<()> {
+    let sandbox: Sandbox = client
+        .post(&format!("/v1/sandboxes/{id}/{verb}"), &json!({}))
+        .await?;
+    emit(json, &sandbox, |sandbox| {
+        println!("{id} is {}", sandbox.state.as_str());
+    })
 }
 
 /// "✓ sandbox ready in 72 ms (non-root, fs: /work, egress: api.github.com)".
@@ -411,222 +431,6 @@ async fn exec(client: &Client, args: ExecArgs) -> anyhow::Result<ExitCode> {
         }
     }
     bail!("the command's output ended without an exit code")
-}
-
-/// `ID:/path` → (id, path); anything else is local.
-fn remote(spec: &str) -> Option<(Uuid, &str)> {
-    let (id, path) = spec.split_once(':')?;
-    Some((id.parse().ok()?, path))
-}
-
-async fn copy(client: &Client, source: &str, destination: &str) -> anyhow::Result<()> {
-    match (remote(source), remote(destination)) {
-        (Some(_), Some(_)) => bail!("copy between two sandboxes through a local directory"),
-        (None, None) => bail!("one side must be a sandbox path: ID:/path"),
-        (Some((id, path)), None) => {
-            let response = client
-                .stream(
-                    Method::GET,
-                    &format!("/v1/sandboxes/{id}/files"),
-                    &[("path", path.to_owned())],
-                    None,
-                    None,
-                )
-                .await?;
-            let is_listing = response
-                .headers()
-                .get("content-type")
-                .is_some_and(|value| value.as_bytes().starts_with(b"application/json"));
-            let local = Path::new(destination);
-            if is_listing {
-                // A directory: fetch it as an archive.
-                let name = Path::new(path)
-                    .file_name()
-                    .map(PathBuf::from)
-                    .unwrap_or_default();
-                let target = if local.is_dir() {
-                    local.join(name)
-                } else {
-                    local.to_path_buf()
-                };
-                std::fs::create_dir_all(&target)?;
-                let count = download_archive(client, id, path, &target).await?;
-                eprintln!(
-                    "copied {path} ({}) to {}",
-                    human_bytes(count.bytes),
-                    target.display()
-                );
-                return Ok(());
-            }
-            let target = if local.is_dir() {
-                local.join(
-                    Path::new(path)
-                        .file_name()
-                        .context("the source has no file name")?,
-                )
-            } else {
-                local.to_path_buf()
-            };
-            let mut file = std::fs::File::create(&target)
-                .with_context(|| format!("creating {}", target.display()))?;
-            let mut progress = Progress::new("downloading");
-            let mut stream = response.bytes_stream();
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.context("reading the file")?;
-                file.write_all(&chunk)?;
-                progress.add(chunk.len() as u64);
-            }
-            progress.finish();
-        }
-        (None, Some((id, path))) => {
-            let local = Path::new(source);
-            let metadata = std::fs::metadata(local).with_context(|| format!("reading {source}"))?;
-            if metadata.is_dir() {
-                let archive = pack(local)?;
-                let size = archive.len() as u64;
-                client
-                    .stream(
-                        Method::PUT,
-                        &format!("/v1/sandboxes/{id}/archive"),
-                        &[("path", path.to_owned())],
-                        Some(archive.into()),
-                        None,
-                    )
-                    .await?;
-                eprintln!("copied {source} ({}) to {id}:{path}", human_bytes(size));
-            } else {
-                let content = std::fs::read(local)?;
-                let size = content.len() as u64;
-                client
-                    .stream(
-                        Method::PUT,
-                        &format!("/v1/sandboxes/{id}/files"),
-                        &[("path", path.to_owned())],
-                        Some(content.into()),
-                        None,
-                    )
-                    .await?;
-                eprintln!("copied {source} ({}) to {id}:{path}", human_bytes(size));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// A local directory as a tar archive.
-pub(crate) fn pack(directory: &Path) -> anyhow::Result<Vec<u8>> {
-    let mut builder = tar::Builder::new(Vec::new());
-    builder.follow_symlinks(false);
-    builder
-        .append_dir_all(".", directory)
-        .with_context(|| format!("archiving {}", directory.display()))?;
-    Ok(builder.into_inner()?)
-}
-
-/// Downloads `path` of a sandbox as an archive and unpacks it into `target`; returns the
-/// archive's size.
-pub async fn download_archive(
-    client: &Client,
-    id: Uuid,
-    path: &str,
-    target: &Path,
-) -> anyhow::Result<Unpacked> {
-    let response = client
-        .stream(
-            Method::GET,
-            &format!("/v1/sandboxes/{id}/archive"),
-            &[("path", path.to_owned())],
-            None,
-            None,
-        )
-        .await?;
-    unpack_response(response, target).await
-}
-
-/// Reads an archive answer (with progress) and unpacks it into `target`.
-/// What an archive held: its size and its files.
-pub struct Unpacked {
-    pub bytes: u64,
-    pub files: usize,
-}
-
-pub async fn unpack_response(
-    response: reqwest::Response,
-    target: &Path,
-) -> anyhow::Result<Unpacked> {
-    let mut archive = Vec::new();
-    let mut progress = Progress::new("downloading");
-    let mut stream = response.bytes_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.context("reading the archive")?;
-        archive.extend_from_slice(&chunk);
-        progress.add(chunk.len() as u64);
-    }
-    progress.finish();
-    std::fs::create_dir_all(target)?;
-    let files = tar::Archive::new(archive.as_slice())
-        .entries()
-        .context("reading the archive")?
-        .filter(|entry| {
-            entry
-                .as_ref()
-                .is_ok_and(|entry| entry.header().entry_type().is_file())
-        })
-        .count();
-    let mut unpacker = tar::Archive::new(archive.as_slice());
-    unpacker.set_preserve_permissions(true);
-    unpacker
-        .unpack(target)
-        .with_context(|| format!("unpacking into {}", target.display()))?;
-    Ok(Unpacked {
-        bytes: archive.len() as u64,
-        files,
-    })
-}
-
-/// A byte counter on standard error, redrawn in place when it is a terminal.
-pub struct Progress {
-    label: &'static str,
-    bytes: u64,
-    shown: bool,
-}
-
-impl Progress {
-    pub fn new(label: &'static str) -> Progress {
-        Progress {
-            label,
-            bytes: 0,
-            shown: std::io::stderr().is_terminal(),
-        }
-    }
-
-    pub fn add(&mut self, bytes: u64) {
-        self.bytes += bytes;
-        if self.shown {
-            eprint!("\r{} {}   ", self.label, human_bytes(self.bytes));
-        }
-    }
-
-    pub fn finish(&self) {
-        if self.shown {
-            eprintln!();
-        }
-    }
-}
-
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: &[&str] = &["B", "KiB", "MiB", "GiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
 }
 
 pub(crate) fn parse_isolation(value: &str) -> Result<sandbase_api::sandboxes::Isolation, String> {

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use crate::GlobalArgs;
 use crate::client::Client;
 use crate::output::{emit, table};
-use crate::sandbox::human_bytes;
+use crate::transfer::human_bytes;
 
 #[derive(Subcommand)]
 pub enum TemplateCommand {

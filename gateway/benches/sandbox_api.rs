@@ -283,6 +283,20 @@ fn main() -> anyhow::Result<()> {
                 &["task", "exec", "--exec-id", &format!("bench-{index}"), &container, "/bin/true"],
             ));
         }
+        // Pause and resume through the gateway (the row, its audit row and the worker's
+        // containerd call) vs `ctr task pause|resume` of the same container.
+        let (mut pause, mut resume) = (Samples(Vec::new()), Samples(Vec::new()));
+        let (mut ctr_pause, mut ctr_resume) = (Samples(Vec::new()), Samples(Vec::new()));
+        for _ in 0..(execs / 10).max(20) {
+            for (verb, samples) in [("pause", &mut pause), ("resume", &mut resume)] {
+                let started = Instant::now();
+                let (status, answer) = api.post(&format!("/v1/sandboxes/{id}/{verb}"), json!({})).await;
+                assert_eq!(status, 200, "{answer}");
+                samples.0.push(started.elapsed());
+            }
+            ctr_pause.0.push(ctr(&socket, &namespace, &["task", "pause", &container]));
+            ctr_resume.0.push(ctr(&socket, &namespace, &["task", "resume", &container]));
+        }
         api.delete(&format!("/v1/sandboxes/{id}")).await;
 
         // Density: idle sandboxes until `density` run.
@@ -342,6 +356,16 @@ fn main() -> anyhow::Result<()> {
             gateway_exec.ms(0.5) / ctr_exec_p50,
             ctr_exec_p50 / gateway_exec.ms(0.5)
         );
+        for (what, ours, baseline) in [("pause", &mut pause, &mut ctr_pause), ("resume", &mut resume, &mut ctr_resume)] {
+            println!(
+                "| {what} through the gateway | {:.2} | {:.2} | `ctr task {what}` | {:.1} | {:.1} | {:.3} |",
+                ours.ms(0.5),
+                ours.ms(0.99),
+                baseline.ms(0.5),
+                baseline.ms(0.99),
+                ours.ms(0.5) / baseline.ms(0.5)
+            );
+        }
         println!(
             "\ndensity: {reached} idle sandboxes started in {density_secs:.1} s; host memory per idle sandbox {per_sandbox_mib:.1} MiB (MemAvailable {} → {} MiB)",
             before / 1024,

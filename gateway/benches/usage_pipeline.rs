@@ -53,6 +53,7 @@ fn sample_batches(sandboxes: &[Uuid], seq_from: u64, total: usize) -> Vec<Vec<Us
                 seq,
                 uptime_ms: seq * 5000,
                 cpu_usec: seq * 1000,
+                paused_ms: 0,
                 last: false,
                 sampled_at: Utc::now(),
             });

@@ -47,6 +47,14 @@ pub fn price_per_second(
     (cpu + memory) as i64
 }
 
+/// Micro-credits per second of a paused sandbox of this size: its memory only.
+pub fn paused_price_per_second(
+    resources: sandbase_api::sandboxes::Resources,
+    settings: &BillingSettings,
+) -> i64 {
+    (u64::from(resources.memory_mb) * settings.paused_gib_second_micro).div_ceil(1024) as i64
+}
+
 /// Real-time admission in Redis, a cache of the ledger. A budget is a balance and what is
 /// reserved against it, changed only by one Lua script at a time: the team's credits, and
 /// the spend cap of the API key that asks (if it has one). A reservation expires on its own

@@ -201,6 +201,7 @@ async fn main() -> anyhow::Result<()> {
             })
             .collect(),
     );
+    let paused = pause_samples(&worker, &namespace, &sandbox.id, execs / 4).await?;
     worker.destroy(&sandbox.id).await?;
 
     println!();
@@ -235,6 +236,8 @@ async fn main() -> anyhow::Result<()> {
         exec_ratio
     );
 
+    paused.print();
+
     if worker.isolations().contains(&Isolation::Gvisor) {
         gvisor_rows(&worker, &namespace, &baseline_rootfs, starts, execs).await?;
     }
@@ -250,6 +253,64 @@ async fn main() -> anyhow::Result<()> {
     sandbase_worker::runtime::remove_run_dir(&work.join("run"))?;
     std::fs::remove_dir_all(&work)?;
     Ok(())
+}
+
+/// Pause and resume of a running sandbox (the same containerd calls the worker makes),
+/// each followed by nothing; `ctr task pause|resume` of the same sandbox as the baseline.
+struct PauseSamples {
+    pause: Samples,
+    resume: Samples,
+    ctr_pause: Samples,
+    ctr_resume: Samples,
+}
+
+async fn pause_samples(
+    worker: &Runtime,
+    namespace: &str,
+    id: &str,
+    rounds: usize,
+) -> anyhow::Result<PauseSamples> {
+    let mut samples = PauseSamples {
+        pause: Samples(Vec::new()),
+        resume: Samples(Vec::new()),
+        ctr_pause: Samples(Vec::new()),
+        ctr_resume: Samples(Vec::new()),
+    };
+    for _ in 0..rounds.max(10) {
+        let started = Instant::now();
+        worker.containerd().pause_task(id).await?;
+        samples.pause.0.push(started.elapsed());
+        let started = Instant::now();
+        worker.containerd().resume_task(id).await?;
+        samples.resume.0.push(started.elapsed());
+        samples
+            .ctr_pause
+            .0
+            .push(ctr(namespace, &["task", "pause", id]));
+        samples
+            .ctr_resume
+            .0
+            .push(ctr(namespace, &["task", "resume", id]));
+    }
+    Ok(samples)
+}
+
+impl PauseSamples {
+    fn print(mut self) {
+        for (what, ours, baseline) in [
+            ("pause", &mut self.pause, &mut self.ctr_pause),
+            ("resume", &mut self.resume, &mut self.ctr_resume),
+        ] {
+            println!(
+                "| {what} | {:.2} | {:.2} | `ctr task {what}` | {:.1} | {:.1} | {:.3} |",
+                ours.percentile(0.5),
+                ours.percentile(0.99),
+                baseline.percentile(0.5),
+                baseline.percentile(0.99),
+                ours.percentile(0.5) / baseline.percentile(0.5)
+            );
+        }
+    }
 }
 
 /// The same start and exec under gVisor, against `ctr run` with the same runsc launcher.

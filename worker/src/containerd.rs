@@ -16,8 +16,8 @@ use containerd_client::services::v1::snapshots::{
 use containerd_client::services::v1::tasks_client::TasksClient;
 use containerd_client::services::v1::{
     Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
-    DeleteTaskRequest, GetRequest, KillRequest, ListContainersRequest, StartRequest,
-    UpdateTaskRequest,
+    DeleteTaskRequest, GetRequest, KillRequest, ListContainersRequest, PauseTaskRequest,
+    ResumeTaskRequest, StartRequest, UpdateTaskRequest,
 };
 use containerd_client::tonic::transport::Channel;
 use containerd_client::tonic::{Code, Request};
@@ -383,6 +383,35 @@ impl Containerd {
             .map(|process| process.pid)
             .filter(|pid| *pid > 0)
             .context("the sandbox's task has no process")
+    }
+
+    /// Freezes every process of a sandbox (the cgroup freezer under runc; gVisor stops its
+    /// Sentry's tasks): memory is kept, no CPU is used.
+    pub async fn pause_task(&self, id: &str) -> anyhow::Result<()> {
+        TasksClient::new(self.channel.clone())
+            .pause(with_namespace!(
+                PauseTaskRequest {
+                    container_id: id.to_owned(),
+                },
+                self.namespace
+            ))
+            .await
+            .context("pausing the sandbox's task")?;
+        Ok(())
+    }
+
+    /// Thaws a paused sandbox.
+    pub async fn resume_task(&self, id: &str) -> anyhow::Result<()> {
+        TasksClient::new(self.channel.clone())
+            .resume(with_namespace!(
+                ResumeTaskRequest {
+                    container_id: id.to_owned(),
+                },
+                self.namespace
+            ))
+            .await
+            .context("resuming the sandbox's task")?;
+        Ok(())
     }
 
     /// Changes a running sandbox's cgroup limits (cpu, memory, pids).

@@ -14,6 +14,8 @@ pub enum NodeError {
     TooManyProcesses(usize),
     #[error("template `{0}` is not on this worker")]
     TemplateNotFound(String),
+    #[error("the sandbox is paused; resume it first")]
+    Paused,
     #[error("a sandbox with this id already exists")]
     Exists,
     #[error("template `{0}` exists already on this worker")]

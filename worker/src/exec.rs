@@ -40,6 +40,8 @@ pub struct Hosted {
     pub(crate) memory_mb: u64,
     pub(crate) cpu_millis: u64,
     pub(crate) meter: crate::usage::Meter,
+    /// Whether it is paused, and its activity (for pausing it when idle).
+    pub(crate) pause: crate::pause_state::PauseState,
     /// Its link to the egress proxy, when it has egress.
     pub link: Option<Attached>,
 }

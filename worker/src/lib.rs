@@ -16,6 +16,8 @@ pub mod health;
 pub mod images;
 pub mod network;
 pub mod node;
+pub mod pause;
+pub mod pause_state;
 pub mod pool;
 pub mod registration;
 pub mod registry;

@@ -300,6 +300,11 @@ impl Node {
             ),
             memory_mb: reserved.memory_mb,
             cpu_millis: reserved.cpu_millis,
+            pause: crate::pause_state::PauseState::new(
+                request
+                    .auto_pause_after_idle_secs
+                    .map(std::time::Duration::from_secs),
+            ),
         });
         if let Some(link) = &hosted.link
             && let Err(error) = link.install_ca(&hosted.agent).await
@@ -456,6 +461,7 @@ impl Node {
         if let (Some(network), Some(link)) = (&self.network, &hosted.link) {
             network.detach(link).await;
         }
+        self.thaw_for_destroy(&hosted).await;
         self.runtime.destroy(&hosted.sandbox.id).await?;
         Ok(true)
     }
@@ -470,10 +476,14 @@ impl Node {
         &self.usage
     }
 
+    /// Every hosted sandbox.
+    pub(crate) fn hosted_all(&self) -> Vec<Arc<Hosted>> {
+        self.read().values().cloned().collect()
+    }
+
     /// Takes a sample of every hosted sandbox into the outbox.
     pub fn sample_all(&self) {
-        let hosted: Vec<Arc<Hosted>> = self.read().values().cloned().collect();
-        for sandbox in hosted {
+        for sandbox in self.hosted_all() {
             self.usage.push(sandbox.meter.sample(sandbox.id, false));
         }
         if let Some(network) = &self.network {

@@ -83,6 +83,7 @@ impl GatewayLink {
             templates: node.templates().await?,
             volumes: node.volume_infos(),
             sandboxes: node.ids(),
+            paused: node.paused_ids(),
             healthy: node.healthy(),
             memory_mb: node.allocatable_memory_mb(),
             reserved_memory_mb: node.reserved_memory_mb(),

@@ -128,6 +128,7 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<RunningService> {
         None => None,
     };
     let node = Node::start(Arc::clone(&worker), config.node.clone(), network);
+    crate::pause::spawn_idle_pauser(&node);
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding the worker's internal API to {}", config.listen))?;

@@ -26,6 +26,8 @@ pub struct Meter {
     started: Instant,
     cpu_base_usec: u64,
     seq: AtomicU64,
+    /// Time spent paused before the current pause, and when the current one began.
+    paused: Mutex<(u64, Option<Instant>)>,
 }
 
 impl Meter {
@@ -39,7 +41,31 @@ impl Meter {
             started: Instant::now(),
             cpu_base_usec,
             seq: AtomicU64::new(0),
+            paused: Mutex::new((0, None)),
         }
+    }
+
+    /// The sandbox was frozen now (its wall time from here is charged as paused).
+    pub fn paused(&self) {
+        let mut paused = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        paused.1.get_or_insert_with(Instant::now);
+    }
+
+    /// The sandbox was thawed now.
+    pub fn resumed(&self) {
+        let mut paused = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(since) = paused.1.take() {
+            paused.0 += since.elapsed().as_millis() as u64;
+        }
+    }
+
+    /// Milliseconds spent paused so far, the current pause included.
+    fn paused_ms(&self) -> u64 {
+        let paused = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        paused.0
+            + paused
+                .1
+                .map_or(0, |since| since.elapsed().as_millis() as u64)
     }
 
     /// The next sample of sandbox `id`.
@@ -49,11 +75,14 @@ impl Meter {
             .as_ref()
             .and_then(cpu_usec)
             .map_or(0, |usec| usec.saturating_sub(self.cpu_base_usec));
+        // Paused time first, so it never exceeds the wall time read after it.
+        let paused_ms = self.paused_ms();
         UsageSample {
             sandbox: id,
             seq: self.seq.fetch_add(1, Ordering::AcqRel) + 1,
             uptime_ms: self.started.elapsed().as_millis() as u64,
             cpu_usec: cpu,
+            paused_ms,
             last,
             sampled_at: Utc::now(),
         }
@@ -236,6 +265,7 @@ mod tests {
             seq,
             uptime_ms: seq * 1000,
             cpu_usec: seq,
+            paused_ms: 0,
             last,
             sampled_at: Utc::now(),
         }

@@ -84,6 +84,9 @@ pub struct BillingSettings {
     pub vcpu_second_micro: u64,
     /// Micro-credits per second of one GiB of a sandbox's memory.
     pub gib_second_micro: u64,
+    /// Micro-credits per second of one GiB of a paused sandbox's memory (a paused sandbox
+    /// pays for nothing else: no vCPU, and it uses no CPU time).
+    pub paused_gib_second_micro: u64,
     /// Micro-credits per second of CPU time a sandbox used (measured in its cgroup).
     pub cpu_second_micro: u64,
     /// A running sandbox's reported usage is charged once it adds up to this many seconds
@@ -422,6 +425,7 @@ impl Default for BillingSettings {
             starter_expiry_days: 30,
             vcpu_second_micro: 14,
             gib_second_micro: 5,
+            paused_gib_second_micro: 5,
             cpu_second_micro: 5,
             charge_every_secs: 15,
             grace_secs: 30,

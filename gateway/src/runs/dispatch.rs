@@ -248,6 +248,7 @@ async fn carry_out(
         credentials: claimed.credentials.clone(),
         mounts: Vec::new(),
         isolation: Isolation::parse(&claimed.isolation).unwrap_or_default(),
+        auto_pause_after_idle_secs: None,
     };
     let created = placement::create(state, owner, None, sandbox).await;
     // Placed (and counted in the workers' snapshot), or not placed at all.

@@ -93,6 +93,7 @@ pub async fn submit(
             egress: request.egress,
             credentials: request.credentials,
             isolation: request.isolation,
+            auto_pause_after_idle_secs: None,
         },
         &state.settings.sandboxes,
     )?;

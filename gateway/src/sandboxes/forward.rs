@@ -1,4 +1,4 @@
-//! Data-plane calls: the worker of a running sandbox of the caller's team (from the route
+//! Data-plane calls: the worker of a live (running or paused) sandbox of the caller's team (from the route
 //! cache, else PostgreSQL), and the call passed to it. A worker that no longer has the
 //! sandbox makes the gateway look again at what happened to it.
 
@@ -11,7 +11,8 @@ use crate::state::AppState;
 use crate::workers::WorkerAddress;
 use crate::workers::client::{SandboxCall, WorkerAnswer};
 
-/// The id and internal URL of the worker hosting a running sandbox of `team_id`.
+/// The id and internal URL of the worker hosting a live sandbox of `team_id` (a paused
+/// one's worker refuses or resumes the call: it alone knows whether it paused by itself).
 pub async fn route(state: &AppState, team_id: Uuid, id: Uuid) -> ApiResult<WorkerAddress> {
     let worker_id = match state.routes.get(id) {
         Some(route) if route.team_id == team_id => route.worker_id,
@@ -19,7 +20,7 @@ pub async fn route(state: &AppState, team_id: Uuid, id: Uuid) -> ApiResult<Worke
         None => match lifecycle::whereabouts(&state.db, team_id, id).await? {
             None => return Err(ApiError::NotFound("sandbox")),
             Some(lifecycle::Whereabouts {
-                state: SandboxState::Running,
+                state: SandboxState::Running | SandboxState::Paused,
                 worker_id: Some(worker_id),
                 ..
             }) => {
@@ -60,7 +61,9 @@ pub async fn forward(
         Err(error) if error.is_sandbox_not_found() => {
             state.routes.forget(id);
             match lifecycle::whereabouts(&state.db, team_id, id).await? {
-                Some(found) if found.state != SandboxState::Running => {
+                Some(found)
+                    if !matches!(found.state, SandboxState::Running | SandboxState::Paused) =>
+                {
                     Err(not_running(found.state, found.stop_reason))
                 }
                 _ => Err(ApiError::NotFound("sandbox")),

@@ -1,6 +1,7 @@
 //! Every change of a sandbox's state and stop reason, and nothing else, happens here: the
-//! row is created `creating`, becomes `running` once a worker started it, and `stopped`
-//! with one [`StopReason`]. Functions take the caller's connection or transaction, so a
+//! row is created `creating`, becomes `running` once a worker started it, `paused` and
+//! `running` again as it is paused and resumed, and `stopped` with one [`StopReason`].
+//! A live sandbox is `running` or `paused`. Functions take the caller's connection or transaction, so a
 //! stop and its audit rows commit together.
 
 use sqlx::PgConnection;
@@ -73,7 +74,8 @@ impl SystemStop<'_> {
     }
 
     /// The ids to stop. `$1` is `stopped`, `$2` the reason, `$3` `running`, `$4`
-    /// `creating`; `$5` the stop's own parameter.
+    /// `creating`; `$5` the stop's own parameter. A live sandbox (running or paused) is
+    /// neither `$1` nor `$4`.
     fn selection(&self) -> &'static str {
         match self {
             SystemStop::Expired => {
@@ -93,20 +95,20 @@ impl SystemStop<'_> {
                 "SELECT id FROM sandboxes WHERE worker_id = $5 AND state <> $1"
             }
             SystemStop::MissingFromWorker { .. } => {
-                "SELECT id FROM sandboxes WHERE id = ANY($5) AND state = $3 \
+                "SELECT id FROM sandboxes WHERE id = ANY($5) AND state NOT IN ($1, $4) \
                  AND created_at < now() - make_interval(secs => $6)"
             }
             // A key's cap holds for its whole lineage: a sandbox stops when its key or any
             // of the key's ancestors is at its cap.
             SystemStop::SpendCap => {
-                "SELECT id FROM sandboxes WHERE state = $3 AND ( \
+                "SELECT id FROM sandboxes WHERE state NOT IN ($1, $4) AND ( \
                      (max_credits IS NOT NULL AND spent_micro >= max_credits) \
                      OR api_key_id IN (SELECT k.id FROM api_keys k JOIN api_keys a \
                                          ON a.id = k.id OR a.id = ANY(k.lineage) \
                                        WHERE a.max_credits IS NOT NULL AND a.spent_micro >= a.max_credits))"
             }
             SystemStop::CreditsExhausted(_) => {
-                "SELECT id FROM sandboxes WHERE team_id = $5 AND state = $3"
+                "SELECT id FROM sandboxes WHERE team_id = $5 AND state NOT IN ($1, $4)"
             }
         }
     }
@@ -181,9 +183,9 @@ pub async fn insert_creating(
     sqlx::query(
         "INSERT INTO sandboxes (id, team_id, api_key_id, user_id, template, state, worker_id, cwd, \
            cpu_millis, memory_mb, disk_mb, pids, metadata, expires_at, mounts, max_credits, egress, \
-           credentials, isolation) \
+           credentials, isolation, auto_pause_secs) \
          VALUES ($1, $2, $3, $4, $5, $17, NULL, $6, $7, $8, $9, $10, $11, \
-           now() + make_interval(secs => $12), $13, $14, $15, $16, $18)",
+           now() + make_interval(secs => $12), $13, $14, $15, $16, $18, $19)",
     )
     .bind(new.id)
     .bind(new.owner.team_id)
@@ -203,6 +205,7 @@ pub async fn insert_creating(
     .bind(&sandbox.credentials)
     .bind(SandboxState::Creating)
     .bind(sandbox.isolation.as_str())
+    .bind(sandbox.auto_pause_after_idle_secs.map(|secs| secs as i32))
     .execute(connection)
     .await?;
     Ok(())
@@ -328,8 +331,8 @@ pub async fn destroy(
     }
 }
 
-/// Moves a running sandbox's expiry to `timeout_secs` from now; `None` when it is not a
-/// running sandbox of `team_id`.
+/// Moves a live sandbox's expiry to `timeout_secs` from now; `None` when it is not a
+/// live sandbox of `team_id`.
 pub async fn extend(
     connection: &mut PgConnection,
     team_id: Uuid,
@@ -338,12 +341,13 @@ pub async fn extend(
 ) -> Result<Option<SandboxRow>, sqlx::Error> {
     sqlx::query_as(&format!(
         "UPDATE sandboxes SET expires_at = now() + make_interval(secs => $3) \
-         WHERE id = $1 AND team_id = $2 AND state = $4 RETURNING {SANDBOX_COLUMNS}"
+         WHERE id = $1 AND team_id = $2 AND state IN ($4, $5) RETURNING {SANDBOX_COLUMNS}"
     ))
     .bind(id)
     .bind(team_id)
     .bind(timeout_secs as f64)
     .bind(SandboxState::Running)
+    .bind(SandboxState::Paused)
     .fetch_optional(connection)
     .await
 }
@@ -360,12 +364,13 @@ pub async fn live_on_worker(
         .await
 }
 
-/// Teams with running sandboxes.
+/// Teams with live (running or paused) sandboxes.
 pub async fn teams_running(
     connection: impl sqlx::PgExecutor<'_>,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
-    sqlx::query_scalar("SELECT DISTINCT team_id FROM sandboxes WHERE state = $1")
+    sqlx::query_scalar("SELECT DISTINCT team_id FROM sandboxes WHERE state IN ($1, $2)")
         .bind(SandboxState::Running)
+        .bind(SandboxState::Paused)
         .fetch_all(connection)
         .await
 }
@@ -390,4 +395,64 @@ pub async fn whereabouts(
     .bind(team_id)
     .fetch_optional(connection)
     .await
+}
+
+/// Locks a sandbox of `team_id` for a pause or resume until the caller's transaction ends.
+pub async fn lock_for_pause(
+    connection: &mut PgConnection,
+    team_id: Uuid,
+    id: Uuid,
+) -> Result<Option<Whereabouts>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT state, stop_reason, worker_id FROM sandboxes \
+         WHERE id = $1 AND team_id = $2 FOR UPDATE",
+    )
+    .bind(id)
+    .bind(team_id)
+    .fetch_optional(connection)
+    .await
+}
+
+/// A live sandbox was paused (`paused`) or resumed on its worker.
+pub async fn set_paused(
+    connection: &mut PgConnection,
+    id: Uuid,
+    paused: bool,
+) -> Result<SandboxRow, sqlx::Error> {
+    let (to, from) = if paused {
+        (SandboxState::Paused, SandboxState::Running)
+    } else {
+        (SandboxState::Running, SandboxState::Paused)
+    };
+    sqlx::query_as(&format!(
+        "UPDATE sandboxes SET state = $2 WHERE id = $1 AND state IN ($2, $3) \
+         RETURNING {SANDBOX_COLUMNS}"
+    ))
+    .bind(id)
+    .bind(to)
+    .bind(from)
+    .fetch_one(connection)
+    .await
+}
+
+/// Follows what a worker's heartbeat says of the sandboxes that pause by themselves when
+/// idle: those it lists as paused are `paused`, its others `running`. (A pause the gateway
+/// asked for is written when it is made.)
+pub async fn follow_idle_pauses(
+    connection: impl sqlx::PgExecutor<'_>,
+    worker_id: &str,
+    paused: &[Uuid],
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE sandboxes SET state = CASE WHEN id = ANY($2) THEN $3 ELSE $4 END \
+         WHERE worker_id = $1 AND auto_pause_secs IS NOT NULL AND state IN ($3, $4) \
+           AND state <> CASE WHEN id = ANY($2) THEN $3 ELSE $4 END",
+    )
+    .bind(worker_id)
+    .bind(paused)
+    .bind(SandboxState::Paused)
+    .bind(SandboxState::Running)
+    .execute(connection)
+    .await?;
+    Ok(())
 }

@@ -143,6 +143,7 @@ async fn place(
         mounts: sandbox.mounts,
         egress: sandbox.egress,
         credentials,
+        auto_pause_after_idle_secs: sandbox.auto_pause_after_idle_secs,
     };
     let placed = send_create(state, &request, candidates, owner, audit).await;
     for credential in &mut request.credentials {

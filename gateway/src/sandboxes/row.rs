@@ -14,6 +14,7 @@ text_enum! {
     pub enum SandboxState {
         Creating => "creating",
         Running => "running",
+        Paused => "paused",
         Stopped => "stopped",
     }
 }
@@ -42,13 +43,14 @@ impl SandboxState {
         match self {
             SandboxState::Creating => Api::Creating,
             SandboxState::Running => Api::Running,
+            SandboxState::Paused => Api::Paused,
             SandboxState::Stopped => Api::Stopped,
         }
     }
 }
 
 pub const SANDBOX_COLUMNS: &str = "id, template, state, stop_reason, cwd, cpu_millis, memory_mb, \
-     disk_mb, pids, metadata, mounts, created_at, expires_at, stopped_at, spent_micro, max_credits, egress, credentials, isolation";
+     disk_mb, pids, metadata, mounts, created_at, expires_at, stopped_at, spent_micro, max_credits, egress, credentials, isolation, auto_pause_secs";
 
 #[derive(sqlx::FromRow)]
 pub struct SandboxRow {
@@ -71,6 +73,7 @@ pub struct SandboxRow {
     pub egress: Option<sqlx::types::Json<EgressPolicy>>,
     pub credentials: Vec<String>,
     pub isolation: String,
+    pub auto_pause_secs: Option<i32>,
 }
 
 impl SandboxRow {
@@ -98,6 +101,7 @@ impl SandboxRow {
             max_credits_micro: self.max_credits,
             egress: self.egress.as_ref().map(|policy| policy.0.clone()),
             credentials: self.credentials.clone(),
+            auto_pause_after_idle_secs: self.auto_pause_secs.map(|secs| secs as u64),
         }
     }
 }

@@ -26,6 +26,8 @@ pub struct NewSandbox {
     /// Vault credentials (names) for the egress proxy.
     pub credentials: Vec<String>,
     pub isolation: Isolation,
+    /// Seconds without a call after which it pauses by itself.
+    pub auto_pause_after_idle_secs: Option<u64>,
 }
 
 /// Checks an egress policy and returns it normalized (lowercase, `*.` and ports explicit).
@@ -115,6 +117,7 @@ impl NewSandbox {
             .or_else(|| settings.template_isolation.get(template.as_str()).copied())
             .unwrap_or(settings.default_isolation);
         Ok(NewSandbox {
+            auto_pause_after_idle_secs: validate_auto_pause(request.auto_pause_after_idle_secs)?,
             isolation,
             template,
             env: request.env,
@@ -127,6 +130,16 @@ impl NewSandbox {
             egress,
             credentials,
         })
+    }
+}
+
+/// `auto_pause_after_idle_secs`: from a second to a day.
+fn validate_auto_pause(seconds: Option<u64>) -> ApiResult<Option<u64>> {
+    match seconds {
+        Some(seconds) if !(1..=86_400).contains(&seconds) => Err(ApiError::InvalidRequest(
+            "`auto_pause_after_idle_secs`: from 1 to 86400".to_owned(),
+        )),
+        other => Ok(other),
     }
 }
 

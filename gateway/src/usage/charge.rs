@@ -21,11 +21,33 @@ const CHARGE_BATCH: i64 = 20_000;
 /// debit, for the admission cache to follow once the pass has committed.
 pub type Charged = Vec<(Uuid, Vec<Uuid>, i64)>;
 
+/// A sandbox's cumulative counters.
+#[derive(Debug, Clone, Copy)]
+struct Counters {
+    uptime_ms: i64,
+    paused_ms: i64,
+    cpu_usec: i64,
+}
+
+/// Prices of a sandbox's time, in micro-credits.
+#[derive(Debug, Clone, Copy)]
+struct Rates {
+    /// Per second running, and per second paused.
+    running: i64,
+    paused: i64,
+    /// Per second of CPU time.
+    cpu_second: u64,
+}
+
 /// Micro-credits due for a sandbox's counters, from zero: charges are differences of this,
 /// so rounding never accumulates.
-fn runtime_due(per_second: i64, cpu_second_micro: u64, uptime_ms: i64, cpu_usec: i64) -> i64 {
-    let wall = (per_second.max(0) as u128 * uptime_ms.max(0) as u128).div_ceil(1000);
-    let cpu = (u128::from(cpu_second_micro) * cpu_usec.max(0) as u128).div_ceil(1_000_000);
+fn runtime_due(rates: Rates, counters: Counters) -> i64 {
+    let paused = counters.paused_ms.clamp(0, counters.uptime_ms.max(0));
+    let running = counters.uptime_ms.max(0) - paused;
+    let wall = (rates.running.max(0) as u128 * running as u128
+        + rates.paused.max(0) as u128 * paused as u128)
+        .div_ceil(1000);
+    let cpu = (u128::from(rates.cpu_second) * counters.cpu_usec.max(0) as u128).div_ceil(1_000_000);
     i64::try_from(wall + cpu).unwrap_or(i64::MAX)
 }
 
@@ -39,9 +61,11 @@ struct Metered {
     sampled_seq: i64,
     sampled_ms: i64,
     sampled_cpu_usec: i64,
+    sampled_paused_ms: i64,
     metered_seq: i64,
     metered_ms: i64,
     metered_cpu_usec: i64,
+    metered_paused_ms: i64,
 }
 
 /// Charging passes of all gateways take turns (a transaction-scoped advisory lock).
@@ -86,14 +110,16 @@ async fn fold_samples(transaction: &mut PgConnection) -> Result<usize, sqlx::Err
         "WITH picked AS ( \
              UPDATE usage_samples u SET processed = true \
              FROM (SELECT id FROM usage_samples WHERE NOT processed ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) p \
-             WHERE u.id = p.id RETURNING u.sandbox_id, u.seq, u.uptime_ms, u.cpu_usec, u.final), \
+             WHERE u.id = p.id RETURNING u.sandbox_id, u.seq, u.uptime_ms, u.cpu_usec, u.paused_ms, u.final), \
          highest AS ( \
-             SELECT sandbox_id, max(seq) AS seq, max(uptime_ms) AS ms, max(cpu_usec) AS cpu, bool_or(final) AS last \
+             SELECT sandbox_id, max(seq) AS seq, max(uptime_ms) AS ms, max(cpu_usec) AS cpu, \
+                    max(paused_ms) AS paused, bool_or(final) AS last \
              FROM picked GROUP BY sandbox_id), \
          folded AS ( \
              UPDATE sandboxes s SET sampled_seq = greatest(s.sampled_seq, h.seq), \
                  sampled_ms = greatest(s.sampled_ms, h.ms), \
                  sampled_cpu_usec = greatest(s.sampled_cpu_usec, h.cpu), \
+                 sampled_paused_ms = greatest(s.sampled_paused_ms, h.paused), \
                  sampled_final = s.sampled_final OR h.last \
              FROM highest h WHERE s.id = h.sandbox_id RETURNING s.id) \
          SELECT (SELECT count(*) FROM picked) + 0 * (SELECT count(*) FROM folded)",
@@ -113,22 +139,24 @@ async fn charge_runtime(
 ) -> Result<(), sqlx::Error> {
     let due: Vec<Metered> = sqlx::query_as(
         "SELECT id, team_id, api_key_id, cpu_millis, memory_mb, sampled_seq, sampled_ms, sampled_cpu_usec, \
-                metered_seq, metered_ms, metered_cpu_usec \
+                sampled_paused_ms, metered_seq, metered_ms, metered_cpu_usec, metered_paused_ms \
          FROM sandboxes \
          WHERE (sampled_ms <> metered_ms OR sampled_cpu_usec <> metered_cpu_usec OR sampled_final <> metered_final) \
-           AND (state <> $2 OR sampled_final OR max_credits IS NOT NULL \
+           AND (state NOT IN ($2, $3) OR sampled_final OR max_credits IS NOT NULL \
                 OR sampled_ms - metered_ms >= $1 OR sampled_cpu_usec - metered_cpu_usec >= $1 * 1000) \
          ORDER BY id LIMIT 5000 FOR NO KEY UPDATE",
     )
     .bind(billing.charge_every_secs as i64 * 1000)
     .bind(SandboxState::Running)
+    .bind(SandboxState::Paused)
     .fetch_all(&mut *transaction)
     .await?;
     for row in due {
         let booked_amount = charge_sandbox(&mut *transaction, billing, &row).await?;
         sqlx::query(
             "UPDATE sandboxes SET metered_seq = sampled_seq, metered_ms = sampled_ms, \
-               metered_cpu_usec = sampled_cpu_usec, metered_final = sampled_final, \
+               metered_cpu_usec = sampled_cpu_usec, metered_paused_ms = sampled_paused_ms, \
+               metered_final = sampled_final, \
                spent_micro = spent_micro + $2 WHERE id = $1",
         )
         .bind(row.id)
@@ -156,15 +184,23 @@ async fn charge_sandbox(
         disk_mb: 0,
         pids: 0,
     };
-    let per_second = crate::credits::price_per_second(resources, billing);
-    let (uptime_ms, cpu_usec) = (row.sampled_ms, row.sampled_cpu_usec);
-    let amount = runtime_due(per_second, billing.cpu_second_micro, uptime_ms, cpu_usec)
-        - runtime_due(
-            per_second,
-            billing.cpu_second_micro,
-            row.metered_ms,
-            row.metered_cpu_usec,
-        );
+    let rates = Rates {
+        running: crate::credits::price_per_second(resources, billing),
+        paused: crate::credits::paused_price_per_second(resources, billing),
+        cpu_second: billing.cpu_second_micro,
+    };
+    let now = Counters {
+        uptime_ms: row.sampled_ms,
+        paused_ms: row.sampled_paused_ms,
+        cpu_usec: row.sampled_cpu_usec,
+    };
+    let before = Counters {
+        uptime_ms: row.metered_ms,
+        paused_ms: row.metered_paused_ms,
+        cpu_usec: row.metered_cpu_usec,
+    };
+    let (uptime_ms, cpu_usec) = (now.uptime_ms, now.cpu_usec);
+    let amount = runtime_due(rates, now) - runtime_due(rates, before);
     if amount <= 0 {
         return Ok(0);
     }
@@ -182,9 +218,11 @@ async fn charge_sandbox(
                 "samples": [row.metered_seq + 1, row.sampled_seq],
                 "milliseconds": uptime_ms - row.metered_ms,
                 "cpu_usec": cpu_usec - row.metered_cpu_usec,
+                "paused_milliseconds": now.paused_ms - before.paused_ms,
                 "vcpu_millis": row.cpu_millis,
                 "memory_mb": row.memory_mb,
-                "price_per_second_micro": per_second,
+                "price_per_second_micro": rates.running,
+                "paused_price_per_second_micro": rates.paused,
                 "cpu_second_micro": billing.cpu_second_micro,
             }),
         },
@@ -333,7 +371,23 @@ async fn add_key_spend(
 
 #[cfg(test)]
 mod tests {
-    use super::runtime_due;
+    use super::{Counters, Rates, runtime_due};
+
+    fn due(running: i64, cpu_second: u64, uptime_ms: i64, paused_ms: i64, cpu_usec: i64) -> i64 {
+        let rates = Rates {
+            running,
+            paused: 2,
+            cpu_second,
+        };
+        runtime_due(
+            rates,
+            Counters {
+                uptime_ms,
+                paused_ms,
+                cpu_usec,
+            },
+        )
+    }
 
     #[test]
     fn charges_are_differences_so_rounding_does_not_add_up() {
@@ -342,13 +396,21 @@ mod tests {
         let mut total = 0;
         let mut previous = 0;
         for step in 1..=30 {
-            let now = runtime_due(15, 0, step * 333, 0);
+            let now = due(15, 0, step * 333, 0, 0);
             total += now - previous;
             previous = now;
         }
-        assert_eq!(total, runtime_due(15, 0, 9990, 0));
+        assert_eq!(total, due(15, 0, 9990, 0, 0));
         assert_eq!(total, 150);
         // CPU time: 5 micro-credits a CPU-second, 1.5 s → 8 (rounded up once).
-        assert_eq!(runtime_due(0, 5, 0, 1_500_000), 8);
+        assert_eq!(due(0, 5, 0, 0, 1_500_000), 8);
+    }
+
+    #[test]
+    fn paused_time_is_charged_at_the_paused_rate() {
+        // 10 s of which 4 s paused: 6 s × 15 + 4 s × 2.
+        assert_eq!(due(15, 0, 10_000, 4_000, 0), 98);
+        // A paused time past the wall time (never reported) is held to it.
+        assert_eq!(due(15, 0, 1_000, 5_000, 0), 2);
     }
 }

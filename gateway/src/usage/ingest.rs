@@ -24,9 +24,15 @@ fn validate(report: &UsageReport, billing: &BillingSettings) -> ApiResult<()> {
     }
     let max = i64::MAX as u64;
     for (index, sample) in report.samples.iter().enumerate() {
-        if sample.seq == 0 || sample.seq > max || sample.uptime_ms > max || sample.cpu_usec > max {
+        if sample.seq == 0
+            || sample.seq > max
+            || sample.uptime_ms > max
+            || sample.cpu_usec > max
+            || sample.paused_ms > sample.uptime_ms
+        {
             return Err(ApiError::InvalidRequest(format!(
-                "`samples[{index}]`: `seq` starts at 1 and counters fit in 63 bits"
+                "`samples[{index}]`: `seq` starts at 1, counters fit in 63 bits and \
+                 `paused_ms` is at most `uptime_ms`"
             )));
         }
     }
@@ -74,13 +80,14 @@ pub async fn insert_samples(
     let seq: Vec<i64> = samples.iter().map(|s| s.seq as i64).collect();
     let uptime: Vec<i64> = samples.iter().map(|s| s.uptime_ms as i64).collect();
     let cpu: Vec<i64> = samples.iter().map(|s| s.cpu_usec as i64).collect();
+    let paused: Vec<i64> = samples.iter().map(|s| s.paused_ms as i64).collect();
     let last: Vec<bool> = samples.iter().map(|s| s.last).collect();
     let at: Vec<DateTime<Utc>> = samples.iter().map(|s| s.sampled_at).collect();
     let done = sqlx::query(
-        "INSERT INTO usage_samples (sandbox_id, team_id, seq, uptime_ms, cpu_usec, final, sampled_at) \
-         SELECT r.sandbox, s.team_id, r.seq, r.uptime, r.cpu, r.last, r.at \
-         FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::int8[], $5::bool[], $6::timestamptz[]) \
-              AS r (sandbox, seq, uptime, cpu, last, at) \
+        "INSERT INTO usage_samples (sandbox_id, team_id, seq, uptime_ms, cpu_usec, final, sampled_at, paused_ms) \
+         SELECT r.sandbox, s.team_id, r.seq, r.uptime, r.cpu, r.last, r.at, r.paused \
+         FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::int8[], $5::bool[], $6::timestamptz[], $8::int8[]) \
+              AS r (sandbox, seq, uptime, cpu, last, at, paused) \
          JOIN sandboxes s ON s.id = r.sandbox AND s.worker_id = $7 \
          ON CONFLICT (sandbox_id, seq) DO NOTHING",
     )
@@ -91,6 +98,7 @@ pub async fn insert_samples(
     .bind(&last)
     .bind(&at)
     .bind(worker)
+    .bind(&paused)
     .execute(connection)
     .await?;
     Ok(done.rows_affected())

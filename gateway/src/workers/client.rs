@@ -40,10 +40,11 @@ pub enum WorkerCode {
     SpawnFailed,
     SandboxIoError,
     TooManyProcesses,
+    SandboxPaused,
 }
 
 impl WorkerCode {
-    const ALL: [WorkerCode; 17] = [
+    const ALL: [WorkerCode; 18] = [
         WorkerCode::SandboxNotFound,
         WorkerCode::ProcessNotFound,
         WorkerCode::AtCapacity,
@@ -61,6 +62,7 @@ impl WorkerCode {
         WorkerCode::SpawnFailed,
         WorkerCode::SandboxIoError,
         WorkerCode::TooManyProcesses,
+        WorkerCode::SandboxPaused,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -82,6 +84,7 @@ impl WorkerCode {
             WorkerCode::SpawnFailed => "spawn_failed",
             WorkerCode::SandboxIoError => "sandbox_io_error",
             WorkerCode::TooManyProcesses => "too_many_processes",
+            WorkerCode::SandboxPaused => "sandbox_paused",
         }
     }
 
@@ -322,6 +325,24 @@ impl WorkerClient {
             .timeout(CREATE_TIMEOUT)
             .json(request);
         Self::send(call, "creating a sandbox").await.map(drop)
+    }
+
+    /// Freezes a sandbox (`pause`) or thaws it (`resume`).
+    pub async fn set_paused(
+        &self,
+        worker: &WorkerAddress,
+        id: Uuid,
+        paused: bool,
+    ) -> Result<(), WorkerError> {
+        let part = if paused { "pause" } else { "resume" };
+        let call = self
+            .request(
+                reqwest::Method::POST,
+                worker,
+                &paths::sandbox_part(&id.to_string(), part),
+            )
+            .timeout(REMOVE_TIMEOUT);
+        Self::send(call, part).await.map(drop)
     }
 
     /// Removes a sandbox and everything of it from its worker.

@@ -112,6 +112,7 @@ pub async fn heartbeat(state: &AppState, beat: Heartbeat) -> ApiResult<Heartbeat
             state.routes.forget(stopped.id);
         }
     }
+    lifecycle::follow_idle_pauses(&state.db, &beat.id, &beat.paused).await?;
     state
         .workers
         .put(&WorkerStatus {

@@ -22,6 +22,7 @@ mod members;
 mod node_hardening;
 mod openapi;
 mod operations;
+mod pause;
 mod rate_limit;
 mod runs;
 mod sandbox_attacks;

@@ -67,6 +67,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/runs"),
     ("GET", "/v1/runs/{id}"),
     ("GET", "/v1/runs/{id}/artifacts"),
+    ("POST", "/v1/sandboxes/{id}/pause"),
+    ("POST", "/v1/sandboxes/{id}/resume"),
 ];
 
 #[tokio::test]

@@ -111,6 +111,7 @@ fn sample(sandbox: Uuid, seq: u64, last: bool) -> UsageSample {
         seq,
         uptime_ms: seq * 1000,
         cpu_usec: seq * 100_000,
+        paused_ms: 0,
         last,
         sampled_at: Utc::now(),
     }

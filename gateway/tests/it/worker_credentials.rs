@@ -76,6 +76,7 @@ async fn a_stolen_worker_credential_cannot_pass_for_another_worker_or_the_operat
             seq: 1_000_000,
             uptime_ms: 3_600_000_000,
             cpu_usec: 3_600_000_000_000,
+            paused_ms: 0,
             last: false,
             sampled_at: chrono::Utc::now(),
         }],

@@ -19,6 +19,7 @@ use uuid::Uuid;
 
 use crate::agent_client::{self, Refused};
 use crate::node::NodeError;
+use crate::pause::Active;
 
 use super::support::{ApiState, SYNC_OUTPUT_LIMIT};
 
@@ -27,7 +28,7 @@ pub(super) async fn exec(
     Path(id): Path<Uuid>,
     Json(exec): Json<Exec>,
 ) -> Result<Response, NodeError> {
-    let hosted = state.node.get(id)?;
+    let hosted = state.node.active(id).await?;
     if let Some(session) = &exec.session {
         if exec.background || exec.stream || exec.stdin.is_some() {
             return Err(NodeError::Invalid(
@@ -63,7 +64,7 @@ pub(super) async fn exec(
         }
     };
     if exec.stream {
-        return Ok(stream_events(pid, events));
+        return Ok(stream_events(pid, events, hosted));
     }
     collect_events(events, started)
         .await
@@ -177,14 +178,18 @@ pub(super) fn ndjson_response(body: Body) -> Response {
 pub(super) fn stream_events(
     pid: u32,
     events: mpsc::Receiver<anyhow::Result<agent_client::ExecEvent>>,
+    active: Active,
 ) -> Response {
     struct Streaming {
         events: mpsc::Receiver<anyhow::Result<agent_client::ExecEvent>>,
         stdout: Utf8Carry,
         stderr: Utf8Carry,
         done: bool,
+        /// The sandbox stays busy while the answer streams.
+        _active: Active,
     }
     let state = Streaming {
+        _active: active,
         events,
         stdout: Utf8Carry::default(),
         stderr: Utf8Carry::default(),
@@ -307,7 +312,8 @@ pub(super) async fn process_stdin(
     Query(query): Query<StdinQuery>,
     body: Bytes,
 ) -> Result<StatusCode, NodeError> {
-    let process = state.node.get(id)?.process(pid)?;
+    let hosted = state.node.active(id).await?;
+    let process = hosted.process(pid)?;
     process.send_stdin(&body, query.close).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -322,7 +328,7 @@ pub(super) async fn process_signal(
     Path((id, pid)): Path<(Uuid, u32)>,
     Json(body): Json<SignalBody>,
 ) -> Result<StatusCode, NodeError> {
-    let hosted = state.node.get(id)?;
+    let hosted = state.node.active(id).await?;
     let process = hosted.process(pid)?;
     if !process.running() {
         return Err(NodeError::Invalid(format!("process {pid} has exited")));

@@ -1,7 +1,5 @@
 //! Files and archives, resolved by the agent inside the sandbox.
 
-use std::sync::Arc;
-
 use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
@@ -13,7 +11,6 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use crate::exec::Hosted;
 use crate::node::NodeError;
 use crate::spec::{SANDBOX_USER, WORK_DIR};
 
@@ -72,7 +69,7 @@ pub(super) async fn read_path(
     Path(id): Path<Uuid>,
     Query(query): Query<PathQuery>,
 ) -> Result<Response, NodeError> {
-    let hosted = state.node.get(id)?;
+    let hosted = state.node.active(id).await?;
     let path = sandbox_path(&query.path)?;
     let is_dir = match hosted
         .agent
@@ -105,21 +102,25 @@ pub(super) async fn read_path(
                 stat.size.to_string(),
             ),
         ],
-        byte_stream(chunks),
+        byte_stream(chunks, hosted),
     )
         .into_response())
 }
 
-pub(super) fn byte_stream(chunks: mpsc::Receiver<anyhow::Result<Vec<u8>>>) -> Body {
+/// The chunks as a body; the sandbox stays busy (`active`) while it streams.
+pub(super) fn byte_stream(
+    chunks: mpsc::Receiver<anyhow::Result<Vec<u8>>>,
+    active: crate::pause::Active,
+) -> Body {
     Body::from_stream(futures_util::stream::unfold(
-        chunks,
-        |mut chunks| async move {
+        (chunks, active),
+        |(mut chunks, active)| async move {
             let chunk = chunks.recv().await?;
             Some((
                 chunk
                     .map(Bytes::from)
                     .map_err(|error| std::io::Error::other(format!("{error:#}"))),
-                chunks,
+                (chunks, active),
             ))
         },
     ))
@@ -131,7 +132,7 @@ pub(super) async fn write_file(
     Query(query): Query<PathQuery>,
     body: Body,
 ) -> Result<Json<FileInfo>, NodeError> {
-    let hosted = state.node.get(id)?;
+    let hosted = state.node.active(id).await?;
     let path = sandbox_path(&query.path)?;
     let stat = hosted
         .agent
@@ -152,7 +153,7 @@ pub(super) async fn remove_path(
     Path(id): Path<Uuid>,
     Query(query): Query<PathQuery>,
 ) -> Result<StatusCode, NodeError> {
-    let hosted = state.node.get(id)?;
+    let hosted = state.node.active(id).await?;
     let path = sandbox_path(&query.path)?;
     hosted
         .agent
@@ -169,7 +170,7 @@ pub(super) async fn archive_out(
     Path(id): Path<Uuid>,
     Query(query): Query<PathQuery>,
 ) -> Result<Response, NodeError> {
-    let hosted = state.node.get(id)?;
+    let hosted = state.node.active(id).await?;
     let path = sandbox_path(&query.path)?;
     let (_, chunks) = hosted
         .agent
@@ -177,7 +178,7 @@ pub(super) async fn archive_out(
         .await?;
     Ok((
         [(header::CONTENT_TYPE, "application/x-tar")],
-        byte_stream(chunks),
+        byte_stream(chunks, hosted),
     )
         .into_response())
 }
@@ -189,7 +190,7 @@ pub(super) async fn archive_in(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<FileInfo>, NodeError> {
-    let hosted: Arc<Hosted> = state.node.get(id)?;
+    let hosted = state.node.active(id).await?;
     let path = sandbox_path(&query.path)?;
     // Inputs of runs are unpacked as the sandbox's root: the command (the sandbox user)
     // can read but not change them.

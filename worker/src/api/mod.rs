@@ -33,6 +33,8 @@ pub fn router(node: Arc<Node>, token: &str) -> Router {
         .route(paths::SANDBOXES, post(create).get(list))
         .route(&paths::sandbox("{id}"), axum::routing::delete(destroy))
         .route(&paths::sandbox_part("{id}", "exec"), post(exec::exec))
+        .route(&paths::sandbox_part("{id}", "pause"), post(pause))
+        .route(&paths::sandbox_part("{id}", "resume"), post(resume))
         .route(
             &paths::sandbox_part("{id}", "processes"),
             get(exec::processes),
@@ -118,5 +120,21 @@ async fn destroy(
     Path(id): Path<Uuid>,
 ) -> Result<StatusCode, NodeError> {
     state.node.destroy(id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn pause(
+    State(state): State<ApiState>,
+    Path(id): Path<Uuid>,
+) -> Result<StatusCode, NodeError> {
+    state.node.pause(id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn resume(
+    State(state): State<ApiState>,
+    Path(id): Path<Uuid>,
+) -> Result<StatusCode, NodeError> {
+    state.node.resume(id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -44,6 +44,7 @@ impl IntoResponse for NodeError {
             NodeError::TooManyProcesses(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_processes"),
             NodeError::TemplateNotFound(_) => (StatusCode::NOT_FOUND, "template_not_found"),
             NodeError::Exists => (StatusCode::CONFLICT, "sandbox_exists"),
+            NodeError::Paused => (StatusCode::CONFLICT, "sandbox_paused"),
             NodeError::TemplateExists(_) => (StatusCode::CONFLICT, "template_exists"),
             NodeError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request"),
             NodeError::Refused(Refused(refusal)) => refusal_status(refusal),

@@ -11,6 +11,7 @@ pub mod health;
 mod me;
 mod members;
 mod runs;
+mod sandbox_pause;
 mod sandboxes;
 mod secrets;
 mod templates;
@@ -76,6 +77,7 @@ pub fn api_router(
         .merge(members::router())
         .merge(audit::router())
         .merge(sandboxes::router())
+        .merge(sandbox_pause::router())
         .merge(templates::router())
         .merge(billing::router())
         .merge(usage::router())
