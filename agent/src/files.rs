@@ -44,10 +44,19 @@ pub(crate) fn tar_out(path: &str, writer: &Mutex<UnixStream>) -> io::Result<()> 
     }
 }
 
+/// Who owns what an archive unpacks.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Owners {
+    /// This owner (`None`: the agent's, the sandbox's root).
+    Given(Option<Owner>),
+    /// The owners the archive names (ids inside the sandbox).
+    Archived,
+}
+
 /// Unpacks a tar stream into a directory, refusing entries that would land outside it.
 pub(crate) fn tar_in(
     path: &str,
-    owner: Option<Owner>,
+    owners: Owners,
     reader: &mut UnixStream,
     writer: &Mutex<UnixStream>,
 ) -> io::Result<()> {
@@ -58,11 +67,16 @@ pub(crate) fn tar_in(
         position: 0,
         ended: false,
     };
+    let owner = match owners {
+        Owners::Given(owner) => owner,
+        Owners::Archived => None,
+    };
     let result = (|| {
         mkdir(target, owner)?;
         let mut archive = tar::Archive::new(&mut frames);
         archive.set_preserve_permissions(true);
         archive.set_preserve_mtime(true);
+        archive.set_preserve_ownerships(matches!(owners, Owners::Archived));
         archive.set_overwrite(true);
         for entry in archive.entries()? {
             let mut entry = entry?;

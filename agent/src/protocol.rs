@@ -161,6 +161,10 @@ pub enum Request {
         path: String,
         #[serde(default)]
         owner: Option<Owner>,
+        /// Give each entry the owner the archive names (a snapshot restored); `owner` is
+        /// then ignored.
+        #[serde(default)]
+        keep_owners: bool,
     },
 }
 

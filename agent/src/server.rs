@@ -19,7 +19,7 @@ use rustix::process::{Pid, Signal};
 use crate::protocol::{AgentError, Reply, Request, read_json};
 
 use crate::exec::exec;
-use crate::files::{list, mkdir, read_file, stat, tar_in, tar_out, write_file};
+use crate::files::{Owners, list, mkdir, read_file, stat, tar_in, tar_out, write_file};
 use crate::reaper::{children, reap_forever};
 use crate::reply::{reply, reply_error};
 
@@ -99,7 +99,18 @@ fn serve(stream: UnixStream) -> io::Result<()> {
         },
         Request::Signal { pid, signal } => signal_group(pid, signal, &writer),
         Request::TarOut { path } => tar_out(&path, &writer),
-        Request::TarIn { path, owner } => tar_in(&path, owner, &mut reader, &writer),
+        Request::TarIn {
+            path,
+            owner,
+            keep_owners,
+        } => {
+            let owners = if keep_owners {
+                Owners::Archived
+            } else {
+                Owners::Given(owner)
+            };
+            tar_in(&path, owners, &mut reader, &writer)
+        }
     }
 }
 

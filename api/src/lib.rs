@@ -12,6 +12,7 @@ pub mod internal;
 pub mod runs;
 pub mod sandboxes;
 pub mod secrets;
+pub mod snapshots;
 
 /// The body of every error answer: `{"error":{"code":"…","message":"…"}}`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

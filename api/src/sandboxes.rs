@@ -107,6 +107,11 @@ pub struct CreateSandboxRequest {
     /// for this many seconds; the next call resumes it (its lifetime runs on meanwhile).
     #[serde(default)]
     pub auto_pause_after_idle_secs: Option<u64>,
+    /// Start from this snapshot's `/work` and `/tmp` (`POST /v1/sandboxes/{id}/snapshots`),
+    /// restored before the sandbox is handed over; its template unless `template` names the
+    /// same one.
+    #[serde(default)]
+    pub snapshot: Option<Uuid>,
 }
 
 /// Deny by default: `allow` lists host patterns (`api.github.com`, `*.example.org` — its

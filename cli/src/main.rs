@@ -12,6 +12,7 @@ mod sandbox;
 mod secret;
 mod serve;
 mod signal;
+mod snapshot;
 mod telemetry;
 mod template;
 mod transfer;

@@ -57,6 +57,11 @@ pub enum SandboxCommand {
     Pause { id: Uuid },
     /// Thaw a paused sandbox: its processes go on where they were.
     Resume { id: Uuid },
+    /// Snapshot a sandbox's /work and /tmp; prints the snapshot's id (start from it with
+    /// `create --from-snapshot`).
+    Snapshot { id: Uuid },
+    /// List the team's snapshots.
+    Snapshots,
     /// The sandbox's connections through the egress proxy (allowed and denied).
     Egress { id: Uuid },
 }
@@ -95,6 +100,9 @@ pub struct CreateArgs {
     /// Pause by itself after this many seconds without a call (the next call resumes it).
     #[arg(long = "auto-pause")]
     auto_pause: Option<u64>,
+    /// Start from this snapshot's /work and /tmp (and its template).
+    #[arg(long = "from-snapshot")]
+    from_snapshot: Option<Uuid>,
     #[command(flatten)]
     egress: EgressArgs,
 }
@@ -229,6 +237,8 @@ pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> anyhow::Result
         }
         SandboxCommand::Pause { id } => pause_or_resume(&client, json, id, "pause").await?,
         SandboxCommand::Resume { id } => pause_or_resume(&client, json, id, "resume").await?,
+        SandboxCommand::Snapshot { id } => crate::snapshot::take(&client, json, id).await?,
+        SandboxCommand::Snapshots => crate::snapshot::list(&client, json).await?,
         SandboxCommand::Egress { id } => {
             let list: sandbase_api::sandboxes::EgressFlowList = client
                 .get(&format!("/v1/sandboxes/{id}/egress"), &[])
@@ -258,6 +268,7 @@ async fn create(client: &Client, json: bool, args: CreateArgs) -> anyhow::Result
         credentials: args.egress.credentials.clone(),
         isolation: args.isolation,
         auto_pause_after_idle_secs: args.auto_pause,
+        snapshot: args.from_snapshot,
     };
     let started = std::time::Instant::now();
     let sandbox: Sandbox = client.post("/v1/sandboxes", &request).await?;

@@ -297,6 +297,7 @@ fn main() -> anyhow::Result<()> {
             ctr_pause.0.push(ctr(&socket, &namespace, &["task", "pause", &container]));
             ctr_resume.0.push(ctr(&socket, &namespace, &["task", "resume", &container]));
         }
+        let snapshots = snapshot_samples(&api, &id).await;
         api.delete(&format!("/v1/sandboxes/{id}")).await;
 
         // Density: idle sandboxes until `density` run.
@@ -366,6 +367,7 @@ fn main() -> anyhow::Result<()> {
                 ours.ms(0.5) / baseline.ms(0.5)
             );
         }
+        snapshots.print();
         println!(
             "\ndensity: {reached} idle sandboxes started in {density_secs:.1} s; host memory per idle sandbox {per_sandbox_mib:.1} MiB (MemAvailable {} → {} MiB)",
             before / 1024,
@@ -373,4 +375,88 @@ fn main() -> anyhow::Result<()> {
         );
         Ok::<(), anyhow::Error>(())
     })
+}
+
+/// Snapshot of a sandbox holding 100 MiB of random bytes, and a sandbox started from it,
+/// against the same archive moved without snapshots: downloaded (`GET …/archive`), and
+/// uploaded into a new cold sandbox (`PUT …/archive`).
+struct SnapshotSamples {
+    snapshot: Samples,
+    restore: Samples,
+    download: Samples,
+    upload: Samples,
+}
+
+async fn snapshot_samples(api: &Api, id: &str) -> SnapshotSamples {
+    let command = "head -c 104857600 /dev/urandom > /work/big";
+    let (status, result) = api
+        .post(&format!("/v1/sandboxes/{id}/exec"), json!({ "cmd": ["sh", "-c", command] }))
+        .await;
+    assert_eq!((status, &result["exit_code"]), (200, &json!(0)), "{result}");
+    let mut samples = SnapshotSamples {
+        snapshot: Samples(Vec::new()),
+        restore: Samples(Vec::new()),
+        download: Samples(Vec::new()),
+        upload: Samples(Vec::new()),
+    };
+    let cold = json!({ "resources": { "disk_mb": LIMITS.disk_mb + 1 } });
+    for _ in 0..5 {
+        let started = Instant::now();
+        let (status, snapshot) = api.post(&format!("/v1/sandboxes/{id}/snapshots"), json!({})).await;
+        assert_eq!(status, 201, "{snapshot}");
+        samples.snapshot.0.push(started.elapsed());
+        let snapshot_id = snapshot["id"].as_str().expect("id").to_owned();
+        let (elapsed, fork) = api.create_ready(json!({ "snapshot": snapshot_id })).await;
+        samples.restore.0.push(elapsed);
+        api.delete(&format!("/v1/sandboxes/{fork}")).await;
+        api.delete(&format!("/v1/snapshots/{snapshot_id}")).await;
+
+        let started = Instant::now();
+        let archive = api
+            .http
+            .get(format!("{}/v1/sandboxes/{id}/archive?path=/work", api.url))
+            .bearer_auth(&api.token)
+            .send()
+            .await
+            .expect("archive")
+            .bytes()
+            .await
+            .expect("archive body");
+        samples.download.0.push(started.elapsed());
+        let started = Instant::now();
+        let (_, other) = api.create_ready(cold.clone()).await;
+        let uploaded = api
+            .http
+            .put(format!("{}/v1/sandboxes/{other}/archive?path=/work", api.url))
+            .bearer_auth(&api.token)
+            .body(archive)
+            .send()
+            .await
+            .expect("upload");
+        assert!(uploaded.status().is_success(), "{}", uploaded.status());
+        samples.upload.0.push(started.elapsed());
+        api.delete(&format!("/v1/sandboxes/{other}")).await;
+    }
+    samples
+}
+
+impl SnapshotSamples {
+    fn print(mut self) {
+        println!(
+            "| snapshot of 100 MiB (5) | {:.0} | {:.0} | `GET …/archive` of /work | {:.0} | {:.0} | {:.2} |",
+            self.snapshot.ms(0.5),
+            self.snapshot.ms(0.99),
+            self.download.ms(0.5),
+            self.download.ms(0.99),
+            self.snapshot.ms(0.5) / self.download.ms(0.5)
+        );
+        println!(
+            "| create from it → first `true` (5) | {:.0} | {:.0} | cold create + `PUT …/archive` | {:.0} | {:.0} | {:.2} |",
+            self.restore.ms(0.5),
+            self.restore.ms(0.99),
+            self.upload.ms(0.5),
+            self.upload.ms(0.99),
+            self.restore.ms(0.5) / self.upload.ms(0.5)
+        );
+    }
 }

@@ -126,11 +126,16 @@ async fn stop_and_remove(state: &AppState, stop: SystemStop<'_>) -> anyhow::Resu
     Ok(())
 }
 
-/// Run artifacts: the ones past their retention deleted, the kept ones metered.
+/// Run artifacts and snapshots: the ones past their retention deleted, the kept ones
+/// metered.
 async fn artifact_retention(state: AppState) -> anyhow::Result<()> {
     let expired = crate::runs::retention::expire(&state).await?;
     if expired > 0 {
         tracing::info!(expired, "run artifacts past their retention deleted");
+    }
+    let expired = crate::sandboxes::snapshots::expire(&state).await?;
+    if expired > 0 {
+        tracing::info!(expired, "snapshots past their retention deleted");
     }
     crate::runs::retention::meter(&state).await?;
     Ok(())

@@ -212,6 +212,8 @@ pub struct SandboxSettings {
     /// Sandboxes a team may have at once (creating or running), unless the operator set the
     /// team's own (`sandbase admin sandbox-quota`).
     pub max_per_team: u32,
+    /// Snapshots are deleted this long after they were taken (metered as storage meanwhile).
+    pub snapshot_retention_secs: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -414,6 +416,7 @@ impl Default for SandboxSettings {
             },
             upload_limit_bytes: 1024 * 1024 * 1024,
             max_per_team: 20,
+            snapshot_retention_secs: 7 * 24 * 3600,
         }
     }
 }

@@ -11,10 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use futures_util::StreamExt;
 use sandbase_api::internal::Exec;
 use sandbase_api::sandboxes::{ExecResult, Isolation, Resources, RunAs, TemplateName};
-use tokio::io::AsyncWriteExt;
 use tokio::sync::Semaphore;
 use uuid::Uuid;
 
@@ -249,6 +247,7 @@ async fn carry_out(
         mounts: Vec::new(),
         isolation: Isolation::parse(&claimed.isolation).unwrap_or_default(),
         auto_pause_after_idle_secs: None,
+        snapshot: None,
     };
     let created = placement::create(state, owner, None, sandbox).await;
     // Placed (and counted in the workers' snapshot), or not placed at all.
@@ -315,38 +314,18 @@ async fn in_sandbox(
         .get_archive(worker, sandbox, &claimed.outputs)
         .await?
     {
-        Some(answer) => Some(store_artifact(state, claimed.team_id, run, answer).await?),
+        Some(answer) => Some(
+            state
+                .artifacts
+                .put_stream(state.artifacts.artifact(claimed.team_id, run), answer)
+                .await?,
+        ),
         None => None,
     };
     Ok(Outcome::Done {
         exec: result,
         artifact_size,
     })
-}
-
-/// Stores an archive as it arrives; the object appears only once complete.
-async fn store_artifact(
-    state: &AppState,
-    team: Uuid,
-    run: Uuid,
-    answer: reqwest::Response,
-) -> anyhow::Result<u64> {
-    let mut writer = state.artifacts.writer(state.artifacts.artifact(team, run));
-    let mut size = 0u64;
-    let mut body = answer.bytes_stream();
-    while let Some(chunk) = body.next().await {
-        let chunk = match chunk {
-            Ok(chunk) => chunk,
-            Err(error) => {
-                let _ = writer.abort().await;
-                return Err(anyhow::Error::new(error).context("reading the artifact"));
-            }
-        };
-        size += chunk.len() as u64;
-        writer.write_all(&chunk).await?;
-    }
-    writer.shutdown().await.context("storing the artifact")?;
-    Ok(size)
 }
 
 fn command(argv: Vec<String>, user: RunAs, timeout_ms: Option<u64>) -> Exec {

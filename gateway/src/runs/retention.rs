@@ -48,8 +48,8 @@ pub async fn expire(state: &AppState) -> anyhow::Result<usize> {
     Ok(expired.len() + stale.len())
 }
 
-/// Records the current metering period's storage usage of every kept artifact (once per
-/// artifact and period); the charger prices and debits it like any other usage.
+/// Records the current metering period's storage usage of every kept artifact, queued
+/// run's inputs and snapshot (once per object and period); the charger prices and debits it like any other usage.
 pub async fn meter(state: &AppState) -> anyhow::Result<u64> {
     let period = state.settings.runs.storage_meter_secs.max(1);
     let now = chrono::Utc::now().timestamp().max(0) as u64;
@@ -63,6 +63,10 @@ pub async fn meter(state: &AppState) -> anyhow::Result<u64> {
          SELECT 'storage-inputs:' || id || ':' || $1::text, team_id, api_key_id, \
                 'storage_mb_seconds', '', ((inputs_size + 1048575) / 1048576) * $2, now() \
          FROM runs WHERE state = $3 AND inputs_size IS NOT NULL \
+         UNION ALL \
+         SELECT 'storage-snapshot:' || id || ':' || $1::text, team_id, api_key_id, \
+                'storage_mb_seconds', '', ((size_bytes + 1048575) / 1048576) * $2, now() \
+         FROM snapshots WHERE expires_at > now() \
          ON CONFLICT (event_key) DO NOTHING",
     )
     .bind(bucket.to_string())

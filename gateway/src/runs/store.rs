@@ -64,6 +64,37 @@ impl ArtifactStore {
         StorePath::from(format!("inputs/{team}/{run}.tar"))
     }
 
+    /// Where part `part` (`work`, `tmp`) of a snapshot is kept.
+    pub fn snapshot(&self, team: Uuid, snapshot: Uuid, part: &str) -> StorePath {
+        StorePath::from(format!("snapshots/{team}/{snapshot}/{part}.tar"))
+    }
+
+    /// Stores a worker's streamed answer as it arrives (the object appears only once
+    /// complete); returns its size.
+    pub async fn put_stream(
+        &self,
+        key: StorePath,
+        answer: reqwest::Response,
+    ) -> anyhow::Result<u64> {
+        use tokio::io::AsyncWriteExt;
+        let mut writer = self.writer(key);
+        let mut size = 0u64;
+        let mut body = answer.bytes_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = match chunk {
+                Ok(chunk) => chunk,
+                Err(error) => {
+                    let _ = writer.abort().await;
+                    return Err(anyhow::Error::new(error).context("reading the archive"));
+                }
+            };
+            size += chunk.len() as u64;
+            writer.write_all(&chunk).await?;
+        }
+        writer.shutdown().await.context("storing the archive")?;
+        Ok(size)
+    }
+
     pub async fn put(&self, key: &StorePath, bytes: Vec<u8>) -> anyhow::Result<()> {
         self.store
             .put(key, PutPayload::from(bytes))

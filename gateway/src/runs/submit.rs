@@ -94,6 +94,7 @@ pub async fn submit(
             credentials: request.credentials,
             isolation: request.isolation,
             auto_pause_after_idle_secs: None,
+            snapshot: None,
         },
         &state.settings.sandboxes,
     )?;

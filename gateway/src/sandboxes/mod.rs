@@ -8,6 +8,7 @@ pub mod lifecycle;
 pub mod placement;
 pub mod route_cache;
 pub mod row;
+pub mod snapshots;
 pub mod teardown;
 pub mod validate;
 

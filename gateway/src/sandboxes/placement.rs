@@ -8,6 +8,7 @@ use uuid::Uuid;
 use super::lifecycle::{self, NewRow};
 use super::route_cache::Route;
 use super::row::{Created, Owner};
+use super::snapshots::SnapshotRow;
 use super::validate::NewSandbox;
 use crate::auth::Principal;
 use crate::credits::Admitted;
@@ -145,7 +146,15 @@ async fn place(
         credentials,
         auto_pause_after_idle_secs: sandbox.auto_pause_after_idle_secs,
     };
-    let placed = send_create(state, &request, candidates, owner, audit).await;
+    let placed = send_create(
+        state,
+        &request,
+        candidates,
+        owner,
+        audit,
+        sandbox.snapshot.as_ref(),
+    )
+    .await;
     for credential in &mut request.credentials {
         zeroize::Zeroize::zeroize(&mut credential.value);
     }
@@ -158,6 +167,7 @@ async fn send_create(
     candidates: Vec<WorkerStatus>,
     owner: Owner,
     audit: Requester<'_>,
+    snapshot: Option<&SnapshotRow>,
 ) -> ApiResult<Created> {
     let id = request.id;
     let mut last_problem = None;
@@ -169,6 +179,16 @@ async fn send_create(
         state.workers.placed(&worker.id);
         match state.worker_client.create_sandbox(&address, request).await {
             Ok(()) => {
+                // The snapshot's state is in place before anyone can use the sandbox.
+                if let Some(snapshot) = snapshot
+                    && let Err(error) =
+                        super::snapshots::restore(state, &address, id, snapshot).await
+                {
+                    super::teardown::remove_on_worker(state, &worker.id, id).await;
+                    let mut connection = state.db.acquire().await?;
+                    lifecycle::mark_failed(&mut connection, id).await?;
+                    return Err(ApiError::Internal(error.context("restoring the snapshot")));
+                }
                 let mut transaction = state.db.begin().await?;
                 let row = lifecycle::mark_running(&mut transaction, id).await?;
                 if let Some((context, principal)) = audit {

@@ -28,6 +28,8 @@ pub struct NewSandbox {
     pub isolation: Isolation,
     /// Seconds without a call after which it pauses by itself.
     pub auto_pause_after_idle_secs: Option<u64>,
+    /// The snapshot it starts from (found by the caller: `parse` sees only its id).
+    pub snapshot: Option<super::snapshots::SnapshotRow>,
 }
 
 /// Checks an egress policy and returns it normalized (lowercase, `*.` and ports explicit).
@@ -117,6 +119,7 @@ impl NewSandbox {
             .or_else(|| settings.template_isolation.get(template.as_str()).copied())
             .unwrap_or(settings.default_isolation);
         Ok(NewSandbox {
+            snapshot: None,
             auto_pause_after_idle_secs: validate_auto_pause(request.auto_pause_after_idle_secs)?,
             isolation,
             template,

@@ -238,6 +238,8 @@ pub enum ArchiveOwner {
     User,
     /// The sandbox's root: read-only to the command (a run's inputs).
     Root,
+    /// The owners the archive names (a snapshot restored).
+    Archived,
 }
 
 /// Which worker to call: its id (whose credential the call carries) and its URL.
@@ -468,7 +470,7 @@ impl WorkerClient {
         id: Uuid,
         path: &str,
         owner: ArchiveOwner,
-        archive: Vec<u8>,
+        archive: impl Into<reqwest::Body>,
     ) -> Result<(), WorkerError> {
         let mut request = self
             .request(
@@ -478,8 +480,10 @@ impl WorkerClient {
             )
             .query(&[("path", path)])
             .body(archive);
-        if let ArchiveOwner::Root = owner {
-            request = request.header("x-sandbase-owner", "root");
+        match owner {
+            ArchiveOwner::User => {}
+            ArchiveOwner::Root => request = request.header("x-sandbase-owner", "root"),
+            ArchiveOwner::Archived => request = request.header("x-sandbase-owner", "keep"),
         }
         Self::send(request, "unpacking an archive").await.map(drop)
     }

@@ -31,6 +31,7 @@ mod sandbox_mounts;
 mod sandboxes;
 mod secrets;
 mod sessions;
+mod snapshots;
 mod stripe;
 mod templates;
 mod testbed;

@@ -69,6 +69,10 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/runs/{id}/artifacts"),
     ("POST", "/v1/sandboxes/{id}/pause"),
     ("POST", "/v1/sandboxes/{id}/resume"),
+    ("POST", "/v1/sandboxes/{id}/snapshots"),
+    ("GET", "/v1/snapshots"),
+    ("GET", "/v1/snapshots/{id}"),
+    ("DELETE", "/v1/snapshots/{id}"),
 ];
 
 #[tokio::test]

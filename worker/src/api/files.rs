@@ -193,13 +193,14 @@ pub(super) async fn archive_in(
     let hosted = state.node.active(id).await?;
     let path = sandbox_path(&query.path)?;
     // Inputs of runs are unpacked as the sandbox's root: the command (the sandbox user)
-    // can read but not change them.
-    let owner = match headers
+    // can read but not change them. A snapshot keeps the owners it recorded.
+    let (owner, keep_owners) = match headers
         .get("x-sandbase-owner")
         .and_then(|value| value.to_str().ok())
     {
-        Some("root") => None,
-        _ => Some(user()),
+        Some("root") => (None, false),
+        Some("keep") => (None, true),
+        _ => (Some(user()), false),
     };
     let stat = hosted
         .agent
@@ -207,6 +208,7 @@ pub(super) async fn archive_in(
             &protocol::Request::TarIn {
                 path: path.clone(),
                 owner,
+                keep_owners,
             },
             body.into_data_stream(),
         )

@@ -14,6 +14,7 @@ mod runs;
 mod sandbox_pause;
 mod sandboxes;
 mod secrets;
+mod snapshots;
 mod templates;
 mod usage;
 
@@ -78,6 +79,7 @@ pub fn api_router(
         .merge(audit::router())
         .merge(sandboxes::router())
         .merge(sandbox_pause::router())
+        .merge(snapshots::router())
         .merge(templates::router())
         .merge(billing::router())
         .merge(usage::router())

@@ -29,7 +29,9 @@ use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::worker_answer::worker_answer;
 use crate::sandboxes::forward::forward;
 use crate::sandboxes::lifecycle::{self, Destroyed};
-use crate::sandboxes::{NewSandbox, Owner, SandboxRow, placement, row, teardown, validate};
+use crate::sandboxes::{
+    NewSandbox, Owner, SandboxRow, placement, row, snapshots, teardown, validate,
+};
 use crate::state::AppState;
 use crate::workers::client::SandboxCall;
 
@@ -56,6 +58,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     request_body = CreateSandboxRequest,
     responses(
         (status = 201, description = "Created and running", body = Sandbox),
+        (status = 404, description = "No such snapshot in the caller's team (`snapshot` given)", body = ErrorBody),
         (status = 422, description = "Invalid field, or no worker has the template (`template_not_found`)", body = ErrorBody),
         (status = 429, description = "The team holds its quota of sandboxes (`sandbox_quota_reached`)", body = ErrorBody),
         (status = 503, description = "No worker (`no_workers`) or no room (`no_capacity`)", body = ErrorBody),
@@ -71,7 +74,24 @@ async fn create_sandbox(
     if request.egress.is_none() {
         request.egress = crate::teams::default_egress(&state.db, principal.team_id).await?;
     }
-    let sandbox = NewSandbox::parse(request, &state.settings.sandboxes)?;
+    // A snapshot's sandbox is of the snapshot's template.
+    let snapshot = match request.snapshot {
+        Some(id) => Some(snapshots::find(&state, principal.team_id, id).await?),
+        None => None,
+    };
+    if let Some(snapshot) = &snapshot {
+        match &request.template {
+            Some(template) if *template != snapshot.template => {
+                return Err(ApiError::InvalidRequest(format!(
+                    "`template`: the snapshot is of template `{}`",
+                    snapshot.template
+                )));
+            }
+            _ => request.template = Some(snapshot.template.clone()),
+        }
+    }
+    let mut sandbox = NewSandbox::parse(request, &state.settings.sandboxes)?;
+    sandbox.snapshot = snapshot;
     let created = placement::create(
         &state,
         Owner::of(&principal),
@@ -85,7 +105,7 @@ async fn create_sandbox(
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 struct ListQuery {
-    /// `creating`, `running` or `stopped`.
+    /// `creating`, `running`, `paused` or `stopped`.
     state: Option<String>,
     /// Most sandboxes returned, newest first (1 to 500, default 100).
     limit: Option<i64>,

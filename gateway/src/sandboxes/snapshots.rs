@@ -1,0 +1,203 @@
+//! Snapshots: a sandbox's `/work` and `/tmp` (everything it can change; its root is
+//! read-only) archived by its agent with modes, owners and times, streamed into the artifact
+//! store, and unpacked into a new sandbox of the same template before it is handed over.
+//! Kept until `sandboxes.snapshot_retention_secs`, metered as storage meanwhile.
+
+use chrono::{DateTime, Utc};
+use sandbase_api::snapshots::Snapshot;
+use uuid::Uuid;
+
+use super::forward::forward;
+use super::row::Owner;
+use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
+use crate::workers::WorkerAddress;
+use crate::workers::client::{ArchiveOwner, SandboxCall};
+
+/// What a snapshot holds: (part, directory).
+pub const PARTS: [(&str, &str); 2] = [("work", "/work"), ("tmp", "/tmp")];
+
+/// Snapshots deleted per pass.
+const EXPIRE_BATCH: i64 = 100;
+
+const COLUMNS: &str =
+    "id, team_id, sandbox_id, template, isolation, size_bytes, created_at, expires_at";
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SnapshotRow {
+    pub id: Uuid,
+    pub team_id: Uuid,
+    pub sandbox_id: Uuid,
+    pub template: String,
+    pub isolation: String,
+    pub size_bytes: i64,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+impl SnapshotRow {
+    pub fn to_api(&self) -> Snapshot {
+        Snapshot {
+            id: self.id,
+            sandbox_id: self.sandbox_id,
+            template: self.template.clone(),
+            isolation: sandbase_api::sandboxes::Isolation::parse(&self.isolation)
+                .unwrap_or_default(),
+            size_bytes: self.size_bytes,
+            created_at: self.created_at,
+            expires_at: self.expires_at,
+        }
+    }
+}
+
+/// Takes a snapshot of a live sandbox of `owner`'s team: each part streamed from its agent
+/// into the store, then the row (nothing of a failed snapshot is kept).
+pub async fn take(state: &AppState, owner: Owner, sandbox_id: Uuid) -> ApiResult<SnapshotRow> {
+    let sandbox = super::row::fetch(&state.db, owner.team_id, sandbox_id)
+        .await?
+        .ok_or(ApiError::NotFound("sandbox"))?;
+    let id = Uuid::now_v7();
+    let mut size = 0u64;
+    for (part, path) in PARTS {
+        let call = SandboxCall::ArchiveOut {
+            path: path.to_owned(),
+        };
+        let stored = match forward(state, owner.team_id, sandbox_id, call).await {
+            Ok(answer) => {
+                let key = state.artifacts.snapshot(owner.team_id, id, part);
+                state
+                    .artifacts
+                    .put_stream(key, answer.into_response())
+                    .await
+            }
+            Err(error) => {
+                delete_parts(state, owner.team_id, id).await;
+                return Err(error);
+            }
+        };
+        match stored {
+            Ok(bytes) => size += bytes,
+            Err(error) => {
+                delete_parts(state, owner.team_id, id).await;
+                return Err(ApiError::Internal(error));
+            }
+        }
+    }
+    let inserted = sqlx::query_as(&format!(
+        "INSERT INTO snapshots (id, team_id, sandbox_id, api_key_id, user_id, template, isolation, \
+           size_bytes, expires_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() + make_interval(secs => $9)) \
+         RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(owner.team_id)
+    .bind(sandbox_id)
+    .bind(owner.api_key_id)
+    .bind(owner.user_id)
+    .bind(&sandbox.template)
+    .bind(&sandbox.isolation)
+    .bind(i64::try_from(size).unwrap_or(i64::MAX))
+    .bind(state.settings.sandboxes.snapshot_retention_secs as f64)
+    .fetch_one(&state.db)
+    .await;
+    match inserted {
+        Ok(row) => Ok(row),
+        Err(error) => {
+            delete_parts(state, owner.team_id, id).await;
+            Err(error.into())
+        }
+    }
+}
+
+/// One snapshot of a team, not yet expired.
+pub async fn find(state: &AppState, team_id: Uuid, id: Uuid) -> ApiResult<SnapshotRow> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM snapshots WHERE id = $1 AND team_id = $2 AND expires_at > now()"
+    ))
+    .bind(id)
+    .bind(team_id)
+    .fetch_optional(&state.db)
+    .await?
+    .ok_or(ApiError::NotFound("snapshot"))
+}
+
+/// A team's snapshots, newest first.
+pub async fn list(state: &AppState, team_id: Uuid, limit: i64) -> ApiResult<Vec<SnapshotRow>> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM snapshots WHERE team_id = $1 AND expires_at > now() \
+         ORDER BY created_at DESC, id DESC LIMIT $2"
+    ))
+    .bind(team_id)
+    .bind(limit)
+    .fetch_all(&state.db)
+    .await?)
+}
+
+/// Deletes a team's snapshot (its row, then its archives).
+pub async fn delete(state: &AppState, team_id: Uuid, id: Uuid) -> ApiResult<()> {
+    let deleted = sqlx::query("DELETE FROM snapshots WHERE id = $1 AND team_id = $2")
+        .bind(id)
+        .bind(team_id)
+        .execute(&state.db)
+        .await?;
+    if deleted.rows_affected() == 0 {
+        return Err(ApiError::NotFound("snapshot"));
+    }
+    delete_parts(state, team_id, id).await;
+    Ok(())
+}
+
+/// Unpacks a snapshot into a sandbox just started on `worker`, with the owners it recorded.
+pub async fn restore(
+    state: &AppState,
+    worker: &WorkerAddress,
+    sandbox_id: Uuid,
+    snapshot: &SnapshotRow,
+) -> anyhow::Result<()> {
+    for (part, path) in PARTS {
+        let key = state
+            .artifacts
+            .snapshot(snapshot.team_id, snapshot.id, part);
+        let Some((_, stream)) = state.artifacts.get(&key).await? else {
+            anyhow::bail!("snapshot {} has no {part} archive", snapshot.id);
+        };
+        state
+            .worker_client
+            .put_archive(
+                worker,
+                sandbox_id,
+                path,
+                ArchiveOwner::Archived,
+                reqwest::Body::wrap_stream(stream),
+            )
+            .await
+            .map_err(|error| anyhow::anyhow!("restoring {path}: {error}"))?;
+    }
+    Ok(())
+}
+
+async fn delete_parts(state: &AppState, team_id: Uuid, id: Uuid) {
+    for (part, _) in PARTS {
+        state
+            .artifacts
+            .delete(&state.artifacts.snapshot(team_id, id, part))
+            .await;
+    }
+}
+
+/// Deletes snapshots past their retention; returns how many went.
+pub async fn expire(state: &AppState) -> anyhow::Result<usize> {
+    let expired: Vec<(Uuid, Uuid)> = sqlx::query_as(
+        "DELETE FROM snapshots WHERE id IN ( \
+             SELECT id FROM snapshots WHERE expires_at <= now() \
+             ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
+         RETURNING team_id, id",
+    )
+    .bind(EXPIRE_BATCH)
+    .fetch_all(&state.db)
+    .await?;
+    for (team, id) in &expired {
+        delete_parts(state, *team, *id).await;
+    }
+    Ok(expired.len())
+}
