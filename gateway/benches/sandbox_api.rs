@@ -297,7 +297,7 @@ fn main() -> anyhow::Result<()> {
             ctr_pause.0.push(ctr(&socket, &namespace, &["task", "pause", &container]));
             ctr_resume.0.push(ctr(&socket, &namespace, &["task", "resume", &container]));
         }
-        let snapshots = snapshot_samples(&api, &id).await;
+        let snapshots = snapshot_samples(&api).await;
         api.delete(&format!("/v1/sandboxes/{id}")).await;
 
         // Density: idle sandboxes until `density` run.
@@ -387,10 +387,16 @@ struct SnapshotSamples {
     upload: Samples,
 }
 
-async fn snapshot_samples(api: &Api, id: &str) -> SnapshotSamples {
+async fn snapshot_samples(api: &Api) -> SnapshotSamples {
+    // Room for 100 MiB (and no warm sandbox has this size).
+    let size = json!({ "disk_mb": 256 });
+    let (_, id) = api.create_ready(json!({ "resources": size })).await;
     let command = "head -c 104857600 /dev/urandom > /work/big";
     let (status, result) = api
-        .post(&format!("/v1/sandboxes/{id}/exec"), json!({ "cmd": ["sh", "-c", command] }))
+        .post(
+            &format!("/v1/sandboxes/{id}/exec"),
+            json!({ "cmd": ["sh", "-c", command] }),
+        )
         .await;
     assert_eq!((status, &result["exit_code"]), (200, &json!(0)), "{result}");
     let mut samples = SnapshotSamples {
@@ -399,14 +405,18 @@ async fn snapshot_samples(api: &Api, id: &str) -> SnapshotSamples {
         download: Samples(Vec::new()),
         upload: Samples(Vec::new()),
     };
-    let cold = json!({ "resources": { "disk_mb": LIMITS.disk_mb + 1 } });
+    let cold = json!({ "resources": size });
     for _ in 0..5 {
         let started = Instant::now();
-        let (status, snapshot) = api.post(&format!("/v1/sandboxes/{id}/snapshots"), json!({})).await;
+        let (status, snapshot) = api
+            .post(&format!("/v1/sandboxes/{id}/snapshots"), json!({}))
+            .await;
         assert_eq!(status, 201, "{snapshot}");
         samples.snapshot.0.push(started.elapsed());
         let snapshot_id = snapshot["id"].as_str().expect("id").to_owned();
-        let (elapsed, fork) = api.create_ready(json!({ "snapshot": snapshot_id })).await;
+        let (elapsed, fork) = api
+            .create_ready(json!({ "snapshot": snapshot_id, "resources": size }))
+            .await;
         samples.restore.0.push(elapsed);
         api.delete(&format!("/v1/sandboxes/{fork}")).await;
         api.delete(&format!("/v1/snapshots/{snapshot_id}")).await;
@@ -427,7 +437,10 @@ async fn snapshot_samples(api: &Api, id: &str) -> SnapshotSamples {
         let (_, other) = api.create_ready(cold.clone()).await;
         let uploaded = api
             .http
-            .put(format!("{}/v1/sandboxes/{other}/archive?path=/work", api.url))
+            .put(format!(
+                "{}/v1/sandboxes/{other}/archive?path=/work",
+                api.url
+            ))
             .bearer_auth(&api.token)
             .body(archive)
             .send()
@@ -437,6 +450,7 @@ async fn snapshot_samples(api: &Api, id: &str) -> SnapshotSamples {
         samples.upload.0.push(started.elapsed());
         api.delete(&format!("/v1/sandboxes/{other}")).await;
     }
+    api.delete(&format!("/v1/sandboxes/{id}")).await;
     samples
 }
 

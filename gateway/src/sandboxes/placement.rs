@@ -187,7 +187,7 @@ async fn send_create(
                     super::teardown::remove_on_worker(state, &worker.id, id).await;
                     let mut connection = state.db.acquire().await?;
                     lifecycle::mark_failed(&mut connection, id).await?;
-                    return Err(ApiError::Internal(error.context("restoring the snapshot")));
+                    return Err(error);
                 }
                 let mut transaction = state.db.begin().await?;
                 let row = lifecycle::mark_running(&mut transaction, id).await?;

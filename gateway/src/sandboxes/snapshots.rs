@@ -147,19 +147,23 @@ pub async fn delete(state: &AppState, team_id: Uuid, id: Uuid) -> ApiResult<()> 
     Ok(())
 }
 
-/// Unpacks a snapshot into a sandbox just started on `worker`, with the owners it recorded.
+/// Unpacks a snapshot into a sandbox just started on `worker`, with the owners it recorded
+/// (a sandbox too small for it answers the worker's `disk_full`).
 pub async fn restore(
     state: &AppState,
     worker: &WorkerAddress,
     sandbox_id: Uuid,
     snapshot: &SnapshotRow,
-) -> anyhow::Result<()> {
+) -> ApiResult<()> {
     for (part, path) in PARTS {
         let key = state
             .artifacts
             .snapshot(snapshot.team_id, snapshot.id, part);
         let Some((_, stream)) = state.artifacts.get(&key).await? else {
-            anyhow::bail!("snapshot {} has no {part} archive", snapshot.id);
+            return Err(ApiError::Internal(anyhow::anyhow!(
+                "snapshot {} has no {part} archive",
+                snapshot.id
+            )));
         };
         state
             .worker_client
@@ -170,8 +174,7 @@ pub async fn restore(
                 ArchiveOwner::Archived,
                 reqwest::Body::wrap_stream(stream),
             )
-            .await
-            .map_err(|error| anyhow::anyhow!("restoring {path}: {error}"))?;
+            .await?;
     }
     Ok(())
 }
