@@ -32,7 +32,8 @@ const OUTPUT_DRAIN: Duration = Duration::from_millis(250);
 const COMMAND_OOM_SCORE_ADJ: &str = "1000";
 /// How often a running process is checked for exit and timeout between output.
 const POLL_INTERVAL: Duration = Duration::from_millis(10);
-const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub(crate) const DEFAULT_PATH: &str =
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Runs a command to its end: `Started`, its output as frames, then `Exit` (or an error).
 pub(crate) fn exec(
@@ -166,7 +167,7 @@ fn command_for(request: &ExecRequest) -> Result<Command, Reply> {
 
 /// Spawns the command with its exit channel registered under the reaper's lock (so the
 /// reaper cannot see the exit first), and wakes the reaper.
-fn spawn_registered(
+pub(crate) fn spawn_registered(
     command: &mut Command,
     sender: mpsc::Sender<WaitStatus>,
 ) -> io::Result<std::process::Child> {

@@ -8,6 +8,7 @@
 mod exec;
 mod files;
 pub mod protocol;
+pub mod pty;
 mod reaper;
 mod reply;
 pub mod server;

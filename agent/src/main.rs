@@ -3,6 +3,17 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // A terminal session's command: `--pty-helper PROGRAM ARGV0 [ARGS…]`.
+    let all: Vec<String> = std::env::args().collect();
+    if all.get(1).map(String::as_str) == Some("--pty-helper") && all.len() >= 3 {
+        let error = sandbase_agent::pty::helper(&all[2], &all[3..]);
+        eprintln!("sandbase-agent: starting {}: {error}", all[2]);
+        return ExitCode::from(if error.kind() == std::io::ErrorKind::NotFound {
+            127
+        } else {
+            126
+        });
+    }
     let mut args = std::env::args().skip(1);
     let mut socket = None;
     while let Some(arg) = args.next() {

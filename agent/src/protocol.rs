@@ -166,6 +166,46 @@ pub enum Request {
         #[serde(default)]
         keep_owners: bool,
     },
+    /// Opens a terminal session: the command (a shell when `argv` is empty) on a new
+    /// pseudo-terminal, as the session leader with the terminal as its controlling one.
+    /// Answers `PtyOpened`; the session outlives the connection.
+    PtyOpen(PtyRequest),
+    /// Attaches to a session: answers `PtyAttached` (the offset its output starts at: `since`,
+    /// or the oldest byte still kept), then its output as `Data` frames (`PtyLag` when this
+    /// reader fell behind the kept output), and at the end `Exit` and `End`. The peer sends
+    /// `Data` frames (input) and JSON [`PtyControl`] frames; closing detaches.
+    PtyAttach {
+        session: u32,
+        #[serde(default)]
+        since: u64,
+    },
+    /// Signals a session's process group (`HUP` then `KILL` to end it).
+    PtySignal {
+        session: u32,
+        signal: i32,
+    },
+}
+
+/// A terminal session to open.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct PtyRequest {
+    #[serde(default)]
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub user: Option<Owner>,
+    pub cols: u16,
+    pub rows: u16,
+}
+
+/// What the attached peer may ask besides input.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum PtyControl {
+    Resize { cols: u16, rows: u16 },
 }
 
 /// Who should own created files.
@@ -205,6 +245,19 @@ pub enum Reply {
     },
     Exit(ExitInfo),
     Error(AgentError),
+    PtyOpened {
+        session: u32,
+        pid: u32,
+    },
+    /// Output follows from this offset (`lagged`: the bytes asked for were no longer kept).
+    PtyAttached {
+        offset: u64,
+        lagged: bool,
+    },
+    /// This reader fell behind: output resumes at `offset`.
+    PtyLag {
+        offset: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]

@@ -128,6 +128,8 @@ impl Drop for Agent {
     }
 }
 
+mod pty;
+
 fn unique() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);

@@ -1,0 +1,184 @@
+//! Terminal sessions on the real agent: a controlling terminal, its size, interrupts, exit
+//! codes, and re-attaching with `since` for exactly the bytes missed.
+
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use sandbase_agent::protocol::{
+    ExitInfo, FrameKind, PtyControl, PtyRequest, Reply, Request, read_frame, read_json,
+    write_frame, write_json,
+};
+
+use super::Agent;
+
+fn open(agent: &Agent, argv: &[&str]) -> u32 {
+    let mut stream = agent.connect(&Request::PtyOpen(PtyRequest {
+        argv: argv.iter().map(|arg| (*arg).to_owned()).collect(),
+        cols: 80,
+        rows: 24,
+        ..Default::default()
+    }));
+    match read_json::<Reply>(&mut stream).unwrap() {
+        Reply::PtyOpened { session, .. } => session,
+        other => panic!("opening: {other:?}"),
+    }
+}
+
+/// An attached connection and what it has read so far.
+struct Attached {
+    stream: UnixStream,
+    offset: u64,
+    output: Vec<u8>,
+    exit: Option<ExitInfo>,
+}
+
+impl Attached {
+    fn new(agent: &Agent, session: u32, since: u64) -> Attached {
+        let mut stream = agent.connect(&Request::PtyAttach { session, since });
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let offset = match read_json::<Reply>(&mut stream).unwrap() {
+            Reply::PtyAttached { offset, .. } => offset,
+            other => panic!("attaching: {other:?}"),
+        };
+        Attached {
+            stream,
+            offset,
+            output: Vec::new(),
+            exit: None,
+        }
+    }
+
+    fn send(&mut self, input: &str) {
+        write_frame(&mut self.stream, FrameKind::Data, input.as_bytes()).unwrap();
+    }
+
+    fn resize(&mut self, cols: u16, rows: u16) {
+        write_json(&mut self.stream, &PtyControl::Resize { cols, rows }).unwrap();
+    }
+
+    /// Reads until `needle` has appeared in the output (or the session ended).
+    fn until(&mut self, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !String::from_utf8_lossy(&self.output).contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?} in {:?}",
+                self.text()
+            );
+            match read_frame(&mut self.stream).unwrap() {
+                Some(frame) if frame.kind == FrameKind::Data => {
+                    self.output.extend_from_slice(&frame.payload)
+                }
+                Some(frame) if frame.kind == FrameKind::Json => {
+                    if let Ok(Reply::Exit(exit)) = serde_json::from_slice(&frame.payload) {
+                        self.exit = Some(exit);
+                    }
+                }
+                _ => {
+                    assert!(
+                        String::from_utf8_lossy(&self.output).contains(needle),
+                        "ended without {needle:?}: {:?}",
+                        self.text()
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Reads to the end of the session.
+    fn until_end(&mut self) {
+        loop {
+            match read_frame(&mut self.stream).unwrap() {
+                Some(frame) if frame.kind == FrameKind::Data => {
+                    self.output.extend_from_slice(&frame.payload)
+                }
+                Some(frame) if frame.kind == FrameKind::Json => {
+                    if let Ok(Reply::Exit(exit)) = serde_json::from_slice(&frame.payload) {
+                        self.exit = Some(exit);
+                    }
+                }
+                _ => return,
+            }
+        }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.output).into_owned()
+    }
+}
+
+#[test]
+fn a_terminal_session_is_a_real_terminal() {
+    let agent = Agent::start();
+    let session = open(&agent, &["/bin/sh"]);
+    let mut attached = Attached::new(&agent, session, 0);
+    attached.send("tty; [ -t 0 ] && echo IS-A-TTY; stty size\n");
+    attached.until("24 80");
+    let text = attached.text();
+    assert!(text.contains("/dev/pts/"), "{text}");
+    assert!(text.contains("IS-A-TTY"), "{text}");
+    // The size follows a resize.
+    attached.resize(100, 40);
+    attached.send("stty size\n");
+    attached.until("40 100");
+    // Ctrl-C interrupts the foreground command and the shell goes on.
+    attached.send("sleep 100\n");
+    std::thread::sleep(Duration::from_millis(300));
+    attached.send("\u{3}");
+    attached.send("echo BACK-$((1+1))\n");
+    attached.until("BACK-2");
+    // Its exit code is the session's.
+    attached.send("exit 3\n");
+    attached.until_end();
+    assert_eq!(attached.exit.map(|exit| exit.code), Some(3));
+}
+
+#[test]
+fn re_attaching_with_since_gets_exactly_the_missed_bytes() {
+    let agent = Agent::start();
+    let session = open(&agent, &["/bin/sh"]);
+    let mut first = Attached::new(&agent, session, 0);
+    first.send("echo READY\n");
+    first.until("READY\r\n");
+    // Output made while nobody is attached: the command starts after the detach.
+    first.send(
+        "sleep 1; i=0; while [ $i -lt 2000 ]; do echo line-$i; i=$((i+1)); done; echo DO''NE\n",
+    );
+    first.until("DO''NE\r\n");
+    let seen = first.offset + first.output.len() as u64;
+    drop(first);
+    std::thread::sleep(Duration::from_secs(3));
+    let mut again = Attached::new(&agent, session, seen);
+    assert_eq!(again.offset, seen);
+    again.until("DONE\r\n");
+    let text = again.text();
+    let first_line = text.find("line-0\r\n").expect("the first line");
+    assert!(
+        text[first_line..].starts_with("line-0\r\nline-1\r\n"),
+        "{text:.80}"
+    );
+    assert!(text.contains("line-1999\r\nDONE\r\n"));
+    // From offset 0 the whole output is still kept (it is under the ring's size), and the
+    // bytes from `seen` on are the same as the re-attached reader's.
+    let mut whole = Attached::new(&agent, session, 0);
+    whole.until("DONE\r\n");
+    let through_done = |bytes: &[u8]| {
+        let text = String::from_utf8_lossy(bytes).into_owned();
+        text[..text.find("DONE\r\n").expect("DONE") + 6].to_owned()
+    };
+    assert_eq!(
+        through_done(&whole.output[seen as usize..]),
+        through_done(&again.output)
+    );
+    // Two attached readers see the same bytes.
+    let end = again.offset + again.output.len() as u64;
+    let mut one = Attached::new(&agent, session, end);
+    let mut two = Attached::new(&agent, session, end);
+    one.send("echo SAME-$((6*7))\n");
+    one.until("SAME-42\r\n");
+    two.until("SAME-42\r\n");
+    assert_eq!(one.output, two.output);
+}
