@@ -225,6 +225,15 @@ pub mod paths {
         format!("{SANDBOXES}/{id}/processes/{pid}/{part}")
     }
 
+    /// A terminal session (`part` empty) or its `output`, `input` or `resize`.
+    pub fn terminal(id: &str, session: &str, part: &str) -> String {
+        if part.is_empty() {
+            format!("{SANDBOXES}/{id}/pty/{session}")
+        } else {
+            format!("{SANDBOXES}/{id}/pty/{session}/{part}")
+        }
+    }
+
     pub fn template(name: &str) -> String {
         format!("/internal/v1/templates/{name}")
     }

@@ -13,6 +13,7 @@ pub mod runs;
 pub mod sandboxes;
 pub mod secrets;
 pub mod snapshots;
+pub mod terminals;
 
 /// The body of every error answer: `{"error":{"code":"…","message":"…"}}`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

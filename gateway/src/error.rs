@@ -167,6 +167,9 @@ pub enum ApiError {
     /// 409 `sandbox_not_running`: the sandbox is creating or stopped.
     #[error("{0}")]
     SandboxNotRunning(String),
+    /// 401 `invalid_ticket`: an attach ticket that is unknown, used or expired.
+    #[error("this attach ticket is unknown, used or expired: ask for a new one")]
+    InvalidTicket,
     /// A worker's answer passed on: its own status and code, or 502.
     #[error(transparent)]
     Worker(#[from] WorkerError),
@@ -243,6 +246,7 @@ impl ApiError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ApiError::SandboxNotRunning(_) => StatusCode::CONFLICT,
+            ApiError::InvalidTicket => StatusCode::UNAUTHORIZED,
             ApiError::Worker(error) => error.status_code(),
             ApiError::Database(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -303,6 +307,7 @@ impl ApiError {
             ApiError::NoWorkers => "no_workers",
             ApiError::NoCapacity => "no_capacity",
             ApiError::SandboxNotRunning(_) => "sandbox_not_running",
+            ApiError::InvalidTicket => "invalid_ticket",
             ApiError::Worker(error) => error.code(),
             ApiError::Database(_) | ApiError::Internal(_) => "internal",
         }

@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use sandbase_agent::protocol::{
-    AgentError, Entry, ExecRequest, ExitInfo, FrameKind, MAX_FRAME, Owner, Reply, Request, Stat,
+    AgentError, Entry, ExecRequest, ExitInfo, FrameKind, MAX_FRAME, Owner, PtyRequest, Reply,
+    Request, Stat,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -254,6 +255,25 @@ impl AgentClient {
         }
     }
 
+    /// Opens a terminal session: (its number, its command's pid).
+    pub async fn pty_open(&self, request: PtyRequest) -> anyhow::Result<(u32, u32)> {
+        match self.simple(&Request::PtyOpen(request)).await? {
+            Reply::PtyOpened { session, pid } => Ok((session, pid)),
+            other => bail!("unexpected answer {other:?}"),
+        }
+    }
+
+    /// Attaches to a terminal session from `since`: the connection (its output frames follow;
+    /// `Data` and JSON frames written to it are input and control) and where its output
+    /// starts.
+    pub async fn pty_attach(&self, session: u32, since: u64) -> anyhow::Result<(UnixStream, u64)> {
+        let mut stream = self.connect(&Request::PtyAttach { session, since }).await?;
+        match read_reply(&mut stream).await? {
+            Reply::PtyAttached { offset, .. } => Ok((stream, offset)),
+            other => bail!("unexpected answer {other:?}"),
+        }
+    }
+
     /// A request answered by one reply (stat, mkdir, remove, rename, ping).
     pub async fn simple(&self, request: &Request) -> anyhow::Result<Reply> {
         let mut stream = self.connect(request).await?;
@@ -320,7 +340,7 @@ async fn read_reply(stream: &mut UnixStream) -> anyhow::Result<Reply> {
     }
 }
 
-async fn write_frame(
+pub(crate) async fn write_frame(
     stream: &mut (impl tokio::io::AsyncWrite + Unpin),
     kind: FrameKind,
     payload: &[u8],
@@ -334,7 +354,7 @@ async fn write_frame(
     Ok(())
 }
 
-async fn read_frame(
+pub(crate) async fn read_frame(
     stream: &mut (impl tokio::io::AsyncRead + Unpin),
 ) -> anyhow::Result<Option<(FrameKind, Vec<u8>)>> {
     let mut header = [0u8; 5];

@@ -8,6 +8,8 @@ pub enum NodeError {
     SandboxNotFound,
     #[error("no such process in this sandbox")]
     ProcessNotFound,
+    #[error("no such terminal session in this sandbox")]
+    TerminalNotFound,
     #[error("this worker is at capacity")]
     AtCapacity,
     #[error("this sandbox runs {0} background processes already; wait for one to end or kill one")]

@@ -40,6 +40,8 @@ pub struct Hosted {
     pub(crate) memory_mb: u64,
     pub(crate) cpu_millis: u64,
     pub(crate) meter: crate::usage::Meter,
+    /// Its terminal sessions, by the agent's number.
+    pub(crate) terminals: Mutex<HashMap<u32, Arc<crate::terminal::Terminal>>>,
     /// Whether it is paused, and its activity (for pausing it when idle).
     pub(crate) pause: crate::pause_state::PauseState,
     /// Its link to the egress proxy, when it has egress.

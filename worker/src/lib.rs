@@ -28,5 +28,7 @@ pub mod service;
 pub mod session;
 pub mod spec;
 pub mod templates;
+pub mod terminal;
+pub mod terminal_sessions;
 pub mod tls_listener;
 pub mod usage;

@@ -294,6 +294,7 @@ impl Node {
             cwd: request.cwd,
             processes: Mutex::new(HashMap::new()),
             sessions: tokio::sync::Mutex::new(HashMap::new()),
+            terminals: Mutex::new(HashMap::new()),
             output_budget: OutputBudget::new(
                 Retained::new(SANDBOX_OUTPUT_BUDGET),
                 Arc::clone(&self.output),

@@ -128,6 +128,8 @@ fn a_terminal_session_is_a_real_terminal() {
     attached.send("sleep 100\n");
     std::thread::sleep(Duration::from_millis(300));
     attached.send("\u{3}");
+    // The interrupt flushes what is typed before it is handled.
+    std::thread::sleep(Duration::from_millis(300));
     attached.send("echo BACK-$((1+1))\n");
     attached.until("BACK-2");
     // Its exit code is the session's.

@@ -87,3 +87,43 @@ where
         }
     }
 }
+
+/// Who attaches to a terminal: the bearer of a single-use ticket (`?ticket=`, for browsers,
+/// whose WebSockets cannot send headers), else an authenticated member of the team.
+pub struct TerminalCaller {
+    pub team_id: uuid::Uuid,
+    /// The ticket's grant, which the handler checks against the session asked for.
+    pub ticket: Option<crate::sandboxes::terminals::TicketGrant>,
+}
+
+impl FromRequestParts<crate::state::AppState> for TerminalCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &crate::state::AppState,
+    ) -> Result<Self, Self::Rejection> {
+        // Tickets are hexadecimal: nothing to decode.
+        let ticket = parts.uri.query().and_then(|query| {
+            query
+                .split('&')
+                .find_map(|pair| pair.strip_prefix("ticket="))
+                .map(str::to_owned)
+        });
+        if let Some(ticket) = ticket {
+            let grant = crate::sandboxes::terminals::redeem_ticket(state, &ticket)
+                .await?
+                .ok_or(ApiError::InvalidTicket)?;
+            return Ok(TerminalCaller {
+                team_id: grant.team_id,
+                ticket: Some(grant),
+            });
+        }
+        let principal = crate::auth::Principal::from_request_parts(parts, state).await?;
+        principal.require(sandbase_api::Role::Member)?;
+        Ok(TerminalCaller {
+            team_id: principal.team_id,
+            ticket: None,
+        })
+    }
+}

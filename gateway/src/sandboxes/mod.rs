@@ -10,6 +10,7 @@ pub mod route_cache;
 pub mod row;
 pub mod snapshots;
 pub mod teardown;
+pub mod terminals;
 pub mod validate;
 
 pub use row::{Created, Owner, SANDBOX_COLUMNS, SandboxRow, SandboxState, StopReason};

@@ -106,6 +106,34 @@ impl SandboxRow {
     }
 }
 
+/// A snapshot of a sandbox (`snapshots.rs` takes, finds and restores them).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SnapshotRow {
+    pub id: Uuid,
+    pub team_id: Uuid,
+    pub sandbox_id: Uuid,
+    pub template: String,
+    pub isolation: String,
+    pub size_bytes: i64,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+impl SnapshotRow {
+    pub fn to_api(&self) -> sandbase_api::snapshots::Snapshot {
+        sandbase_api::snapshots::Snapshot {
+            id: self.id,
+            sandbox_id: self.sandbox_id,
+            template: self.template.clone(),
+            isolation: sandbase_api::sandboxes::Isolation::parse(&self.isolation)
+                .unwrap_or_default(),
+            size_bytes: self.size_bytes,
+            created_at: self.created_at,
+            expires_at: self.expires_at,
+        }
+    }
+}
+
 /// Who a sandbox belongs to and who made it.
 #[derive(Debug, Clone, Copy)]
 pub struct Owner {

@@ -3,12 +3,11 @@
 //! store, and unpacked into a new sandbox of the same template before it is handed over.
 //! Kept until `sandboxes.snapshot_retention_secs`, metered as storage meanwhile.
 
-use chrono::{DateTime, Utc};
-use sandbase_api::snapshots::Snapshot;
 use uuid::Uuid;
 
 use super::forward::forward;
 use super::row::Owner;
+pub use super::row::SnapshotRow;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 use crate::workers::WorkerAddress;
@@ -17,38 +16,14 @@ use crate::workers::client::{ArchiveOwner, SandboxCall};
 /// What a snapshot holds: (part, directory).
 pub const PARTS: [(&str, &str); 2] = [("work", "/work"), ("tmp", "/tmp")];
 
+/// Bytes sent to the agent at a time when restoring.
+const RESTORE_CHUNK: usize = 1024 * 1024;
+
 /// Snapshots deleted per pass.
 const EXPIRE_BATCH: i64 = 100;
 
 const COLUMNS: &str =
     "id, team_id, sandbox_id, template, isolation, size_bytes, created_at, expires_at";
-
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct SnapshotRow {
-    pub id: Uuid,
-    pub team_id: Uuid,
-    pub sandbox_id: Uuid,
-    pub template: String,
-    pub isolation: String,
-    pub size_bytes: i64,
-    pub created_at: DateTime<Utc>,
-    pub expires_at: DateTime<Utc>,
-}
-
-impl SnapshotRow {
-    pub fn to_api(&self) -> Snapshot {
-        Snapshot {
-            id: self.id,
-            sandbox_id: self.sandbox_id,
-            template: self.template.clone(),
-            isolation: sandbase_api::sandboxes::Isolation::parse(&self.isolation)
-                .unwrap_or_default(),
-            size_bytes: self.size_bytes,
-            created_at: self.created_at,
-            expires_at: self.expires_at,
-        }
-    }
-}
 
 /// Takes a snapshot of a live sandbox of `owner`'s team: each part streamed from its agent
 /// into the store, then the row (nothing of a failed snapshot is kept).
@@ -172,11 +147,32 @@ pub async fn restore(
                 sandbox_id,
                 path,
                 ArchiveOwner::Archived,
-                reqwest::Body::wrap_stream(stream),
+                reqwest::Body::wrap_stream(rechunked(stream)),
             )
             .await?;
     }
     Ok(())
+}
+
+/// The store's stream in chunks of about [`RESTORE_CHUNK`] (a local store reads 8 KiB at a
+/// time; each chunk becomes a frame to the agent).
+fn rechunked(
+    stream: futures_util::stream::BoxStream<'static, object_store::Result<bytes::Bytes>>,
+) -> impl futures_util::Stream<Item = object_store::Result<bytes::Bytes>> {
+    use futures_util::StreamExt;
+    futures_util::stream::unfold(Some(stream), |stream| async move {
+        let mut stream = stream?;
+        let mut buffer = bytes::BytesMut::new();
+        while buffer.len() < RESTORE_CHUNK {
+            match stream.next().await {
+                Some(Ok(chunk)) => buffer.extend_from_slice(&chunk),
+                Some(Err(error)) => return Some((Err(error), None)),
+                None if buffer.is_empty() => return None,
+                None => return Some((Ok(buffer.freeze()), None)),
+            }
+        }
+        Some((Ok(buffer.freeze()), Some(stream)))
+    })
 }
 
 async fn delete_parts(state: &AppState, team_id: Uuid, id: Uuid) {

@@ -29,7 +29,7 @@ pub struct NewSandbox {
     /// Seconds without a call after which it pauses by itself.
     pub auto_pause_after_idle_secs: Option<u64>,
     /// The snapshot it starts from (found by the caller: `parse` sees only its id).
-    pub snapshot: Option<super::snapshots::SnapshotRow>,
+    pub snapshot: Option<super::row::SnapshotRow>,
 }
 
 /// Checks an egress policy and returns it normalized (lowercase, `*.` and ports explicit).

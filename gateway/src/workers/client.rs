@@ -9,6 +9,7 @@ use http::StatusCode;
 use sandbase_api::ErrorBody;
 use sandbase_api::internal::{CreateSandbox, Exec, NODE_TOKEN_HEADER, PullTemplate, paths};
 use sandbase_api::sandboxes::{EgressPolicy, ExecResult, TemplateName};
+use sandbase_api::terminals::{OpenTerminalRequest, ResizeRequest};
 use secrecy::SecretString;
 use uuid::Uuid;
 
@@ -41,10 +42,11 @@ pub enum WorkerCode {
     SandboxIoError,
     TooManyProcesses,
     SandboxPaused,
+    TerminalNotFound,
 }
 
 impl WorkerCode {
-    const ALL: [WorkerCode; 18] = [
+    const ALL: [WorkerCode; 19] = [
         WorkerCode::SandboxNotFound,
         WorkerCode::ProcessNotFound,
         WorkerCode::AtCapacity,
@@ -63,6 +65,7 @@ impl WorkerCode {
         WorkerCode::SandboxIoError,
         WorkerCode::TooManyProcesses,
         WorkerCode::SandboxPaused,
+        WorkerCode::TerminalNotFound,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -85,6 +88,7 @@ impl WorkerCode {
             WorkerCode::SandboxIoError => "sandbox_io_error",
             WorkerCode::TooManyProcesses => "too_many_processes",
             WorkerCode::SandboxPaused => "sandbox_paused",
+            WorkerCode::TerminalNotFound => "terminal_not_found",
         }
     }
 
@@ -209,6 +213,27 @@ pub enum SandboxCall {
     },
     SetEgressPolicy(EgressPolicy),
     EgressFlows,
+    OpenTerminal(OpenTerminalRequest),
+    Terminals,
+    Terminal {
+        session: u32,
+    },
+    CloseTerminal {
+        session: u32,
+    },
+    TerminalInput {
+        session: u32,
+        body: reqwest::Body,
+    },
+    TerminalResize {
+        session: u32,
+        size: ResizeRequest,
+    },
+    /// The session's output from `since`, as the agent's frames.
+    TerminalOutput {
+        session: u32,
+        since: u64,
+    },
 }
 
 /// A successful answer of a worker to a [`SandboxCall`], still to be read.
@@ -216,7 +241,8 @@ pub struct WorkerAnswer(reqwest::Response);
 
 impl WorkerAnswer {
     /// Headers of a worker's answer the public API passes on.
-    pub const PASSED_ON_HEADERS: [&'static str; 2] = ["content-type", "x-sandbase-file-size"];
+    pub const PASSED_ON_HEADERS: [&'static str; 3] =
+        ["content-type", "x-sandbase-file-size", "x-sandbase-offset"];
 
     pub fn status(&self) -> StatusCode {
         StatusCode::from_u16(self.0.status().as_u16()).unwrap_or(StatusCode::OK)
@@ -457,10 +483,43 @@ impl WorkerClient {
                 worker,
                 &paths::sandbox_part(&id, "egress"),
             ),
+            call => self.terminal_request(worker, &id, call),
         };
         Self::send(request, "a sandbox call")
             .await
             .map(WorkerAnswer)
+    }
+
+    /// The request of a terminal call.
+    fn terminal_request(
+        &self,
+        worker: &WorkerAddress,
+        id: &str,
+        call: SandboxCall,
+    ) -> reqwest::RequestBuilder {
+        use reqwest::Method;
+        let at = |session: u32, part: &str| paths::terminal(id, &session.to_string(), part);
+        match call {
+            SandboxCall::OpenTerminal(request) => self
+                .request(Method::POST, worker, &paths::sandbox_part(id, "pty"))
+                .json(&request),
+            SandboxCall::Terminal { session } => {
+                self.request(Method::GET, worker, &at(session, ""))
+            }
+            SandboxCall::CloseTerminal { session } => {
+                self.request(Method::DELETE, worker, &at(session, ""))
+            }
+            SandboxCall::TerminalInput { session, body } => self
+                .request(Method::POST, worker, &at(session, "input"))
+                .body(body),
+            SandboxCall::TerminalResize { session, size } => self
+                .request(Method::POST, worker, &at(session, "resize"))
+                .json(&size),
+            SandboxCall::TerminalOutput { session, since } => self
+                .request(Method::GET, worker, &at(session, "output"))
+                .query(&[("since", since)]),
+            _ => self.request(Method::GET, worker, &paths::sandbox_part(id, "pty")),
+        }
     }
 
     /// Unpacks a tar archive into `path` of a sandbox, owned by `owner`.

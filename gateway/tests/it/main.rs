@@ -34,6 +34,7 @@ mod sessions;
 mod snapshots;
 mod stripe;
 mod templates;
+mod terminals;
 mod testbed;
 mod usage;
 mod verification;

@@ -73,6 +73,15 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/snapshots"),
     ("GET", "/v1/snapshots/{id}"),
     ("DELETE", "/v1/snapshots/{id}"),
+    ("POST", "/v1/sandboxes/{id}/pty"),
+    ("GET", "/v1/sandboxes/{id}/pty"),
+    ("GET", "/v1/sandboxes/{id}/pty/{sid}"),
+    ("DELETE", "/v1/sandboxes/{id}/pty/{sid}"),
+    ("POST", "/v1/sandboxes/{id}/pty/{sid}/input"),
+    ("POST", "/v1/sandboxes/{id}/pty/{sid}/resize"),
+    ("GET", "/v1/sandboxes/{id}/pty/{sid}/output"),
+    ("POST", "/v1/sandboxes/{id}/pty/{sid}/ticket"),
+    ("GET", "/v1/sandboxes/{id}/pty/{sid}/attach"),
 ];
 
 #[tokio::test]
@@ -112,7 +121,8 @@ async fn the_document_lists_every_route_and_every_listed_route_is_served() {
         let concrete = path
             .replace("{id}", "00000000-0000-0000-0000-000000000000")
             .replace("{user_id}", "00000000-0000-0000-0000-000000000000")
-            .replace("{pid}", "1");
+            .replace("{pid}", "1")
+            .replace("{sid}", "1");
         let method = Method::from_bytes(method.as_bytes()).unwrap();
         let answer = app
             .request(method.clone(), &concrete, Some(&owner.session.token), None)

@@ -6,6 +6,7 @@ mod exec;
 mod files;
 mod support;
 mod templates;
+mod terminal;
 
 use support::{ApiState, error};
 
@@ -33,6 +34,26 @@ pub fn router(node: Arc<Node>, token: &str) -> Router {
         .route(paths::SANDBOXES, post(create).get(list))
         .route(&paths::sandbox("{id}"), axum::routing::delete(destroy))
         .route(&paths::sandbox_part("{id}", "exec"), post(exec::exec))
+        .route(
+            &paths::sandbox_part("{id}", "pty"),
+            post(terminal::open).get(terminal::list),
+        )
+        .route(
+            &paths::terminal("{id}", "{session}", ""),
+            get(terminal::get).delete(terminal::close),
+        )
+        .route(
+            &paths::terminal("{id}", "{session}", "output"),
+            get(terminal::output),
+        )
+        .route(
+            &paths::terminal("{id}", "{session}", "input"),
+            post(terminal::input),
+        )
+        .route(
+            &paths::terminal("{id}", "{session}", "resize"),
+            post(terminal::resize),
+        )
         .route(&paths::sandbox_part("{id}", "pause"), post(pause))
         .route(&paths::sandbox_part("{id}", "resume"), post(resume))
         .route(

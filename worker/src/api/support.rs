@@ -40,6 +40,7 @@ impl IntoResponse for NodeError {
         let (status, code) = match &self {
             NodeError::SandboxNotFound => (StatusCode::NOT_FOUND, "sandbox_not_found"),
             NodeError::ProcessNotFound => (StatusCode::NOT_FOUND, "process_not_found"),
+            NodeError::TerminalNotFound => (StatusCode::NOT_FOUND, "terminal_not_found"),
             NodeError::AtCapacity => (StatusCode::SERVICE_UNAVAILABLE, "at_capacity"),
             NodeError::TooManyProcesses(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_processes"),
             NodeError::TemplateNotFound(_) => (StatusCode::NOT_FOUND, "template_not_found"),

@@ -16,6 +16,7 @@ mod sandboxes;
 mod secrets;
 mod snapshots;
 mod templates;
+mod terminals;
 mod usage;
 
 use axum::Json;
@@ -80,6 +81,7 @@ pub fn api_router(
         .merge(sandboxes::router())
         .merge(sandbox_pause::router())
         .merge(snapshots::router())
+        .merge(terminals::router())
         .merge(templates::router())
         .merge(billing::router())
         .merge(usage::router())

@@ -1,0 +1,324 @@
+//! Terminal sessions through the public API on real sandboxes: a real terminal over a
+//! WebSocket (size, resize, Ctrl-C, exit code), re-attaching with `since` for exactly the
+//! missed bytes, two clients seeing the same bytes, browser tickets (single use, bound to
+//! their session), another team's key refused, and hostile clients (garbage, oversized
+//! messages, a resize flood) leaving the session working.
+
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use sandbase_api::sandboxes::Isolation;
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+use crate::helpers::TestApp;
+use crate::testbed::{ISOLATIONS, TestSandbox, TestWorker, sandbox_app_isolated, worker_config};
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// A WebSocket client of a terminal and what it has received.
+struct Client {
+    socket: Socket,
+    offset: u64,
+    output: Vec<u8>,
+    exit: Option<i64>,
+}
+
+impl Client {
+    /// Attaches with the bearer token (or, when `ticket` is given, with it alone).
+    async fn attach(
+        app: &TestApp,
+        path: &str,
+        token: Option<&str>,
+        query: &str,
+    ) -> Result<Client, u16> {
+        let url = format!(
+            "{}{path}/attach?{query}",
+            app.address.replace("http://", "ws://")
+        );
+        let mut request = url.into_client_request().unwrap();
+        if let Some(token) = token {
+            request
+                .headers_mut()
+                .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        }
+        let (mut socket, _) = match tokio_tungstenite::connect_async(request).await {
+            Ok(connected) => connected,
+            Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+                return Err(response.status().as_u16());
+            }
+            Err(error) => panic!("connecting: {error}"),
+        };
+        let first = socket.next().await.unwrap().unwrap();
+        let attached: Value = serde_json::from_str(first.to_text().unwrap()).unwrap();
+        assert_eq!(attached["type"], "attached", "{attached}");
+        Ok(Client {
+            socket,
+            offset: attached["offset"].as_u64().unwrap(),
+            output: Vec::new(),
+            exit: None,
+        })
+    }
+
+    async fn send(&mut self, input: &str) {
+        self.socket
+            .send(Message::Binary(input.as_bytes().to_vec().into()))
+            .await
+            .unwrap();
+    }
+
+    async fn control(&mut self, control: Value) {
+        self.socket
+            .send(Message::Text(control.to_string().into()))
+            .await
+            .unwrap();
+    }
+
+    /// Reads until `needle` is in the output; `false` when the session ended first.
+    async fn until(&mut self, needle: &str) -> bool {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !self.text().contains(needle) {
+            let next = tokio::time::timeout_at(deadline, self.socket.next()).await;
+            match next.unwrap_or_else(|_| panic!("no {needle:?} in {:?}", self.tail())) {
+                Some(Ok(Message::Binary(bytes))) => {
+                    // Answer a cursor-position query as a terminal would (busybox's line
+                    // editor asks, and waits for the answer).
+                    if bytes.windows(4).any(|window| window == b"\x1b[6n") {
+                        self.send("\x1b[1;1R").await;
+                    }
+                    self.output.extend_from_slice(&bytes);
+                }
+                Some(Ok(Message::Text(text))) => {
+                    let control: Value = serde_json::from_str(&text).unwrap();
+                    if control["type"] == "exit" {
+                        self.exit = control["code"].as_i64();
+                    }
+                }
+                Some(Ok(_)) => {}
+                None | Some(Err(_)) => return false,
+            }
+        }
+        true
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.output).into_owned()
+    }
+
+    fn tail(&self) -> String {
+        let text = self.text();
+        text[text.len().saturating_sub(300)..].to_owned()
+    }
+}
+
+async fn open(sandbox: &TestSandbox<'_>) -> String {
+    let opened = sandbox
+        .post("/pty", json!({ "cols": 80, "rows": 24 }))
+        .await;
+    assert_eq!(opened.status.as_u16(), 201, "{}", opened.body);
+    sandbox.path(&format!("/pty/{}", opened.body["session_id"]))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_terminal_session_over_a_websocket_is_a_real_terminal() {
+    for isolation in ISOLATIONS {
+        terminal_under(isolation).await;
+    }
+}
+
+#[allow(clippy::too_many_lines)] // one scenario: a terminal, re-attach, tickets, exit
+async fn terminal_under(isolation: Isolation) {
+    let app = sandbox_app_isolated(isolation).await;
+    let worker = TestWorker::start(worker_config(&app, "pty", 4, 0)).await;
+    let alice = app.signup("alice@example.com", "Alice").await;
+    let bob = app.signup("bob@example.com", "Bob").await;
+    let token = alice.api_key.token.as_str();
+    let sandbox = TestSandbox::create(&app, token, json!({})).await;
+    let session = open(&sandbox).await;
+
+    let mut client = Client::attach(&app, &session, Some(token), "")
+        .await
+        .unwrap();
+    client
+        .send("tty; [ -t 0 ] && echo IS-A-TTY; stty size; id -u\n")
+        .await;
+    assert!(client.until("24 80").await);
+    let text = client.text();
+    assert!(text.contains("/dev/pts/"), "{text}");
+    assert!(text.contains("IS-A-TTY"), "{text}");
+    client
+        .control(json!({ "type": "resize", "cols": 120, "rows": 40 }))
+        .await;
+    client.send("stty size\n").await;
+    assert!(client.until("40 120").await);
+    // Ctrl-C interrupts the foreground command; the shell answers again. (Debian's
+    // runsc of 2022 passes ^C to the program as a byte instead: its terminal does not
+    // turn it into SIGINT; known gap, see docs/sessions.md.)
+    if isolation == Isolation::Runc {
+        client.send("cat\n").await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        client.send("\u{3}").await;
+        // The interrupt flushes what is typed before it is handled.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        client.send("echo BACK-$((20+22))\n").await;
+        assert!(client.until("BACK-42").await);
+    }
+    // 2 MB of output while attached; then more while detached; re-attaching with `since`
+    // gives exactly what was missed.
+    client
+        .send("head -c 2000000 /dev/zero | tr '\\0' x; echo; echo BIG-$((1+1))-DONE\n")
+        .await;
+    assert!(client.until("BIG-2-DONE\r\n").await);
+    let seen = client.offset + client.output.len() as u64;
+    drop(client);
+    let suffix = session.trim_start_matches(&sandbox.path("")).to_owned();
+    let (status, _, _) = sandbox
+        .raw(
+            reqwest::Method::POST,
+            &format!("{suffix}/input"),
+            Some(b"i=0; while [ $i -lt 300 ]; do echo missed-$i; i=$((i+1)); done; echo MISSED-$((9*9))\n".to_vec()),
+        )
+        .await;
+    assert_eq!(status.as_u16(), 204);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut again = Client::attach(&app, &session, Some(token), &format!("since={seen}"))
+        .await
+        .unwrap();
+    assert_eq!(again.offset, seen);
+    assert!(again.until("MISSED-81\r\n").await);
+    let text = again.text();
+    assert!(!text.contains("BIG-2-DONE"), "old output came again");
+    assert!(text.contains("missed-0\r\nmissed-1\r\n") && text.contains("missed-299\r\n"));
+    // The plain output stream from the same offset carries the same bytes.
+    let mut plain_answer = app
+        .http
+        .get(format!("{}{session}/output?since={seen}", app.address))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain_answer.status().as_u16(), 200);
+    assert_eq!(
+        plain_answer.headers()["x-sandbase-offset"],
+        seen.to_string().as_str()
+    );
+    let mut plain = Vec::new();
+    while !String::from_utf8_lossy(&plain).contains("MISSED-81\r\n") {
+        let chunk = tokio::time::timeout(Duration::from_secs(30), plain_answer.chunk())
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("more output");
+        plain.extend_from_slice(&chunk);
+    }
+    drop(plain_answer);
+    let through = |bytes: &[u8]| {
+        let text = String::from_utf8_lossy(bytes).into_owned();
+        text[..text.find("MISSED-81\r\n").unwrap() + 11].to_owned()
+    };
+    assert_eq!(through(&plain), through(&again.output));
+
+    // A ticket: single use, only for its session, no header needed.
+    let ticket = app
+        .post(&format!("{session}/ticket"), token, json!({}))
+        .await;
+    assert_eq!(ticket.status.as_u16(), 201, "{}", ticket.body);
+    let ticket = ticket.body["ticket"].as_str().unwrap().to_owned();
+    let mut browser = Client::attach(&app, &session, None, &format!("ticket={ticket}"))
+        .await
+        .unwrap();
+    browser.send("echo VIA-TICKET\n").await;
+    assert!(browser.until("VIA-TICKET\r\n").await);
+    let reused = Client::attach(&app, &session, None, &format!("ticket={ticket}")).await;
+    assert_eq!(reused.err(), Some(401));
+    assert_eq!(
+        Client::attach(&app, &session, None, "").await.err(),
+        Some(401)
+    );
+    // Another team's key sees no such sandbox.
+    let foreign = Client::attach(&app, &session, Some(&bob.api_key.token), "").await;
+    assert_eq!(foreign.err(), Some(404));
+
+    // The exit code is the session's.
+    browser.send("exit 3\n").await;
+    assert!(!browser.until("\u{0}the end").await);
+    assert_eq!(browser.exit, Some(3));
+    let ended = app.get(&session, token).await;
+    assert_eq!(ended.body["exit_code"], 3, "{}", ended.body);
+    assert_eq!(sandbox.delete("").await.status.as_u16(), 204);
+    worker.clean_up().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_terminal_clients_leave_the_session_working() {
+    let app = sandbox_app_isolated(Isolation::Runc).await;
+    let worker = TestWorker::start(worker_config(&app, "pty", 4, 0)).await;
+    let alice = app.signup("alice@example.com", "Alice").await;
+    let token = alice.api_key.token.as_str();
+    let sandbox = TestSandbox::create(&app, token, json!({})).await;
+    let session = open(&sandbox).await;
+
+    // Garbage control messages and out-of-range sizes are ignored.
+    let mut client = Client::attach(&app, &session, Some(token), "")
+        .await
+        .unwrap();
+    for garbage in [
+        "",
+        "{",
+        "[1,2]",
+        "{\"type\":\"resize\",\"cols\":0,\"rows\":0}",
+        "{\"type\":\"nope\"}",
+    ] {
+        client
+            .socket
+            .send(Message::Text(garbage.into()))
+            .await
+            .unwrap();
+    }
+    // 10 000 resizes.
+    for index in 0..10_000u32 {
+        let cols = 20 + (index % 200) as u16;
+        client
+            .control(json!({ "type": "resize", "cols": cols, "rows": 30 }))
+            .await;
+    }
+    client
+        .control(json!({ "type": "resize", "cols": 77, "rows": 33 }))
+        .await;
+    client.send("stty size\n").await;
+    assert!(client.until("33 77").await);
+    // An oversized message ends that client's connection, not the session.
+    let _ = client
+        .socket
+        .send(Message::Binary(vec![b'x'; 1024 * 1024].into()))
+        .await;
+    let mut next = Client::attach(&app, &session, Some(token), "")
+        .await
+        .unwrap();
+    next.send("echo STILL-HERE\n").await;
+    assert!(next.until("STILL-HERE\r\n").await);
+    // Bad sizes through the plain API are refused with a code.
+    let bad = app
+        .post(
+            &format!("{session}/resize"),
+            token,
+            json!({ "cols": 0, "rows": 10 }),
+        )
+        .await;
+    assert_eq!(bad.status.as_u16(), 422, "{}", bad.body);
+    // At most four sessions at once.
+    for _ in 0..3 {
+        open(&sandbox).await;
+    }
+    let fifth = sandbox.post("/pty", json!({})).await;
+    assert_eq!(fifth.status.as_u16(), 422, "{}", fifth.body);
+    let missing = app.get(&sandbox.path("/pty/999"), token).await;
+    assert_eq!(missing.body["error"]["code"], "terminal_not_found");
+    // Closing ends the session; a new one can be opened.
+    assert_eq!(app.delete(&session, token).await.status.as_u16(), 204);
+    open(&sandbox).await;
+    assert_eq!(sandbox.delete("").await.status.as_u16(), 204);
+    worker.clean_up().await;
+}
