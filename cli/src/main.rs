@@ -11,6 +11,7 @@ mod run;
 mod sandbox;
 mod secret;
 mod serve;
+mod shell;
 mod signal;
 mod snapshot;
 mod telemetry;

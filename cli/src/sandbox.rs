@@ -62,6 +62,14 @@ pub enum SandboxCommand {
     Snapshot { id: Uuid },
     /// List the team's snapshots.
     Snapshots,
+    /// Your terminal on a new terminal session (a shell, or CMD); Ctrl-] detaches.
+    Shell {
+        id: Uuid,
+        #[arg(last = true)]
+        cmd: Vec<String>,
+    },
+    /// Back on a terminal session (its last output replayed); Ctrl-] detaches.
+    Attach { id: Uuid, session: u32 },
     /// The sandbox's connections through the egress proxy (allowed and denied).
     Egress { id: Uuid },
 }
@@ -239,6 +247,10 @@ pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> anyhow::Result
         SandboxCommand::Resume { id } => pause_or_resume(&client, json, id, "resume").await?,
         SandboxCommand::Snapshot { id } => crate::snapshot::take(&client, json, id).await?,
         SandboxCommand::Snapshots => crate::snapshot::list(&client, json).await?,
+        SandboxCommand::Shell { id, cmd } => return crate::shell::shell(&client, id, cmd).await,
+        SandboxCommand::Attach { id, session } => {
+            return crate::shell::attach(&client, id, session).await;
+        }
         SandboxCommand::Egress { id } => {
             let list: sandbase_api::sandboxes::EgressFlowList = client
                 .get(&format!("/v1/sandboxes/{id}/egress"), &[])

@@ -360,6 +360,52 @@ async fn the_cli_creates_runs_copies_and_destroys_sandboxes() {
         "result\n"
     );
 
+    // A terminal session fed from a pipe: the shell runs what comes, its exit code is ours.
+    let output = server.cli(
+        &["sandbox", "shell", &id],
+        &[],
+        Some("tty; echo SHELL-$((6*7)); exit 5\n"),
+    );
+    assert_eq!(output.status.code(), Some(5), "{}", stderr(&output));
+    assert!(
+        stdout(&output).contains("SHELL-42") && stdout(&output).contains("/dev/pts/"),
+        "{}",
+        stdout(&output)
+    );
+    // Pause and resume; a snapshot and a sandbox started from it.
+    let output = server.cli(&["sandbox", "pause", &id], &[], None);
+    assert!(stdout(&output).contains("is paused"), "{}", stderr(&output));
+    let output = server.cli(&["sandbox", "exec", &id, "--", "true"], &[], None);
+    assert!(
+        stderr(&output).contains("sandbox_paused"),
+        "{}",
+        stderr(&output)
+    );
+    let output = server.cli(&["sandbox", "resume", &id], &[], None);
+    assert!(
+        stdout(&output).contains("is running"),
+        "{}",
+        stderr(&output)
+    );
+    let output = server.cli(&["sandbox", "snapshot", &id], &[], None);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let snapshot = stdout(&output).trim().to_owned();
+    let output = server.cli(
+        &["sandbox", "create", "--from-snapshot", &snapshot],
+        &[],
+        None,
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let fork = stdout(&output).trim().to_owned();
+    let output = server.cli(
+        &["sandbox", "exec", &fork, "--", "cat", "/work/out/r.txt"],
+        &[],
+        None,
+    );
+    assert_eq!(stdout(&output), "result\n", "{}", stderr(&output));
+    let output = server.cli(&["sandbox", "destroy", &fork], &[], None);
+    assert!(output.status.success(), "{}", stderr(&output));
+
     // ls, get, extend, destroy.
     let output = server.cli(&["sandbox", "ls"], &[], None);
     assert!(
