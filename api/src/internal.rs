@@ -234,6 +234,15 @@ pub mod paths {
         }
     }
 
+    /// Chunk `chunk` of a recording, or (`chunk` empty) its end.
+    pub fn recording(id: &str, chunk: &str) -> String {
+        if chunk.is_empty() {
+            format!("/internal/v1/recordings/{id}/end")
+        } else {
+            format!("/internal/v1/recordings/{id}/chunks/{chunk}")
+        }
+    }
+
     pub fn template(name: &str) -> String {
         format!("/internal/v1/templates/{name}")
     }
@@ -241,6 +250,16 @@ pub mod paths {
     pub fn template_pull(name: &str) -> String {
         format!("/internal/v1/templates/{name}/pull")
     }
+}
+
+/// How a recorded session ended, as its worker reports it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct RecordingEnd {
+    pub duration_ms: u64,
+    pub bytes: u64,
+    pub chunks: u32,
+    #[serde(default)]
+    pub exit_code: Option<i32>,
 }
 
 /// What the operator asks every worker to pull as a template.

@@ -32,6 +32,18 @@ pub struct OpenTerminalRequest {
     /// (default an hour).
     #[serde(default)]
     pub idle_timeout_secs: Option<u64>,
+    /// Record what is typed as well as what is shown (every session is recorded; this
+    /// leaves its input out when `false`).
+    #[serde(default = "record_input_by_default")]
+    pub record_input: bool,
+    /// Set by the gateway for the worker: the recording this session writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(ignore)]
+    pub recording: Option<uuid::Uuid>,
+}
+
+fn record_input_by_default() -> bool {
+    true
 }
 
 fn default_cols() -> u16 {
@@ -77,4 +89,29 @@ pub struct ResizeRequest {
 pub struct AttachTicket {
     pub ticket: String,
     pub expires_at: DateTime<Utc>,
+}
+
+/// A recording of a terminal session (asciicast v2: output, resizes, and input unless the
+/// session opted out), readable after its sandbox is gone until it expires.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Recording {
+    pub id: uuid::Uuid,
+    pub sandbox_id: uuid::Uuid,
+    /// The terminal session's number in its sandbox.
+    pub session_id: Option<u32>,
+    pub command: Vec<String>,
+    pub with_input: bool,
+    pub started_at: DateTime<Utc>,
+    /// Set once the session ended.
+    pub ended_at: Option<DateTime<Utc>>,
+    pub duration_ms: Option<i64>,
+    /// Size of the recording so far.
+    pub bytes: i64,
+    pub exit_code: Option<i32>,
+    pub expires_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RecordingList {
+    pub recordings: Vec<Recording>,
 }

@@ -7,6 +7,7 @@ mod commands;
 mod credentials;
 mod egress_default;
 mod output;
+mod replay;
 mod run;
 mod sandbox;
 mod secret;
@@ -106,6 +107,8 @@ enum ClientCommand {
     Sandbox(sandbox::SandboxCommand),
     /// Run one command in a fresh sandbox: inputs in, output and artifacts out.
     Run(run::RunArgs),
+    /// Play a terminal session's recording (`sandbase sandbox shell` sessions are recorded).
+    Replay(replay::ReplayArgs),
     /// Credentials for sandboxes' outbound requests: set (value from stdin), ls, rm.
     #[command(subcommand)]
     Secret(secret::SecretCommand),
@@ -168,6 +171,7 @@ fn run_client(global: GlobalArgs, command: ClientCommand) -> anyhow::Result<Exit
             ClientCommand::Audit(args) => commands::audit(&global, args).await,
             ClientCommand::Credits { command } => billing::credits(&global, command).await,
             ClientCommand::Usage(args) => billing::usage(&global, args).await,
+            ClientCommand::Replay(args) => replay::replay(&global, args).await,
             ClientCommand::Secret(command) => secret::run(&global, command).await,
             ClientCommand::EgressDefault { command } => egress_default::run(&global, command).await,
         }?;

@@ -70,6 +70,8 @@ pub async fn shell(client: &Client, id: Uuid, cmd: Vec<String>) -> anyhow::Resul
         env: Default::default(),
         user: Default::default(),
         idle_timeout_secs: None,
+        record_input: true,
+        recording: None,
     };
     let opened: Terminal = client
         .post(&format!("/v1/sandboxes/{id}/pty"), &request)

@@ -24,6 +24,9 @@ use sandbase_worker::spec::Limits;
 use serde_json::{Value, json};
 
 const NODE_TOKEN: &str = "bench-node-token-0123456789";
+#[path = "sandbox_api/terminal.rs"]
+mod terminal;
+
 const LIMITS: Limits = Limits {
     cpu_millis: 1000,
     memory_mb: 128,
@@ -298,6 +301,14 @@ fn main() -> anyhow::Result<()> {
             ctr_resume.0.push(ctr(&socket, &namespace, &["task", "resume", &container]));
         }
         let snapshots = snapshot_samples(&api).await;
+        let agent = worker
+            .node()
+            .get(id.parse()?)
+            .map_err(|error| anyhow::anyhow!("{error}"))?
+            .sandbox
+            .socket
+            .clone();
+        let terminals = terminal::terminal_samples(&api, &id, &agent, (execs / 2).max(50)).await;
         api.delete(&format!("/v1/sandboxes/{id}")).await;
 
         // Density: idle sandboxes until `density` run.
@@ -368,6 +379,7 @@ fn main() -> anyhow::Result<()> {
             );
         }
         snapshots.print();
+        terminals.print();
         println!(
             "\ndensity: {reached} idle sandboxes started in {density_secs:.1} s; host memory per idle sandbox {per_sandbox_mib:.1} MiB (MemAvailable {} → {} MiB)",
             before / 1024,

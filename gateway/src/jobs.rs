@@ -137,6 +137,10 @@ async fn artifact_retention(state: AppState) -> anyhow::Result<()> {
     if expired > 0 {
         tracing::info!(expired, "snapshots past their retention deleted");
     }
+    let expired = crate::sandboxes::recordings::expire(&state).await?;
+    if expired > 0 {
+        tracing::info!(expired, "terminal recordings past their retention deleted");
+    }
     crate::runs::retention::meter(&state).await?;
     Ok(())
 }

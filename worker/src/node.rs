@@ -95,6 +95,8 @@ pub struct Node {
     /// Background output kept for every sandbox, against the worker's ceiling.
     output: Arc<Retained>,
     health: crate::health::CreateHealth,
+    /// Where terminal recordings go (the gateway), once the service has set it.
+    recordings: std::sync::OnceLock<Arc<crate::recording::RecordingSink>>,
 }
 
 impl Node {
@@ -132,6 +134,7 @@ impl Node {
             creating_cpu: AtomicU64::new(0),
             output: Retained::new(WORKER_OUTPUT_CEILING),
             health: crate::health::CreateHealth::default(),
+            recordings: std::sync::OnceLock::new(),
             runtime,
             config,
             pools,
@@ -475,6 +478,14 @@ impl Node {
     /// Usage samples waiting for the gateway.
     pub fn usage(&self) -> &crate::usage::Outbox {
         &self.usage
+    }
+
+    pub fn set_recording_sink(&self, sink: crate::recording::RecordingSink) {
+        let _ = self.recordings.set(Arc::new(sink));
+    }
+
+    pub fn recording_sink(&self) -> Option<Arc<crate::recording::RecordingSink>> {
+        self.recordings.get().cloned()
     }
 
     /// Every hosted sandbox.

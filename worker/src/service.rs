@@ -165,6 +165,14 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<RunningService> {
         interval: config.usage_interval.min(Duration::from_secs(10)),
         tls: client_tls,
     };
+    node.set_recording_sink(crate::recording::RecordingSink {
+        gateway_url: link.gateway_url.clone(),
+        credential: config.credential.clone(),
+        http: crate::registration::gateway_client(
+            config.tls.as_ref().map(|tls| tls.client.as_ref()),
+            Duration::from_secs(30),
+        )?,
+    });
     let mut reporter_stop = stopped.clone();
     let reporter = tokio::spawn(usage.clone().run(Arc::clone(&node), async move {
         let _ = reporter_stop.wait_for(|stop| *stop).await;

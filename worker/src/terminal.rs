@@ -15,6 +15,7 @@ use tokio::net::unix::OwnedWriteHalf;
 
 use crate::agent_client::{AgentClient, read_frame, write_frame};
 use crate::error::NodeError;
+use crate::recording::{Recorder, RecordingSink};
 
 /// Terminal sessions a sandbox may have open at once.
 pub const MAX_TERMINALS: usize = 4;
@@ -29,12 +30,14 @@ pub struct Terminal {
     size: Mutex<(u16, u16)>,
     control: tokio::sync::Mutex<OwnedWriteHalf>,
     output_bytes: AtomicU64,
-    exit: Mutex<Option<ExitInfo>>,
+    exit: Arc<Mutex<Option<ExitInfo>>>,
     ended: tokio::sync::watch::Sender<bool>,
     /// Clients reading its output now.
     attached: AtomicUsize,
     last_active: Mutex<Instant>,
     idle_timeout: Duration,
+    /// Its recording, when the worker has somewhere to send it.
+    recorder: Option<Arc<Recorder>>,
 }
 
 fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -44,6 +47,11 @@ fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Terminal {
+    /// Its recording's id.
+    pub fn recording(&self) -> Option<uuid::Uuid> {
+        self.recorder.as_ref().map(|recorder| recorder.id)
+    }
+
     pub fn describe(&self) -> TerminalInfo {
         let (cols, rows) = *locked(&self.size);
         TerminalInfo {
@@ -69,6 +77,9 @@ impl Terminal {
     /// Types `bytes` into the terminal.
     pub async fn input(&self, bytes: &[u8]) -> Result<(), NodeError> {
         self.touch();
+        if let Some(recorder) = &self.recorder {
+            recorder.input(bytes);
+        }
         let mut control = self.control.lock().await;
         for chunk in bytes.chunks(64 * 1024) {
             write_frame(&mut *control, FrameKind::Data, chunk).await?;
@@ -83,6 +94,9 @@ impl Terminal {
             ));
         }
         *locked(&self.size) = (cols, rows);
+        if let Some(recorder) = &self.recorder {
+            recorder.resize(cols, rows);
+        }
         let control = serde_json::to_vec(&PtyControl::Resize { cols, rows })
             .map_err(|error| NodeError::Internal(error.into()))?;
         write_frame(&mut *self.control.lock().await, FrameKind::Json, &control).await?;
@@ -113,6 +127,8 @@ pub struct Opened {
     pub cols: u16,
     pub rows: u16,
     pub idle_timeout: Option<Duration>,
+    /// The recording to write (its id, whether input is recorded) and where it goes.
+    pub recording: Option<(uuid::Uuid, bool, Arc<RecordingSink>)>,
 }
 
 impl Terminal {
@@ -121,6 +137,18 @@ impl Terminal {
         let (stream, _) = agent.pty_attach(opened.session, 0).await?;
         let (mut reader, writer) = stream.into_split();
         let (ended, _) = tokio::sync::watch::channel(false);
+        let exit = Arc::new(Mutex::new(None));
+        let recorder = opened.recording.map(|(id, with_input, sink)| {
+            let exit = Arc::clone(&exit);
+            Recorder::start(
+                id,
+                (opened.cols, opened.rows),
+                with_input,
+                sink,
+                ended.subscribe(),
+                move || locked(&exit).map(|exit: ExitInfo| exit.code),
+            )
+        });
         let terminal = Arc::new(Terminal {
             session: opened.session,
             pid: opened.pid,
@@ -129,11 +157,12 @@ impl Terminal {
             size: Mutex::new((opened.cols, opened.rows)),
             control: tokio::sync::Mutex::new(writer),
             output_bytes: AtomicU64::new(0),
-            exit: Mutex::new(None),
+            exit,
             ended,
             attached: AtomicUsize::new(0),
             last_active: Mutex::new(Instant::now()),
             idle_timeout: opened.idle_timeout.unwrap_or(DEFAULT_IDLE_TIMEOUT),
+            recorder,
         });
         let following = Arc::clone(&terminal);
         tokio::spawn(async move {
@@ -143,6 +172,9 @@ impl Terminal {
                         following
                             .output_bytes
                             .fetch_add(payload.len() as u64, Ordering::Relaxed);
+                        if let Some(recorder) = &following.recorder {
+                            recorder.output(&payload);
+                        }
                     }
                     FrameKind::Json => {
                         if let Ok(Reply::Exit(exit)) = serde_json::from_slice(&payload) {

@@ -12,6 +12,7 @@ use sandbase_api::terminals::OpenTerminalRequest;
 
 use crate::error::NodeError;
 use crate::exec::Hosted;
+use crate::recording::RecordingSink;
 use crate::terminal::{MAX_TERMINALS, Opened, Terminal};
 
 /// How long a hung-up session may take to end before it is killed.
@@ -22,6 +23,7 @@ impl Hosted {
     pub async fn open_terminal(
         self: &Arc<Self>,
         request: &OpenTerminalRequest,
+        recordings: Option<Arc<RecordingSink>>,
     ) -> Result<Arc<Terminal>, NodeError> {
         if request.cols == 0 || request.rows == 0 || request.cols > 1000 || request.rows > 1000 {
             return Err(NodeError::Invalid(
@@ -65,6 +67,10 @@ impl Hosted {
             cols: request.cols,
             rows: request.rows,
             idle_timeout: request.idle_timeout_secs.map(Duration::from_secs),
+            recording: request
+                .recording
+                .zip(recordings)
+                .map(|(id, sink)| (id, request.record_input, sink)),
         };
         let terminal = match Terminal::start(&self.agent, opened).await {
             Ok(terminal) => terminal,

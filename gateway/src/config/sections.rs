@@ -214,6 +214,8 @@ pub struct SandboxSettings {
     pub max_per_team: u32,
     /// Snapshots are deleted this long after they were taken (metered as storage meanwhile).
     pub snapshot_retention_secs: u64,
+    /// Terminal recordings are deleted this long after their session began.
+    pub recording_retention_secs: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -417,6 +419,7 @@ impl Default for SandboxSettings {
             upload_limit_bytes: 1024 * 1024 * 1024,
             max_per_team: 20,
             snapshot_retention_secs: 7 * 24 * 3600,
+            recording_retention_secs: 30 * 24 * 3600,
         }
     }
 }

@@ -69,6 +69,11 @@ impl ArtifactStore {
         StorePath::from(format!("snapshots/{team}/{snapshot}/{part}.tar"))
     }
 
+    /// Where chunk `chunk` of a terminal recording is kept.
+    pub fn recording(&self, team: Uuid, recording: Uuid, chunk: u32) -> StorePath {
+        StorePath::from(format!("recordings/{team}/{recording}/{chunk:08}.cast"))
+    }
+
     /// Stores a worker's streamed answer as it arrives (the object appears only once
     /// complete); returns its size.
     pub async fn put_stream(

@@ -82,6 +82,9 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/sandboxes/{id}/pty/{sid}/output"),
     ("POST", "/v1/sandboxes/{id}/pty/{sid}/ticket"),
     ("GET", "/v1/sandboxes/{id}/pty/{sid}/attach"),
+    ("GET", "/v1/sandboxes/{id}/pty/{sid}/recording"),
+    ("GET", "/v1/recordings"),
+    ("GET", "/v1/recordings/{id}"),
 ];
 
 #[tokio::test]

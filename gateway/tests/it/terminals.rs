@@ -237,6 +237,23 @@ async fn terminal_under(isolation: Isolation) {
         Client::attach(&app, &session, None, "").await.err(),
         Some(401)
     );
+    // A ticket opens only the session it was issued for.
+    let other = open(&sandbox).await;
+    let ticket = app
+        .post(&format!("{session}/ticket"), token, json!({}))
+        .await;
+    let ticket = ticket.body["ticket"].as_str().unwrap().to_owned();
+    let elsewhere = Client::attach(&app, &other, None, &format!("ticket={ticket}")).await;
+    assert_eq!(elsewhere.err(), Some(401));
+    // The terminal's master is the agent's: the sandbox's user cannot reach its descriptors.
+    if isolation == Isolation::Runc {
+        let peek = sandbox.sh("ls /proc/1/fd 2>&1; echo status=$?").await;
+        let peeked = peek["stdout"].as_str().unwrap();
+        assert!(
+            peeked.contains("Permission denied") && !peeked.contains("status=0"),
+            "{peeked}"
+        );
+    }
     // Another team's key sees no such sandbox.
     let foreign = Client::attach(&app, &session, Some(&bob.api_key.token), "").await;
     assert_eq!(foreign.err(), Some(404));
@@ -247,8 +264,96 @@ async fn terminal_under(isolation: Isolation) {
     assert_eq!(browser.exit, Some(3));
     let ended = app.get(&session, token).await;
     assert_eq!(ended.body["exit_code"], 3, "{}", ended.body);
-    assert_eq!(sandbox.delete("").await.status.as_u16(), 204);
+    check_recording(
+        &app,
+        &sandbox,
+        &session,
+        &browser.text(),
+        &bob.api_key.token,
+    )
+    .await;
     worker.clean_up().await;
+}
+
+/// The session's recording: asciicast v2 with its output (ending with what the last client
+/// saw), the resize and the input; its open and close in the audit log carry its id; it is
+/// readable after the sandbox is gone, by its team only.
+async fn check_recording(
+    app: &TestApp,
+    sandbox: &TestSandbox<'_>,
+    session: &str,
+    seen: &str,
+    other: &str,
+) {
+    let token = sandbox.token.as_str();
+    let list = format!("/v1/recordings?sandbox={}", sandbox.id);
+    let number: u64 = session.rsplit('/').next().unwrap().parse().unwrap();
+    let of_session = |listed: &Value| {
+        listed["recordings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|recording| recording["session_id"] == number)
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    crate::testbed::wait_until("the recording's end", Duration::from_secs(20), || async {
+        of_session(&app.get(&list, token).await.body)["exit_code"] == 3
+    })
+    .await;
+    let listed = app.get(&list, token).await.body;
+    let recording = of_session(&listed)["id"].as_str().unwrap().to_owned();
+    let answer = app
+        .http
+        .get(format!("{}{session}/recording", app.address))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.headers()["content-type"], "application/x-asciicast");
+    let cast = answer.text().await.unwrap();
+    let mut lines = cast.lines();
+    let header: Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    assert_eq!(
+        (header["version"].as_i64(), header["width"].as_i64()),
+        (Some(2), Some(80))
+    );
+    let (mut output, mut input, mut resizes, mut last) =
+        (String::new(), String::new(), Vec::new(), 0.0);
+    for line in lines {
+        let event: Value = serde_json::from_str(line).unwrap();
+        let at = event[0].as_f64().unwrap();
+        assert!(at >= last, "events out of order: {line}");
+        last = at;
+        let text = event[2].as_str().unwrap();
+        match event[1].as_str().unwrap() {
+            "o" => output.push_str(text),
+            "i" => input.push_str(text),
+            "r" => resizes.push(text.to_owned()),
+            other => panic!("event {other}"),
+        }
+    }
+    assert!(
+        output.contains("IS-A-TTY") && output.ends_with(seen),
+        "{}",
+        &output[output.len().saturating_sub(200)..]
+    );
+    assert!(input.contains("exit 3\n"), "{input}");
+    assert!(resizes.contains(&"120x40".to_owned()), "{resizes:?}");
+    for action in ["sandbox.session.open", "sandbox.session.close"] {
+        let rows = app
+            .count(&format!(
+                "SELECT count(*) FROM audit_events WHERE action = '{action}'                  AND details->>'recording' = '{recording}'"
+            ))
+            .await;
+        assert_eq!(rows, 1, "{action}");
+    }
+    // After the sandbox, for its team only.
+    assert_eq!(sandbox.delete("").await.status.as_u16(), 204);
+    let kept = app.get(&format!("/v1/recordings/{recording}"), token).await;
+    assert_eq!(kept.status.as_u16(), 200);
+    let foreign = app.get(&format!("/v1/recordings/{recording}"), other).await;
+    assert_eq!(foreign.status.as_u16(), 404);
 }
 
 #[tokio::test(flavor = "multi_thread")]

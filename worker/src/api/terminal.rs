@@ -21,7 +21,9 @@ pub(super) async fn open(
     Json(request): Json<OpenTerminalRequest>,
 ) -> Result<(StatusCode, Json<Terminal>), NodeError> {
     let hosted = state.node.active(id).await?;
-    let terminal = hosted.open_terminal(&request).await?;
+    let terminal = hosted
+        .open_terminal(&request, state.node.recording_sink())
+        .await?;
     Ok((StatusCode::CREATED, Json(terminal.describe())))
 }
 

@@ -10,6 +10,7 @@ mod egress;
 pub mod health;
 mod me;
 mod members;
+mod recordings;
 mod runs;
 mod sandbox_pause;
 mod sandboxes;
@@ -82,6 +83,7 @@ pub fn api_router(
         .merge(sandbox_pause::router())
         .merge(snapshots::router())
         .merge(terminals::router())
+        .merge(recordings::router())
         .merge(templates::router())
         .merge(billing::router())
         .merge(usage::router())

@@ -23,7 +23,9 @@ use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery, TerminalCaller};
 use crate::http::worker_answer::worker_answer;
+use crate::sandboxes::Owner;
 use crate::sandboxes::forward::forward;
+use crate::sandboxes::recordings::{self, NewRecording};
 use crate::sandboxes::terminals::{self, TerminalEvent, TicketGrant};
 use crate::state::AppState;
 use crate::workers::client::SandboxCall;
@@ -63,29 +65,56 @@ async fn open_terminal(
 ) -> ApiResult<Response> {
     let audit = context.action("sandbox.session.open");
     principal.require(Role::Member)?;
-    let answer = forward(
+    // Every session is recorded: the row first, so the worker's chunks have a place.
+    let recording = recordings::create(
         &state,
-        principal.team_id,
-        id,
-        SandboxCall::OpenTerminal(request),
+        NewRecording {
+            owner: Owner::of(&principal),
+            sandbox_id: id,
+            command: request.cmd.as_deref().unwrap_or_default(),
+            with_input: request.record_input,
+        },
     )
     .await?;
-    let opened: Terminal = answer
-        .into_response()
-        .json()
-        .await
-        .map_err(|error| ApiError::Internal(error.into()))?;
+    let mut request = request;
+    request.recording = Some(recording);
+    let opened = match open_on_worker(&state, principal.team_id, id, request).await {
+        Ok(opened) => opened,
+        Err(error) => {
+            recordings::opened(&state, recording, None).await?;
+            return Err(error);
+        }
+    };
+    recordings::opened(&state, recording, Some(opened.session_id)).await?;
     let mut transaction = state.db.begin().await?;
     audit
         .record(
             &mut transaction,
             &principal,
             Some(format!("sandbox:{id}")),
-            serde_json::json!({ "session": opened.session_id, "command": opened.command }),
+            serde_json::json!({
+                "session": opened.session_id,
+                "command": opened.command,
+                "recording": recording,
+            }),
         )
         .await?;
     transaction.commit().await?;
     Ok((StatusCode::CREATED, axum::Json(opened)).into_response())
+}
+
+async fn open_on_worker(
+    state: &AppState,
+    team: Uuid,
+    id: Uuid,
+    request: OpenTerminalRequest,
+) -> ApiResult<Terminal> {
+    let answer = forward(state, team, id, SandboxCall::OpenTerminal(request)).await?;
+    answer
+        .into_response()
+        .json()
+        .await
+        .map_err(|error| ApiError::Internal(error.into()))
 }
 
 /// The sandbox's terminal sessions.
@@ -117,7 +146,8 @@ async fn get_terminal(
 }
 
 /// Close a terminal session: its process group is hung up, then killed if it is still
-/// there two seconds later.
+/// there two seconds later (audited as `sandbox.session.kill`; its end, as for every
+/// session, as `sandbox.session.close` with the recording).
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}/pty/{sid}", tag = "sandboxes", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "Sandbox id"), ("sid" = u32, Path, description = "Session id")),
     responses((status = 204, description = "Closed"), (status = 404, description = "No such session (`terminal_not_found`)", body = ErrorBody)))]
@@ -127,7 +157,7 @@ async fn close_terminal(
     context: RequestContext,
     ApiPath((id, session)): ApiPath<(Uuid, u32)>,
 ) -> ApiResult<StatusCode> {
-    let audit = context.action("sandbox.session.close");
+    let audit = context.action("sandbox.session.kill");
     principal.require(Role::Member)?;
     let call = SandboxCall::CloseTerminal { session };
     forward(&state, principal.team_id, id, call).await?;

@@ -1,6 +1,7 @@
 //! The internal routes workers and the operator's tools call, authenticated by the node
 //! token ([`super::node_token::NodeToken`]); outside the public API and its document.
 
+mod recordings;
 mod templates;
 mod usage;
 mod workers;
@@ -28,4 +29,11 @@ pub fn router() -> Router<AppState> {
             put(templates::import).delete(templates::remove),
         )
         .route(&paths::template_pull("{name}"), post(templates::pull))
+        .route(
+            &paths::recording("{id}", "{chunk}"),
+            put(recordings::chunk).layer(DefaultBodyLimit::max(
+                crate::sandboxes::recordings::MAX_CHUNK,
+            )),
+        )
+        .route(&paths::recording("{id}", ""), post(recordings::end))
 }

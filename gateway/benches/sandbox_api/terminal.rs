@@ -1,0 +1,200 @@
+//! Terminal sessions through the gateway's WebSocket, against the agent's own attachment to
+//! the same session (the worker's Unix socket to the sandbox): keystroke echo, output
+//! throughput, and re-attaching with 1 MiB to replay.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+use super::{Api, Samples};
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+pub struct TerminalSamples {
+    echo: Samples,
+    echo_direct: Samples,
+    /// (MB/s through the gateway, MB/s from the agent directly).
+    throughput: (f64, f64),
+    replay: Samples,
+    replay_direct: Samples,
+}
+
+/// The program a session runs: raw mode (bytes pass as they are), then `script`.
+fn raw(script: &str) -> Value {
+    json!({ "cmd": ["sh", "-c", format!("stty raw -echo; {script}")] })
+}
+
+async fn open(api: &Api, id: &str, body: Value) -> u32 {
+    let (status, opened) = api.post(&format!("/v1/sandboxes/{id}/pty"), body).await;
+    assert_eq!(status, 201, "{opened}");
+    opened["session_id"].as_u64().expect("session") as u32
+}
+
+async fn websocket(api: &Api, id: &str, session: u32, since: u64) -> Socket {
+    let url = format!(
+        "{}/v1/sandboxes/{id}/pty/{session}/attach?since={since}",
+        api.url.replace("http://", "ws://")
+    );
+    let mut request = url.into_client_request().expect("request");
+    request.headers_mut().insert(
+        "authorization",
+        format!("Bearer {}", api.token).parse().expect("header"),
+    );
+    let (socket, _) = tokio_tungstenite::connect_async(request)
+        .await
+        .expect("attach");
+    socket
+}
+
+/// Bytes of binary messages until `count` arrived (control messages skipped).
+async fn receive(socket: &mut Socket, count: usize) {
+    let mut got = 0;
+    while got < count {
+        match socket.next().await {
+            Some(Ok(Message::Binary(bytes))) => got += bytes.len(),
+            Some(Ok(_)) => {}
+            other => panic!("the terminal ended: {other:?}"),
+        }
+    }
+}
+
+/// The agent's own attachment: (connection, offset).
+async fn direct(agent: &Path, session: u32, since: u64) -> tokio::net::UnixStream {
+    let mut stream = tokio::net::UnixStream::connect(agent).await.expect("agent");
+    let request =
+        serde_json::to_vec(&json!({ "op": "pty_attach", "session": session, "since": since }))
+            .expect("json");
+    write_frame(&mut stream, 1, &request).await;
+    let (kind, _) = read_frame(&mut stream).await;
+    assert_eq!(kind, 1);
+    stream
+}
+
+async fn write_frame(stream: &mut tokio::net::UnixStream, kind: u8, payload: &[u8]) {
+    let mut frame = vec![kind];
+    frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    frame.extend_from_slice(payload);
+    stream.write_all(&frame).await.expect("write");
+}
+
+async fn read_frame(stream: &mut tokio::net::UnixStream) -> (u8, Vec<u8>) {
+    let mut header = [0u8; 5];
+    stream.read_exact(&mut header).await.expect("frame");
+    let length = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+    let mut payload = vec![0; length];
+    stream.read_exact(&mut payload).await.expect("payload");
+    (header[0], payload)
+}
+
+async fn receive_direct(stream: &mut tokio::net::UnixStream, count: usize) {
+    let mut got = 0;
+    while got < count {
+        let (kind, payload) = read_frame(stream).await;
+        assert!(kind == 4 || kind == 1, "the terminal ended");
+        if kind == 4 {
+            got += payload.len();
+        }
+    }
+}
+
+pub async fn terminal_samples(api: &Api, id: &str, agent: &Path, keys: usize) -> TerminalSamples {
+    // Keystroke echo: `cat` in raw mode sends each byte back.
+    let session = open(api, id, raw("exec cat")).await;
+    let mut socket = websocket(api, id, session, u64::MAX).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut echo = Samples(Vec::new());
+    for _ in 0..keys {
+        let started = Instant::now();
+        socket
+            .send(Message::Binary(b"x".to_vec().into()))
+            .await
+            .expect("send");
+        receive(&mut socket, 1).await;
+        echo.0.push(started.elapsed());
+    }
+    let mut stream = direct(agent, session, u64::MAX).await;
+    let mut echo_direct = Samples(Vec::new());
+    for _ in 0..keys {
+        let started = Instant::now();
+        write_frame(&mut stream, 4, b"x").await;
+        // Both attachments see the echo; read this one's.
+        receive_direct(&mut stream, 1).await;
+        echo_direct.0.push(started.elapsed());
+        receive(&mut socket, 1).await;
+    }
+    drop((socket, stream));
+
+    // Throughput: 64 MiB once a key is pressed.
+    let size = 64 * 1024 * 1024;
+    let script = format!("while :; do head -c 1 >/dev/null; head -c {size} /dev/zero; done");
+    let session = open(api, id, raw(&script)).await;
+    let mut socket = websocket(api, id, session, u64::MAX).await;
+    let started = Instant::now();
+    socket
+        .send(Message::Binary(b"k".to_vec().into()))
+        .await
+        .expect("send");
+    receive(&mut socket, size).await;
+    let through_gateway = size as f64 / 1e6 / started.elapsed().as_secs_f64();
+    drop(socket);
+    let mut stream = direct(agent, session, u64::MAX).await;
+    let started = Instant::now();
+    write_frame(&mut stream, 4, b"k").await;
+    receive_direct(&mut stream, size).await;
+    let from_agent = size as f64 / 1e6 / started.elapsed().as_secs_f64();
+    drop(stream);
+
+    // Re-attach with 1 MiB kept: all of it replayed.
+    let mib = 1024 * 1024;
+    let (mut replay, mut replay_direct) = (Samples(Vec::new()), Samples(Vec::new()));
+    for _ in 0..10 {
+        let started = Instant::now();
+        let mut socket = websocket(api, id, session, 0).await;
+        receive(&mut socket, mib).await;
+        replay.0.push(started.elapsed());
+        let started = Instant::now();
+        let mut stream = direct(agent, session, 0).await;
+        receive_direct(&mut stream, mib).await;
+        replay_direct.0.push(started.elapsed());
+    }
+    TerminalSamples {
+        echo,
+        echo_direct,
+        throughput: (through_gateway, from_agent),
+        replay,
+        replay_direct,
+    }
+}
+
+impl TerminalSamples {
+    pub fn print(mut self) {
+        println!(
+            "| keystroke echo over the WebSocket | {:.2} | {:.2} | the agent's own attachment | {:.2} | {:.2} | {:.1} |",
+            self.echo.ms(0.5),
+            self.echo.ms(0.99),
+            self.echo_direct.ms(0.5),
+            self.echo_direct.ms(0.99),
+            self.echo.ms(0.5) / self.echo_direct.ms(0.5)
+        );
+        println!(
+            "| re-attach, 1 MiB replayed | {:.1} | {:.1} | the agent's own attachment | {:.1} | {:.1} | {:.1} |",
+            self.replay.ms(0.5),
+            self.replay.ms(0.99),
+            self.replay_direct.ms(0.5),
+            self.replay_direct.ms(0.99),
+            self.replay.ms(0.5) / self.replay_direct.ms(0.5)
+        );
+        println!(
+            "\nterminal output: {:.0} MB/s over the WebSocket, {:.0} MB/s from the agent directly ({:.2})",
+            self.throughput.0,
+            self.throughput.1,
+            self.throughput.0 / self.throughput.1
+        );
+    }
+}

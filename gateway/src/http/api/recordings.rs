@@ -1,0 +1,87 @@
+//! Recordings of terminal sessions: listed, and read as asciicast v2 (also after the
+//! sandbox is gone, until they expire).
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use sandbase_api::ErrorBody;
+use sandbase_api::terminals::RecordingList;
+use serde::Deserialize;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use crate::auth::Principal;
+use crate::error::ApiResult;
+use crate::http::extract::{ApiPath, ApiQuery};
+use crate::sandboxes::recordings::{self, RecordingRow};
+use crate::state::AppState;
+
+const MAX_LIST: i64 = 500;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(session_recording))
+        .routes(routes!(list_recordings))
+        .routes(routes!(get_recording))
+}
+
+fn cast(state: &AppState, row: &RecordingRow) -> Response {
+    let mut response = Body::from_stream(recordings::content(state, row)).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-asciicast"),
+    );
+    response
+}
+
+/// A terminal session's recording so far (asciicast v2: output, resizes, and input unless
+/// the session opted out).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/pty/{sid}/recording", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Sandbox id"), ("sid" = u32, Path, description = "Session id")),
+    responses((status = 200, description = "The recording", content_type = "application/x-asciicast"), (status = 404, description = "No such recording", body = ErrorBody)))]
+async fn session_recording(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath((id, session)): ApiPath<(Uuid, u32)>,
+) -> ApiResult<Response> {
+    let row = recordings::of_session(&state, principal.team_id, id, session).await?;
+    Ok(cast(&state, &row))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+struct ListQuery {
+    /// Only this sandbox's.
+    sandbox: Option<Uuid>,
+}
+
+/// The team's recordings, newest first.
+#[utoipa::path(get, path = "/v1/recordings", tag = "sandboxes", security(("bearer" = [])),
+    params(ListQuery),
+    responses((status = 200, description = "OK", body = RecordingList)))]
+async fn list_recordings(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiQuery(query): ApiQuery<ListQuery>,
+) -> ApiResult<axum::Json<RecordingList>> {
+    let rows = recordings::list(&state, principal.team_id, query.sandbox, MAX_LIST).await?;
+    Ok(axum::Json(RecordingList {
+        recordings: rows.iter().map(RecordingRow::to_api).collect(),
+    }))
+}
+
+/// One recording, as asciicast v2 (play it with `sandbase replay ID` or `asciinema play`).
+#[utoipa::path(get, path = "/v1/recordings/{id}", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Recording id")),
+    responses((status = 200, description = "The recording", content_type = "application/x-asciicast"), (status = 404, description = "Not in the caller's team", body = ErrorBody)))]
+async fn get_recording(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<Response> {
+    let row = recordings::find(&state, principal.team_id, id).await?;
+    Ok(cast(&state, &row))
+}

@@ -1,0 +1,285 @@
+//! Recordings of terminal sessions: a row made before the session opens (so the worker's
+//! chunks have somewhere to go), the chunks the worker sends kept in the artifact store in
+//! order, the end it reports (with the session's close in the audit log, carrying the
+//! recording's id), and reading them back as one asciicast v2 document — also after the
+//! sandbox is gone, until `sandboxes.recording_retention_secs`.
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use futures_util::{Stream, StreamExt};
+use sandbase_api::internal::RecordingEnd;
+use sandbase_api::terminals::Recording;
+use uuid::Uuid;
+
+use super::row::Owner;
+use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
+
+/// Largest chunk a worker may send.
+pub const MAX_CHUNK: usize = 4 * 1024 * 1024;
+/// Most chunks of one recording (a few GiB at most).
+const MAX_CHUNKS: u32 = 100_000;
+const EXPIRE_BATCH: i64 = 100;
+
+const COLUMNS: &str = "id, team_id, sandbox_id, session, api_key_id, user_id, command, \
+    with_input, started_at, ended_at, duration_ms, bytes, chunks, exit_code, expires_at";
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct RecordingRow {
+    pub id: Uuid,
+    pub team_id: Uuid,
+    pub sandbox_id: Uuid,
+    pub session: Option<i32>,
+    pub api_key_id: Option<Uuid>,
+    pub user_id: Option<Uuid>,
+    pub command: sqlx::types::Json<Vec<String>>,
+    pub with_input: bool,
+    pub started_at: DateTime<Utc>,
+    pub ended_at: Option<DateTime<Utc>>,
+    pub duration_ms: Option<i64>,
+    pub bytes: i64,
+    pub chunks: i32,
+    pub exit_code: Option<i32>,
+    pub expires_at: DateTime<Utc>,
+}
+
+impl RecordingRow {
+    pub fn to_api(&self) -> Recording {
+        Recording {
+            id: self.id,
+            sandbox_id: self.sandbox_id,
+            session_id: self.session.map(|session| session as u32),
+            command: self.command.0.clone(),
+            with_input: self.with_input,
+            started_at: self.started_at,
+            ended_at: self.ended_at,
+            duration_ms: self.duration_ms,
+            bytes: self.bytes,
+            exit_code: self.exit_code,
+            expires_at: self.expires_at,
+        }
+    }
+}
+
+/// What a recording is of.
+pub struct NewRecording<'a> {
+    pub owner: Owner,
+    pub sandbox_id: Uuid,
+    pub command: &'a [String],
+    pub with_input: bool,
+}
+
+/// The row of a session about to open.
+pub async fn create(state: &AppState, new: NewRecording<'_>) -> ApiResult<Uuid> {
+    let id = Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO recordings (id, team_id, sandbox_id, api_key_id, user_id, command, with_input, \
+           expires_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, now() + make_interval(secs => $8))",
+    )
+    .bind(id)
+    .bind(new.owner.team_id)
+    .bind(new.sandbox_id)
+    .bind(new.owner.api_key_id)
+    .bind(new.owner.user_id)
+    .bind(sqlx::types::Json(new.command))
+    .bind(new.with_input)
+    .bind(state.settings.sandboxes.recording_retention_secs as f64)
+    .execute(&state.db)
+    .await?;
+    Ok(id)
+}
+
+/// The session it records opened with this number (or never did: the row goes).
+pub async fn opened(state: &AppState, id: Uuid, session: Option<u32>) -> ApiResult<()> {
+    let query = match session {
+        Some(session) => sqlx::query("UPDATE recordings SET session = $2 WHERE id = $1")
+            .bind(id)
+            .bind(session as i32),
+        None => sqlx::query("DELETE FROM recordings WHERE id = $1").bind(id),
+    };
+    query.execute(&state.db).await?;
+    Ok(())
+}
+
+/// The recording a worker writes: only one of a sandbox it hosts.
+async fn of_worker(state: &AppState, worker: &str, id: Uuid) -> ApiResult<RecordingRow> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM recordings r WHERE id = $1 AND EXISTS ( \
+             SELECT 1 FROM sandboxes s WHERE s.id = r.sandbox_id AND s.worker_id = $2)"
+    ))
+    .bind(id)
+    .bind(worker)
+    .fetch_optional(&state.db)
+    .await?
+    .ok_or(ApiError::NotFound("recording"))
+}
+
+/// Keeps chunk `chunk` of a recording a worker sends (a resend replaces it).
+pub async fn put_chunk(
+    state: &AppState,
+    worker: &str,
+    id: Uuid,
+    chunk: u32,
+    bytes: Bytes,
+) -> ApiResult<()> {
+    if chunk >= MAX_CHUNKS {
+        return Err(ApiError::InvalidRequest(format!(
+            "a recording has at most {MAX_CHUNKS} chunks"
+        )));
+    }
+    let row = of_worker(state, worker, id).await?;
+    let size = bytes.len() as i64;
+    state
+        .artifacts
+        .put(
+            &state.artifacts.recording(row.team_id, id, chunk),
+            bytes.to_vec(),
+        )
+        .await?;
+    sqlx::query(
+        "UPDATE recordings SET chunks = greatest(chunks, $2), bytes = bytes + $3 WHERE id = $1",
+    )
+    .bind(id)
+    .bind(chunk as i32 + 1)
+    .bind(size)
+    .execute(&state.db)
+    .await?;
+    Ok(())
+}
+
+/// The session ended: its duration and exit code, and the close in the audit log (by the
+/// key or person who opened it, with the recording's id).
+pub async fn end(state: &AppState, worker: &str, id: Uuid, end: RecordingEnd) -> ApiResult<()> {
+    let row = of_worker(state, worker, id).await?;
+    let mut transaction = state.db.begin().await?;
+    let updated = sqlx::query(
+        "UPDATE recordings SET ended_at = now(), duration_ms = $2, exit_code = $3 \
+         WHERE id = $1 AND ended_at IS NULL",
+    )
+    .bind(id)
+    .bind(i64::try_from(end.duration_ms).unwrap_or(i64::MAX))
+    .bind(end.exit_code)
+    .execute(&mut *transaction)
+    .await?;
+    if updated.rows_affected() == 1 {
+        let (actor_type, actor_id) = match (row.api_key_id, row.user_id) {
+            (Some(key), _) => ("api_key", Some(key.to_string())),
+            (None, Some(user)) => ("user", Some(user.to_string())),
+            (None, None) => ("system", None),
+        };
+        crate::audit::insert(
+            &mut transaction,
+            &crate::audit::Entry {
+                team_id: Some(row.team_id),
+                actor_type,
+                actor_id,
+                action: "sandbox.session.close".to_owned(),
+                target: Some(format!("sandbox:{}", row.sandbox_id)),
+                outcome: "success",
+                status_code: None,
+                details: serde_json::json!({
+                    "session": row.session,
+                    "recording": id,
+                    "exit_code": end.exit_code,
+                    "duration_ms": end.duration_ms,
+                }),
+            },
+            None,
+            None,
+        )
+        .await?;
+    }
+    transaction.commit().await?;
+    Ok(())
+}
+
+/// One recording of a team.
+pub async fn find(state: &AppState, team_id: Uuid, id: Uuid) -> ApiResult<RecordingRow> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM recordings WHERE id = $1 AND team_id = $2 AND session IS NOT NULL"
+    ))
+    .bind(id)
+    .bind(team_id)
+    .fetch_optional(&state.db)
+    .await?
+    .ok_or(ApiError::NotFound("recording"))
+}
+
+/// The recording of a team's terminal session.
+pub async fn of_session(
+    state: &AppState,
+    team_id: Uuid,
+    sandbox: Uuid,
+    session: u32,
+) -> ApiResult<RecordingRow> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM recordings WHERE team_id = $1 AND sandbox_id = $2 AND session = $3"
+    ))
+    .bind(team_id)
+    .bind(sandbox)
+    .bind(session as i32)
+    .fetch_optional(&state.db)
+    .await?
+    .ok_or(ApiError::NotFound("recording"))
+}
+
+/// A team's recordings (of one sandbox), newest first.
+pub async fn list(
+    state: &AppState,
+    team_id: Uuid,
+    sandbox: Option<Uuid>,
+    limit: i64,
+) -> ApiResult<Vec<RecordingRow>> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM recordings WHERE team_id = $1 AND session IS NOT NULL \
+           AND ($2::uuid IS NULL OR sandbox_id = $2) \
+         ORDER BY started_at DESC, id DESC LIMIT $3"
+    ))
+    .bind(team_id)
+    .bind(sandbox)
+    .bind(limit)
+    .fetch_all(&state.db)
+    .await?)
+}
+
+/// The recording as one asciicast v2 document: its chunks in order, as they are read.
+pub fn content(
+    state: &AppState,
+    row: &RecordingRow,
+) -> impl Stream<Item = Result<Bytes, std::io::Error>> + use<> {
+    let state = state.clone();
+    let (team, id, chunks) = (row.team_id, row.id, row.chunks.max(0) as u32);
+    futures_util::stream::iter(0..chunks).then(move |chunk| {
+        let state = state.clone();
+        async move {
+            let key = state.artifacts.recording(team, id, chunk);
+            match state.artifacts.read(&key).await {
+                Ok(bytes) => Ok(Bytes::from(bytes.unwrap_or_default())),
+                Err(error) => Err(std::io::Error::other(format!("{error:#}"))),
+            }
+        }
+    })
+}
+
+/// Deletes recordings past their retention; returns how many went.
+pub async fn expire(state: &AppState) -> anyhow::Result<usize> {
+    let expired: Vec<(Uuid, Uuid, i32)> = sqlx::query_as(
+        "DELETE FROM recordings WHERE id IN ( \
+             SELECT id FROM recordings WHERE expires_at <= now() \
+             ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
+         RETURNING team_id, id, chunks",
+    )
+    .bind(EXPIRE_BATCH)
+    .fetch_all(&state.db)
+    .await?;
+    for (team, id, chunks) in &expired {
+        for chunk in 0..(*chunks).max(0) as u32 {
+            state
+                .artifacts
+                .delete(&state.artifacts.recording(*team, *id, chunk))
+                .await;
+        }
+    }
+    Ok(expired.len())
+}
