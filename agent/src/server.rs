@@ -28,6 +28,13 @@ use crate::reply::{reply, reply_error};
 /// pids too).
 const CONNECTION_THREADS: usize = 16;
 
+/// Stack of the agent's threads that only move bytes (standard input, terminals). Every
+/// thread's stack is memory of the sandbox (under gVisor, of the Sentry's budget too), and
+/// many of them may wait at once.
+pub(crate) const SMALL_STACK: usize = 128 * 1024;
+/// Stack of a connection thread (archives, JSON, commands).
+const CONNECTION_STACK: usize = 512 * 1024;
+
 /// Binds `socket` (mode 0600: only the agent's own user may connect) and serves forever.
 pub fn run(socket: &Path) -> io::Result<()> {
     let _ = fs::remove_file(socket);
@@ -35,6 +42,7 @@ pub fn run(socket: &Path) -> io::Result<()> {
     fs::set_permissions(socket, fs::Permissions::from_mode(0o600))?;
     thread::Builder::new()
         .name("reaper".to_owned())
+        .stack_size(SMALL_STACK)
         .spawn(reap_forever)?;
     let mut workers = Vec::new();
     for _ in 0..CONNECTION_THREADS {
@@ -42,6 +50,7 @@ pub fn run(socket: &Path) -> io::Result<()> {
         workers.push(
             thread::Builder::new()
                 .name("connection".to_owned())
+                .stack_size(CONNECTION_STACK)
                 .spawn(move || {
                     for connection in listener.incoming() {
                         match connection {

@@ -19,8 +19,9 @@ type Socket =
 pub struct TerminalSamples {
     echo: Samples,
     echo_direct: Samples,
-    /// (MB/s through the gateway, MB/s from the agent directly).
-    throughput: (f64, f64),
+    /// Through the gateway and from the agent directly: (MB/s delivered, bytes skipped
+    /// because the reader fell behind the kept output).
+    throughput: [(f64, u64); 2],
     replay: Samples,
     replay_direct: Samples,
 }
@@ -64,16 +65,24 @@ async fn receive(socket: &mut Socket, count: usize) {
     }
 }
 
-/// The agent's own attachment: (connection, offset).
-async fn direct(agent: &Path, session: u32, since: u64) -> tokio::net::UnixStream {
+/// The agent's own attachment (and the offset its output starts at).
+async fn direct_at(agent: &Path, session: u32, since: u64) -> (tokio::net::UnixStream, u64) {
     let mut stream = tokio::net::UnixStream::connect(agent).await.expect("agent");
     let request =
         serde_json::to_vec(&json!({ "op": "pty_attach", "session": session, "since": since }))
             .expect("json");
     write_frame(&mut stream, 1, &request).await;
-    let (kind, _) = read_frame(&mut stream).await;
+    let (kind, reply) = read_frame(&mut stream).await;
     assert_eq!(kind, 1);
-    stream
+    let reply: Value = serde_json::from_slice(&reply).expect("reply");
+    let offset = reply
+        .pointer("/pty_attached/offset")
+        .and_then(Value::as_u64);
+    (stream, offset.expect("attached"))
+}
+
+async fn direct(agent: &Path, session: u32, since: u64) -> tokio::net::UnixStream {
+    direct_at(agent, session, since).await.0
 }
 
 async fn write_frame(stream: &mut tokio::net::UnixStream, kind: u8, payload: &[u8]) {
@@ -90,6 +99,69 @@ async fn read_frame(stream: &mut tokio::net::UnixStream) -> (u8, Vec<u8>) {
     let mut payload = vec![0; length];
     stream.read_exact(&mut payload).await.expect("payload");
     (header[0], payload)
+}
+
+/// The end of a throughput run in the output.
+const MARK: &[u8] = b"END-OF-RUN";
+
+fn ends_run(tail: &mut Vec<u8>, bytes: &[u8]) -> bool {
+    tail.extend_from_slice(bytes);
+    let found = tail.windows(MARK.len()).any(|window| window == MARK);
+    let keep = tail.len().saturating_sub(MARK.len());
+    tail.drain(..keep);
+    found
+}
+
+/// Output until the run's mark: (bytes delivered, bytes skipped by lags).
+async fn run_through_socket(socket: &mut Socket, mut offset: u64) -> (u64, u64) {
+    let (mut delivered, mut skipped, mut tail) = (0, 0, Vec::new());
+    loop {
+        match socket.next().await {
+            Some(Ok(Message::Binary(bytes))) => {
+                delivered += bytes.len() as u64;
+                offset += bytes.len() as u64;
+                if ends_run(&mut tail, &bytes) {
+                    return (delivered, skipped);
+                }
+            }
+            Some(Ok(Message::Text(text))) => {
+                let control: Value = serde_json::from_str(&text).expect("control");
+                if let Some(to) = control["offset"]
+                    .as_u64()
+                    .filter(|_| control["type"] == "lag")
+                {
+                    skipped += to.saturating_sub(offset);
+                    offset = to;
+                }
+            }
+            Some(Ok(_)) => {}
+            other => panic!("the terminal ended: {other:?}"),
+        }
+    }
+}
+
+async fn run_through_agent(stream: &mut tokio::net::UnixStream, mut offset: u64) -> (u64, u64) {
+    let (mut delivered, mut skipped, mut tail) = (0, 0, Vec::new());
+    loop {
+        let (kind, payload) = read_frame(stream).await;
+        match kind {
+            4 => {
+                delivered += payload.len() as u64;
+                offset += payload.len() as u64;
+                if ends_run(&mut tail, &payload) {
+                    return (delivered, skipped);
+                }
+            }
+            1 => {
+                let reply: Value = serde_json::from_slice(&payload).expect("reply");
+                if let Some(to) = reply.pointer("/pty_lag/offset").and_then(Value::as_u64) {
+                    skipped += to.saturating_sub(offset);
+                    offset = to;
+                }
+            }
+            _ => panic!("the terminal ended"),
+        }
+    }
 }
 
 async fn receive_direct(stream: &mut tokio::net::UnixStream, count: usize) {
@@ -130,24 +202,35 @@ pub async fn terminal_samples(api: &Api, id: &str, agent: &Path, keys: usize) ->
     }
     drop((socket, stream));
 
-    // Throughput: 64 MiB once a key is pressed.
+    // Throughput: 64 MiB once a key is pressed, then a mark.
     let size = 64 * 1024 * 1024;
-    let script = format!("while :; do head -c 1 >/dev/null; head -c {size} /dev/zero; done");
+    let script = format!(
+        "while :; do head -c 1 >/dev/null; head -c {size} /dev/zero; printf END-OF-RUN; done"
+    );
     let session = open(api, id, raw(&script)).await;
     let mut socket = websocket(api, id, session, u64::MAX).await;
+    let attached = socket.next().await.expect("attached").expect("attached");
+    let attached: Value = serde_json::from_str(attached.to_text().expect("text")).expect("json");
     let started = Instant::now();
     socket
         .send(Message::Binary(b"k".to_vec().into()))
         .await
         .expect("send");
-    receive(&mut socket, size).await;
-    let through_gateway = size as f64 / 1e6 / started.elapsed().as_secs_f64();
+    let (delivered, skipped) =
+        run_through_socket(&mut socket, attached["offset"].as_u64().unwrap_or(0)).await;
+    let through_gateway = (
+        delivered as f64 / 1e6 / started.elapsed().as_secs_f64(),
+        skipped,
+    );
     drop(socket);
-    let mut stream = direct(agent, session, u64::MAX).await;
+    let (mut stream, offset) = direct_at(agent, session, u64::MAX).await;
     let started = Instant::now();
     write_frame(&mut stream, 4, b"k").await;
-    receive_direct(&mut stream, size).await;
-    let from_agent = size as f64 / 1e6 / started.elapsed().as_secs_f64();
+    let (delivered, skipped) = run_through_agent(&mut stream, offset).await;
+    let from_agent = (
+        delivered as f64 / 1e6 / started.elapsed().as_secs_f64(),
+        skipped,
+    );
     drop(stream);
 
     // Re-attach with 1 MiB kept: all of it replayed.
@@ -166,7 +249,7 @@ pub async fn terminal_samples(api: &Api, id: &str, agent: &Path, keys: usize) ->
     TerminalSamples {
         echo,
         echo_direct,
-        throughput: (through_gateway, from_agent),
+        throughput: [through_gateway, from_agent],
         replay,
         replay_direct,
     }
@@ -190,11 +273,15 @@ impl TerminalSamples {
             self.replay_direct.ms(0.99),
             self.replay.ms(0.5) / self.replay_direct.ms(0.5)
         );
+        let [gateway, agent] = self.throughput;
         println!(
-            "\nterminal output: {:.0} MB/s over the WebSocket, {:.0} MB/s from the agent directly ({:.2})",
-            self.throughput.0,
-            self.throughput.1,
-            self.throughput.0 / self.throughput.1
+            "\nterminal output (64 MiB, recorded): {:.0} MB/s over the WebSocket ({} bytes skipped), \
+             {:.0} MB/s from the agent directly ({} bytes skipped); ratio {:.2}",
+            gateway.0,
+            gateway.1,
+            agent.0,
+            agent.1,
+            gateway.0 / agent.0
         );
     }
 }
