@@ -199,7 +199,7 @@ fn feed_stdin(mut stdin: std::process::ChildStdin, reader: &UnixStream) -> io::R
     let mut input = reader.try_clone()?;
     thread::Builder::new()
         .name("stdin".to_owned())
-        .stack_size(crate::server::SMALL_STACK)
+        .stack_size(crate::threads::SMALL_STACK)
         .spawn(move || {
             while let Ok(Some(frame)) = read_frame(&mut input) {
                 if frame.kind != FrameKind::Data || stdin.write_all(&frame.payload).is_err() {

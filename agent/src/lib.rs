@@ -12,3 +12,4 @@ pub mod pty;
 mod reaper;
 mod reply;
 pub mod server;
+mod threads;

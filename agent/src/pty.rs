@@ -243,7 +243,7 @@ pub(crate) fn open(request: PtyRequest, writer: &Mutex<UnixStream>) -> io::Resul
     let reading = Arc::clone(&session);
     let started = thread::Builder::new()
         .name("pty".to_owned())
-        .stack_size(crate::server::SMALL_STACK)
+        .stack_size(crate::threads::SMALL_STACK)
         .spawn(move || read_terminal(&reading, &receiver));
     if let Err(error) = started {
         crate::exec::kill_group(pid);
@@ -361,11 +361,11 @@ pub(crate) fn attach(
         (Arc::clone(&session), Arc::clone(writer), Arc::clone(&left));
     thread::Builder::new()
         .name("pty-out".to_owned())
-        .stack_size(crate::server::SMALL_STACK)
+        .stack_size(crate::threads::SMALL_STACK)
         .spawn(move || pump(&pumping, offset, &pump_writer, &pump_left))?;
     thread::Builder::new()
         .name("pty-in".to_owned())
-        .stack_size(crate::server::SMALL_STACK)
+        .stack_size(crate::threads::SMALL_STACK)
         .spawn(move || {
             feed(&session, input);
             left.store(true, Ordering::SeqCst);

@@ -22,18 +22,12 @@ use crate::exec::exec;
 use crate::files::{Owners, list, mkdir, read_file, stat, tar_in, tar_out, write_file};
 use crate::reaper::{children, reap_forever};
 use crate::reply::{reply, reply_error};
+use crate::threads::{CONNECTION_STACK, SMALL_STACK};
 
 /// Connections served at once. The threads exist before any user process does: a sandbox
 /// that exhausts its pids limit cannot stop the agent from answering (threads count as
 /// pids too).
 const CONNECTION_THREADS: usize = 16;
-
-/// Stack of the agent's threads that only move bytes (standard input, terminals). Every
-/// thread's stack is memory of the sandbox (under gVisor, of the Sentry's budget too), and
-/// many of them may wait at once.
-pub(crate) const SMALL_STACK: usize = 128 * 1024;
-/// Stack of a connection thread (archives, JSON, commands).
-const CONNECTION_STACK: usize = 512 * 1024;
 
 /// Binds `socket` (mode 0600: only the agent's own user may connect) and serves forever.
 pub fn run(socket: &Path) -> io::Result<()> {

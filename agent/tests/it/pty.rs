@@ -58,7 +58,24 @@ impl Attached {
         write_json(&mut self.stream, &PtyControl::Resize { cols, rows }).unwrap();
     }
 
-    /// Reads until `needle` has appeared in the output (or the session ended).
+    /// Reads one frame into the output (or the exit); `false` once the session ended.
+    fn read_one(&mut self) -> bool {
+        match read_frame(&mut self.stream).unwrap() {
+            Some(frame) if frame.kind == FrameKind::Data => {
+                self.output.extend_from_slice(&frame.payload);
+                true
+            }
+            Some(frame) if frame.kind == FrameKind::Json => {
+                if let Ok(Reply::Exit(exit)) = serde_json::from_slice(&frame.payload) {
+                    self.exit = Some(exit);
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Reads until `needle` has appeared in the output.
     fn until(&mut self, needle: &str) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while !String::from_utf8_lossy(&self.output).contains(needle) {
@@ -67,42 +84,17 @@ impl Attached {
                 "no {needle:?} in {:?}",
                 self.text()
             );
-            match read_frame(&mut self.stream).unwrap() {
-                Some(frame) if frame.kind == FrameKind::Data => {
-                    self.output.extend_from_slice(&frame.payload)
-                }
-                Some(frame) if frame.kind == FrameKind::Json => {
-                    if let Ok(Reply::Exit(exit)) = serde_json::from_slice(&frame.payload) {
-                        self.exit = Some(exit);
-                    }
-                }
-                _ => {
-                    assert!(
-                        String::from_utf8_lossy(&self.output).contains(needle),
-                        "ended without {needle:?}: {:?}",
-                        self.text()
-                    );
-                    return;
-                }
-            }
+            assert!(
+                self.read_one(),
+                "ended without {needle:?}: {:?}",
+                self.text()
+            );
         }
     }
 
     /// Reads to the end of the session.
     fn until_end(&mut self) {
-        loop {
-            match read_frame(&mut self.stream).unwrap() {
-                Some(frame) if frame.kind == FrameKind::Data => {
-                    self.output.extend_from_slice(&frame.payload)
-                }
-                Some(frame) if frame.kind == FrameKind::Json => {
-                    if let Ok(Reply::Exit(exit)) = serde_json::from_slice(&frame.payload) {
-                        self.exit = Some(exit);
-                    }
-                }
-                _ => return,
-            }
-        }
+        while self.read_one() {}
     }
 
     fn text(&self) -> String {
