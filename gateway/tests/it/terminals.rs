@@ -22,6 +22,8 @@ type Socket =
 struct Client {
     socket: Socket,
     offset: u64,
+    /// The offset after the last byte received (lags skip ahead).
+    end: u64,
     output: Vec<u8>,
     exit: Option<i64>,
 }
@@ -54,9 +56,11 @@ impl Client {
         let first = socket.next().await.unwrap().unwrap();
         let attached: Value = serde_json::from_str(first.to_text().unwrap()).unwrap();
         assert_eq!(attached["type"], "attached", "{attached}");
+        let offset = attached["offset"].as_u64().unwrap();
         Ok(Client {
             socket,
-            offset: attached["offset"].as_u64().unwrap(),
+            offset,
+            end: offset,
             output: Vec::new(),
             exit: None,
         })
@@ -89,11 +93,15 @@ impl Client {
                         self.send("\x1b[1;1R").await;
                     }
                     self.output.extend_from_slice(&bytes);
+                    self.end += bytes.len() as u64;
                 }
                 Some(Ok(Message::Text(text))) => {
                     let control: Value = serde_json::from_str(&text).unwrap();
                     if control["type"] == "exit" {
                         self.exit = control["code"].as_i64();
+                    }
+                    if control["type"] == "lag" {
+                        self.end = control["offset"].as_u64().unwrap();
                     }
                 }
                 Some(Ok(_)) => {}
@@ -171,7 +179,7 @@ async fn terminal_under(isolation: Isolation) {
         .send("head -c 2000000 /dev/zero | tr '\\0' x; echo; echo BIG-$((1+1))-DONE\n")
         .await;
     assert!(client.until("BIG-2-DONE\r\n").await);
-    let seen = client.offset + client.output.len() as u64;
+    let seen = client.end;
     drop(client);
     let suffix = session.trim_start_matches(&sandbox.path("")).to_owned();
     let (status, _, _) = sandbox
@@ -424,6 +432,117 @@ async fn hostile_terminal_clients_leave_the_session_working() {
     // Closing ends the session; a new one can be opened.
     assert_eq!(app.delete(&session, token).await.status.as_u16(), 204);
     open(&sandbox).await;
+    assert_eq!(sandbox.delete("").await.status.as_u16(), 204);
+    worker.clean_up().await;
+}
+
+/// What an independent parser and a VT emulator make of a recording: `asciinema cat`
+/// prints exactly the recorded output, and the screen pyte draws from the recording equals
+/// the one it draws from the bytes a client saw live.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_recording_replays_to_the_screen_the_client_saw() {
+    let app = sandbox_app_isolated(Isolation::Runc).await;
+    let worker = TestWorker::start(worker_config(&app, "pty", 2, 0)).await;
+    let alice = app.signup("alice@example.com", "Alice").await;
+    let token = alice.api_key.token.as_str();
+    let sandbox = TestSandbox::create(&app, token, json!({})).await;
+    let session = open(&sandbox).await;
+    let mut client = Client::attach(&app, &session, Some(token), "since=0")
+        .await
+        .unwrap();
+    client.send("printf '\\033[2J\\033[Hfirst line\\033[5;10Hplaced\\n'; seq 1 40; echo é-DONE-$((2*3))\n").await;
+    assert!(client.until("é-DONE-6").await);
+    client
+        .control(json!({ "type": "resize", "cols": 60, "rows": 20 }))
+        .await;
+    client
+        .send("printf '\\033[3;3Hafter resize'; exit 0\n")
+        .await;
+    assert!(!client.until("\u{0}the end").await);
+    let listed = format!("/v1/recordings?sandbox={}", sandbox.id);
+    crate::testbed::wait_until("the recording's end", Duration::from_secs(20), || async {
+        app.get(&listed, token).await.body["recordings"][0]["exit_code"] == 0
+    })
+    .await;
+    let cast = app
+        .http
+        .get(format!("{}{session}/recording", app.address))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("sandbase-cast-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cast_path, live_path) = (dir.join("session.cast"), dir.join("live.bin"));
+    std::fs::write(&cast_path, &cast).unwrap();
+    std::fs::write(&live_path, &client.output).unwrap();
+    // Debian's asciinema loads it (through its own loader: `asciinema cat` itself needs a
+    // controlling terminal), and its output events are the recorded output, to the byte.
+    let loader = "import sys\nfrom asciinema import asciicast\n\
+        with asciicast.open_from_url(sys.argv[1]) as cast:\n\
+        \x20   sys.stdout.write(''.join(event[2] for event in cast.stdout_events()))\n";
+    let catted = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", loader])
+        .arg(&cast_path)
+        .output()
+        .expect("Debian's asciinema (scripts/setup --test installs it)");
+    assert!(
+        catted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&catted.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&catted.stdout), client.text());
+    // pyte: the replayed screen is the live one.
+    let python = std::env::var("SANDBASE_OPENAPI_VALIDATOR")
+        .map(|validator| validator.replace("openapi-spec-validator", "python"))
+        .unwrap_or_else(|_| ".venv/bin/python".to_owned());
+    let script = r#"
+import json, sys, pyte
+cast, live = sys.argv[1], sys.argv[2]
+lines = open(cast, encoding="utf-8").read().splitlines()
+header = json.loads(lines[0])
+def screen_of(events):
+    screen = pyte.Screen(header["width"], header["height"])
+    stream = pyte.Stream(screen)
+    for kind, text in events:
+        if kind == "r":
+            cols, rows = text.split("x")
+            screen.resize(int(rows), int(cols))
+        else:
+            stream.feed(text)
+    return "\n".join(screen.display)
+recorded = [(e[1], e[2]) for e in map(json.loads, lines[1:]) if e[1] in ("o", "r")]
+# The live bytes carry no resize: it is applied where the recording has it, by output
+# position.
+live_text = open(live, "rb").read().decode("utf-8", "replace")
+live, seen = [], 0
+for kind, text in recorded:
+    if kind == "r":
+        live.append(("r", text))
+    else:
+        live.append(("o", live_text[seen:seen + len(text)]))
+        seen += len(text)
+live.append(("o", live_text[seen:]))
+a, b = screen_of(recorded), screen_of(live)
+print(a)
+sys.exit(0 if a == b and "after resize" in a else 1)
+"#;
+    let replayed = std::process::Command::new(&python)
+        .args(["-c", script])
+        .arg(&cast_path)
+        .arg(&live_path)
+        .output()
+        .expect("the test venv's python with pyte");
+    assert!(
+        replayed.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&replayed.stdout),
+        String::from_utf8_lossy(&replayed.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(sandbox.delete("").await.status.as_u16(), 204);
     worker.clean_up().await;
 }
