@@ -436,6 +436,40 @@ async fn hostile_terminal_clients_leave_the_session_working() {
     worker.clean_up().await;
 }
 
+/// Draws a recording (`o` and `r` events) and the live bytes on pyte screens; exits 0 when
+/// they are equal and show the last command's text.
+const PYTE_REPLAY: &str = r#"
+import json, sys, pyte
+cast, live = sys.argv[1], sys.argv[2]
+lines = open(cast, encoding="utf-8").read().splitlines()
+header = json.loads(lines[0])
+def screen_of(events):
+    screen = pyte.Screen(header["width"], header["height"])
+    stream = pyte.Stream(screen)
+    for kind, text in events:
+        if kind == "r":
+            cols, rows = text.split("x")
+            screen.resize(int(rows), int(cols))
+        else:
+            stream.feed(text)
+    return "\n".join(screen.display)
+recorded = [(e[1], e[2]) for e in map(json.loads, lines[1:]) if e[1] in ("o", "r")]
+# The live bytes carry no resize: it is applied where the recording has it, by output
+# position.
+live_text = open(live, "rb").read().decode("utf-8", "replace")
+live, seen = [], 0
+for kind, text in recorded:
+    if kind == "r":
+        live.append(("r", text))
+    else:
+        live.append(("o", live_text[seen:seen + len(text)]))
+        seen += len(text)
+live.append(("o", live_text[seen:]))
+a, b = screen_of(recorded), screen_of(live)
+print(a)
+sys.exit(0 if a == b and "after resize" in a else 1)
+"#;
+
 /// What an independent parser and a VT emulator make of a recording: `asciinema cat`
 /// prints exactly the recorded output, and the screen pyte draws from the recording equals
 /// the one it draws from the bytes a client saw live.
@@ -499,39 +533,8 @@ async fn a_recording_replays_to_the_screen_the_client_saw() {
     let python = std::env::var("SANDBASE_OPENAPI_VALIDATOR")
         .map(|validator| validator.replace("openapi-spec-validator", "python"))
         .unwrap_or_else(|_| ".venv/bin/python".to_owned());
-    let script = r#"
-import json, sys, pyte
-cast, live = sys.argv[1], sys.argv[2]
-lines = open(cast, encoding="utf-8").read().splitlines()
-header = json.loads(lines[0])
-def screen_of(events):
-    screen = pyte.Screen(header["width"], header["height"])
-    stream = pyte.Stream(screen)
-    for kind, text in events:
-        if kind == "r":
-            cols, rows = text.split("x")
-            screen.resize(int(rows), int(cols))
-        else:
-            stream.feed(text)
-    return "\n".join(screen.display)
-recorded = [(e[1], e[2]) for e in map(json.loads, lines[1:]) if e[1] in ("o", "r")]
-# The live bytes carry no resize: it is applied where the recording has it, by output
-# position.
-live_text = open(live, "rb").read().decode("utf-8", "replace")
-live, seen = [], 0
-for kind, text in recorded:
-    if kind == "r":
-        live.append(("r", text))
-    else:
-        live.append(("o", live_text[seen:seen + len(text)]))
-        seen += len(text)
-live.append(("o", live_text[seen:]))
-a, b = screen_of(recorded), screen_of(live)
-print(a)
-sys.exit(0 if a == b and "after resize" in a else 1)
-"#;
     let replayed = std::process::Command::new(&python)
-        .args(["-c", script])
+        .args(["-c", PYTE_REPLAY])
         .arg(&cast_path)
         .arg(&live_path)
         .output()
