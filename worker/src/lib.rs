@@ -34,3 +34,4 @@ pub mod terminal_sessions;
 pub mod tls_listener;
 pub mod usage;
 pub mod utf8;
+pub mod volumes;

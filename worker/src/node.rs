@@ -16,6 +16,7 @@ use crate::exec::{Hosted, user};
 use crate::pool::WarmPool;
 use crate::runtime::{Runtime, Sandbox};
 use crate::spec::{Limits, WORK_DIR};
+pub use crate::volumes::{Volume, reserved_mount_path};
 
 /// What the node is configured with.
 #[derive(Debug, Clone)]
@@ -43,15 +44,6 @@ pub struct NodeConfig {
     /// How far CPU reservations may exceed `cpu_millis` (CPU is shared, not lost: idle
     /// sandboxes leave it to busy ones, so nodes usually overcommit it several times).
     pub cpu_overcommit: f64,
-}
-
-/// A host directory the operator offers: read-only to every team, writable only to the
-/// teams named.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Volume {
-    pub path: std::path::PathBuf,
-    /// Teams whose sandboxes may mount it writable (none: read-only for everyone).
-    pub writers: Vec<Uuid>,
 }
 
 /// Memory kept back for the worker, containerd, the proxy and the system when the
@@ -370,48 +362,15 @@ impl Node {
 
     /// The volumes this node offers, as the gateway sees them.
     pub fn volume_infos(&self) -> Vec<sandbase_api::internal::VolumeInfo> {
-        self.config
-            .volumes
-            .iter()
-            .map(|(name, volume)| sandbase_api::internal::VolumeInfo {
-                name: name.clone(),
-                writable: !volume.writers.is_empty(),
-                writers: volume.writers.clone(),
-            })
-            .collect()
+        crate::volumes::infos(&self.config.volumes)
     }
 
-    /// Resolves requested mounts to host directories, refusing unknown volumes, writable
-    /// mounts of read-only volumes, and places the sandbox needs for itself.
     fn volumes_for(
         &self,
         mounts: &[sandbase_api::sandboxes::Mount],
         team: Option<Uuid>,
     ) -> Result<Vec<(String, String, bool)>, NodeError> {
-        let mut resolved = Vec::new();
-        for mount in mounts {
-            let Some(volume) = self.config.volumes.get(&mount.volume) else {
-                return Err(NodeError::Invalid(format!(
-                    "no volume `{}` on this worker",
-                    mount.volume
-                )));
-            };
-            if !mount.read_only && !team.is_some_and(|team| volume.writers.contains(&team)) {
-                return Err(NodeError::Invalid(format!(
-                    "volume `{}` is not writable by this team",
-                    mount.volume
-                )));
-            }
-            if let Some(reason) = reserved_mount_path(&mount.path) {
-                return Err(NodeError::Invalid(reason));
-            }
-            let host = volume
-                .path
-                .to_str()
-                .ok_or_else(|| NodeError::Invalid("a volume path is not UTF-8".to_owned()))?;
-            resolved.push((host.to_owned(), mount.path.clone(), mount.read_only));
-        }
-        Ok(resolved)
+        crate::volumes::resolve(&self.config.volumes, mounts, team)
     }
 
     async fn start_sandbox(&self, template: &str, limits: Limits) -> Result<Sandbox, NodeError> {
@@ -651,42 +610,6 @@ impl Drop for Release<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
-}
-
-/// Why `path` cannot be a mount point, if it cannot: it must be absolute and normal, and
-/// not cover what the sandbox itself needs.
-pub fn reserved_mount_path(path: &str) -> Option<String> {
-    let normal = path.starts_with('/')
-        && path.len() > 1
-        && !path.ends_with('/')
-        && !path.contains('\0')
-        && path
-            .split('/')
-            .skip(1)
-            .all(|part| !part.is_empty() && part != "." && part != "..");
-    if !normal {
-        return Some(format!(
-            "mount path `{path}` must be an absolute, normal path"
-        ));
-    }
-    // The sandbox's own places, and the system's.
-    const RESERVED: &[&str] = &[
-        "/proc",
-        "/sys",
-        "/dev",
-        "/.sandbase",
-        "/etc",
-        "/bin",
-        "/sbin",
-        "/lib",
-        "/lib64",
-        "/usr",
-    ];
-    let under = |root: &str| path == root || path.starts_with(&format!("{root}/"));
-    if path == "/work" || path == "/tmp" || RESERVED.iter().any(|root| under(root)) {
-        return Some(format!("mount path `{path}` is reserved"));
-    }
-    None
 }
 
 pub fn limits_of(resources: Resources) -> Limits {
