@@ -100,9 +100,9 @@ impl ArtifactStore {
         Ok(size)
     }
 
-    pub async fn put(&self, key: &StorePath, bytes: Vec<u8>) -> anyhow::Result<()> {
+    pub async fn put(&self, key: &StorePath, bytes: impl Into<PutPayload>) -> anyhow::Result<()> {
         self.store
-            .put(key, PutPayload::from(bytes))
+            .put(key, bytes.into())
             .await
             .with_context(|| format!("storing {key}"))?;
         Ok(())

@@ -213,24 +213,29 @@ pub enum SandboxCall {
     },
     SetEgressPolicy(EgressPolicy),
     EgressFlows,
-    OpenTerminal(OpenTerminalRequest),
-    Terminals,
-    Terminal {
+    Terminal(TerminalCall),
+}
+
+/// A call about a sandbox's terminal sessions.
+pub enum TerminalCall {
+    Open(OpenTerminalRequest),
+    List,
+    Get {
         session: u32,
     },
-    CloseTerminal {
+    Close {
         session: u32,
     },
-    TerminalInput {
+    Input {
         session: u32,
         body: reqwest::Body,
     },
-    TerminalResize {
+    Resize {
         session: u32,
         size: ResizeRequest,
     },
     /// The session's output from `since`, as the agent's frames.
-    TerminalOutput {
+    Output {
         session: u32,
         since: u64,
     },
@@ -483,7 +488,7 @@ impl WorkerClient {
                 worker,
                 &paths::sandbox_part(&id, "egress"),
             ),
-            call => self.terminal_request(worker, &id, call),
+            SandboxCall::Terminal(call) => self.terminal_request(worker, &id, call),
         };
         Self::send(request, "a sandbox call")
             .await
@@ -495,30 +500,30 @@ impl WorkerClient {
         &self,
         worker: &WorkerAddress,
         id: &str,
-        call: SandboxCall,
+        call: TerminalCall,
     ) -> reqwest::RequestBuilder {
         use reqwest::Method;
         let at = |session: u32, part: &str| paths::terminal(id, &session.to_string(), part);
         match call {
-            SandboxCall::OpenTerminal(request) => self
+            TerminalCall::Open(request) => self
                 .request(Method::POST, worker, &paths::sandbox_part(id, "pty"))
                 .json(&request),
-            SandboxCall::Terminal { session } => {
-                self.request(Method::GET, worker, &at(session, ""))
+            TerminalCall::List => {
+                self.request(Method::GET, worker, &paths::sandbox_part(id, "pty"))
             }
-            SandboxCall::CloseTerminal { session } => {
+            TerminalCall::Get { session } => self.request(Method::GET, worker, &at(session, "")),
+            TerminalCall::Close { session } => {
                 self.request(Method::DELETE, worker, &at(session, ""))
             }
-            SandboxCall::TerminalInput { session, body } => self
+            TerminalCall::Input { session, body } => self
                 .request(Method::POST, worker, &at(session, "input"))
                 .body(body),
-            SandboxCall::TerminalResize { session, size } => self
+            TerminalCall::Resize { session, size } => self
                 .request(Method::POST, worker, &at(session, "resize"))
                 .json(&size),
-            SandboxCall::TerminalOutput { session, since } => self
+            TerminalCall::Output { session, since } => self
                 .request(Method::GET, worker, &at(session, "output"))
                 .query(&[("since", since)]),
-            _ => self.request(Method::GET, worker, &paths::sandbox_part(id, "pty")),
         }
     }
 

@@ -283,16 +283,13 @@ async fn terminal_under(isolation: Isolation) {
     worker.clean_up().await;
 }
 
-/// The session's recording: asciicast v2 with its output (ending with what the last client
-/// saw), the resize and the input; its open and close in the audit log carry its id; it is
-/// readable after the sandbox is gone, by its team only.
-async fn check_recording(
+/// The recording of `session` once its end (with `exit_code`) is in: its id and content.
+async fn finished_recording(
     app: &TestApp,
     sandbox: &TestSandbox<'_>,
     session: &str,
-    seen: &str,
-    other: &str,
-) {
+    exit_code: i64,
+) -> (String, String) {
     let token = sandbox.token.as_str();
     let list = format!("/v1/recordings?sandbox={}", sandbox.id);
     let number: u64 = session.rsplit('/').next().unwrap().parse().unwrap();
@@ -306,7 +303,7 @@ async fn check_recording(
             .unwrap_or(Value::Null)
     };
     crate::testbed::wait_until("the recording's end", Duration::from_secs(20), || async {
-        of_session(&app.get(&list, token).await.body)["exit_code"] == 3
+        of_session(&app.get(&list, token).await.body)["exit_code"] == exit_code
     })
     .await;
     let listed = app.get(&list, token).await.body;
@@ -319,7 +316,21 @@ async fn check_recording(
         .await
         .unwrap();
     assert_eq!(answer.headers()["content-type"], "application/x-asciicast");
-    let cast = answer.text().await.unwrap();
+    (recording, answer.text().await.unwrap())
+}
+
+/// The session's recording: asciicast v2 with its output (ending with what the last client
+/// saw), the resize and the input; its open and close in the audit log carry its id; it is
+/// readable after the sandbox is gone, by its team only.
+async fn check_recording(
+    app: &TestApp,
+    sandbox: &TestSandbox<'_>,
+    session: &str,
+    seen: &str,
+    other: &str,
+) {
+    let token = sandbox.token.as_str();
+    let (recording, cast) = finished_recording(app, sandbox, session, 3).await;
     let mut lines = cast.lines();
     let header: Value = serde_json::from_str(lines.next().unwrap()).unwrap();
     assert_eq!(
@@ -493,21 +504,7 @@ async fn a_recording_replays_to_the_screen_the_client_saw() {
         .send("printf '\\033[3;3Hafter resize'; exit 0\n")
         .await;
     assert!(!client.until("\u{0}the end").await);
-    let listed = format!("/v1/recordings?sandbox={}", sandbox.id);
-    crate::testbed::wait_until("the recording's end", Duration::from_secs(20), || async {
-        app.get(&listed, token).await.body["recordings"][0]["exit_code"] == 0
-    })
-    .await;
-    let cast = app
-        .http
-        .get(format!("{}{session}/recording", app.address))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, cast) = finished_recording(&app, &sandbox, &session, 0).await;
     let dir = std::env::temp_dir().join(format!("sandbase-cast-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let (cast_path, live_path) = (dir.join("session.cast"), dir.join("live.bin"));

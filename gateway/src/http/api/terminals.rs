@@ -28,7 +28,7 @@ use crate::sandboxes::forward::forward;
 use crate::sandboxes::recordings::{self, NewRecording};
 use crate::sandboxes::terminals::{self, TerminalEvent, TicketGrant};
 use crate::state::AppState;
-use crate::workers::client::SandboxCall;
+use crate::workers::client::{SandboxCall, TerminalCall};
 
 /// Largest WebSocket message accepted from a client (input or control).
 const MAX_MESSAGE: usize = 64 * 1024;
@@ -109,7 +109,13 @@ async fn open_on_worker(
     id: Uuid,
     request: OpenTerminalRequest,
 ) -> ApiResult<Terminal> {
-    let answer = forward(state, team, id, SandboxCall::OpenTerminal(request)).await?;
+    let answer = forward(
+        state,
+        team,
+        id,
+        SandboxCall::Terminal(TerminalCall::Open(request)),
+    )
+    .await?;
     answer
         .into_response()
         .json()
@@ -126,7 +132,13 @@ async fn list_terminals(
     principal: Principal,
     ApiPath(id): ApiPath<Uuid>,
 ) -> ApiResult<Response> {
-    let answer = forward(&state, principal.team_id, id, SandboxCall::Terminals).await?;
+    let answer = forward(
+        &state,
+        principal.team_id,
+        id,
+        SandboxCall::Terminal(TerminalCall::List),
+    )
+    .await?;
     Ok(worker_answer(answer))
 }
 
@@ -139,7 +151,7 @@ async fn get_terminal(
     principal: Principal,
     ApiPath((id, session)): ApiPath<(Uuid, u32)>,
 ) -> ApiResult<Response> {
-    let call = SandboxCall::Terminal { session };
+    let call = SandboxCall::Terminal(TerminalCall::Get { session });
     Ok(worker_answer(
         forward(&state, principal.team_id, id, call).await?,
     ))
@@ -159,7 +171,7 @@ async fn close_terminal(
 ) -> ApiResult<StatusCode> {
     let audit = context.action("sandbox.session.kill");
     principal.require(Role::Member)?;
-    let call = SandboxCall::CloseTerminal { session };
+    let call = SandboxCall::Terminal(TerminalCall::Close { session });
     forward(&state, principal.team_id, id, call).await?;
     let mut transaction = state.db.begin().await?;
     audit
@@ -191,10 +203,10 @@ async fn terminal_input(
 }
 
 async fn input(state: &AppState, team: Uuid, id: Uuid, session: u32, body: Bytes) -> ApiResult<()> {
-    let call = SandboxCall::TerminalInput {
+    let call = SandboxCall::Terminal(TerminalCall::Input {
         session,
         body: body.into(),
-    };
+    });
     forward(state, team, id, call).await.map(drop)
 }
 
@@ -210,7 +222,7 @@ async fn terminal_resize(
     ApiJson(size): ApiJson<ResizeRequest>,
 ) -> ApiResult<StatusCode> {
     principal.require(Role::Member)?;
-    let call = SandboxCall::TerminalResize { session, size };
+    let call = SandboxCall::Terminal(TerminalCall::Resize { session, size });
     forward(&state, principal.team_id, id, call).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -235,10 +247,10 @@ async fn terminal_output(
     ApiPath((id, session)): ApiPath<(Uuid, u32)>,
     ApiQuery(query): ApiQuery<OutputQuery>,
 ) -> ApiResult<Response> {
-    let call = SandboxCall::TerminalOutput {
+    let call = SandboxCall::Terminal(TerminalCall::Output {
         session,
         since: query.since,
-    };
+    });
     let answer = forward(&state, principal.team_id, id, call).await?;
     let offset = answer.header("x-sandbase-offset").map(<[u8]>::to_vec);
     let bytes =
@@ -278,7 +290,7 @@ async fn attach_ticket(
         &state,
         principal.team_id,
         id,
-        SandboxCall::Terminal { session },
+        SandboxCall::Terminal(TerminalCall::Get { session }),
     )
     .await?;
     let grant = TicketGrant {
@@ -325,10 +337,10 @@ async fn attach(
     {
         return Err(ApiError::InvalidTicket);
     }
-    let call = SandboxCall::TerminalOutput {
+    let call = SandboxCall::Terminal(TerminalCall::Output {
         session,
         since: query.since,
-    };
+    });
     // Opened before the upgrade, so a missing session is an HTTP answer.
     let answer = forward(&state, caller.team_id, id, call).await?;
     let offset = answer
@@ -387,7 +399,10 @@ async fn relay(
     while let Some(Ok(message)) = source.next().await {
         let done = match message {
             Message::Binary(bytes) => input(&state, team, id, session, bytes).await.is_err(),
-            Message::Text(text) => control(&state, team, id, session, text.as_str()).await,
+            Message::Text(text) => {
+                control(&state, team, id, session, text.as_str()).await;
+                false
+            }
             Message::Close(_) => true,
             Message::Ping(_) | Message::Pong(_) => false,
         };
@@ -399,8 +414,7 @@ async fn relay(
 }
 
 /// A client's text message: a resize (anything else, or a size out of range, is ignored).
-/// Whether the relay ends: never for a control message.
-async fn control(state: &AppState, team: Uuid, id: Uuid, session: u32, text: &str) -> bool {
+async fn control(state: &AppState, team: Uuid, id: Uuid, session: u32, text: &str) {
     #[derive(Deserialize)]
     struct Control {
         #[serde(rename = "type")]
@@ -409,15 +423,14 @@ async fn control(state: &AppState, team: Uuid, id: Uuid, session: u32, text: &st
         rows: Option<u16>,
     }
     let Ok(control) = serde_json::from_str::<Control>(text) else {
-        return false;
+        return;
     };
     if let ("resize", Some(cols), Some(rows)) = (control.kind.as_str(), control.cols, control.rows)
     {
         let size = ResizeRequest { cols, rows };
-        let call = SandboxCall::TerminalResize { session, size };
+        let call = SandboxCall::Terminal(TerminalCall::Resize { session, size });
         if let Err(error) = forward(state, team, id, call).await {
             tracing::debug!(error = %error, "a resize from a terminal client was refused");
         }
     }
-    false
 }
