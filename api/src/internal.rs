@@ -194,6 +194,9 @@ pub fn credential_worker_id(credential: &str) -> Option<&str> {
     (!worker_id.is_empty() && !tag.is_empty()).then_some(worker_id)
 }
 
+/// The protocol a worker's port connection upgrades to: raw bytes to and from the port.
+pub const PORT_UPGRADE: &str = "sandbase-tcp";
+
 /// The paths of the internal API, one function each, used by the routers that serve them
 /// (with `{id}`-style placeholders as arguments, which gives the route pattern) and by the
 /// clients that call them (with the real values). Path segments given here are ids and
@@ -232,6 +235,11 @@ pub mod paths {
         } else {
             format!("{SANDBOXES}/{id}/pty/{session}/{part}")
         }
+    }
+
+    /// A connection to `port` on a sandbox's loopback (an upgrade to [`super::PORT_UPGRADE`]).
+    pub fn port(id: &str, port: &str) -> String {
+        format!("{SANDBOXES}/{id}/ports/{port}")
     }
 
     /// Chunk `chunk` of a recording, or (`chunk` empty) its end.

@@ -9,6 +9,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 pub mod internal;
+pub mod previews;
 pub mod runs;
 pub mod sandboxes;
 pub mod secrets;

@@ -7,6 +7,7 @@ mod commands;
 mod credentials;
 mod egress_default;
 mod output;
+mod preview;
 mod replay;
 mod run;
 mod sandbox;

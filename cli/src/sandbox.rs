@@ -72,6 +72,17 @@ pub enum SandboxCommand {
     Attach { id: Uuid, session: u32 },
     /// The sandbox's connections through the egress proxy (allowed and denied).
     Egress { id: Uuid },
+    /// Open PORT of a sandbox at a URL of its own (HTTP and WebSocket); prints the URL.
+    Preview {
+        id: Uuid,
+        port: u16,
+        /// Anyone with the URL may open it (no token, no signature).
+        #[arg(long)]
+        public: bool,
+        /// How long the printed (signed) URL works, in seconds.
+        #[arg(long)]
+        ttl: Option<u64>,
+    },
 }
 
 #[derive(Args)]
@@ -251,6 +262,12 @@ pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> anyhow::Result
         SandboxCommand::Attach { id, session } => {
             return crate::shell::attach(&client, id, session).await;
         }
+        SandboxCommand::Preview {
+            id,
+            port,
+            public,
+            ttl,
+        } => crate::preview::open(&client, json, id, port, public, ttl).await?,
         SandboxCommand::Egress { id } => {
             let list: sandbase_api::sandboxes::EgressFlowList = client
                 .get(&format!("/v1/sandboxes/{id}/egress"), &[])

@@ -218,6 +218,10 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     defaults.auth.operator_token = Some(SecretString::from(state.operator_token.clone()));
     defaults.internal_tls = Some(dev_channel(&state_dir)?);
     defaults.vault.keys = vec![SecretString::from(state.vault_key.clone())];
+    // Browsers resolve every *.localhost name to loopback: previews need no DNS set-up.
+    defaults.previews.domain = Some("preview.localhost".to_owned());
+    defaults.previews.scheme = "http".to_owned();
+    defaults.previews.port = Some(args.listen.port());
     let mut settings = Settings::load_with_defaults(defaults, args.config.as_deref())?;
     settings.server.listen = args.listen;
     let _telemetry = telemetry::init(&settings.telemetry)?;

@@ -170,6 +170,18 @@ pub enum ApiError {
     /// 401 `invalid_ticket`: an attach ticket that is unknown, used or expired.
     #[error("this attach ticket is unknown, used or expired: ask for a new one")]
     InvalidTicket,
+    /// 501 `previews_not_configured`: the operator set no `previews.domain`.
+    #[error("preview URLs are not configured on this deployment (previews.domain)")]
+    PreviewsNotConfigured,
+    /// 401 `preview_unauthorized`: a preview that is not public, without its token or a
+    /// current signature.
+    #[error(
+        "this preview needs its token in x-sandbase-preview-token, or a signed URL that has not expired"
+    )]
+    PreviewUnauthorized,
+    /// 502 `preview_failed`: the server in the sandbox did not answer.
+    #[error("{0}")]
+    PreviewFailed(String),
     /// A worker's answer passed on: its own status and code, or 502.
     #[error(transparent)]
     Worker(#[from] WorkerError),
@@ -246,7 +258,9 @@ impl ApiError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ApiError::SandboxNotRunning(_) => StatusCode::CONFLICT,
-            ApiError::InvalidTicket => StatusCode::UNAUTHORIZED,
+            ApiError::InvalidTicket | ApiError::PreviewUnauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::PreviewsNotConfigured => StatusCode::NOT_IMPLEMENTED,
+            ApiError::PreviewFailed(_) => StatusCode::BAD_GATEWAY,
             ApiError::Worker(error) => error.status_code(),
             ApiError::Database(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -308,6 +322,9 @@ impl ApiError {
             ApiError::NoCapacity => "no_capacity",
             ApiError::SandboxNotRunning(_) => "sandbox_not_running",
             ApiError::InvalidTicket => "invalid_ticket",
+            ApiError::PreviewsNotConfigured => "previews_not_configured",
+            ApiError::PreviewUnauthorized => "preview_unauthorized",
+            ApiError::PreviewFailed(_) => "preview_failed",
             ApiError::Worker(error) => error.code(),
             ApiError::Database(_) | ApiError::Internal(_) => "internal",
         }

@@ -22,6 +22,10 @@ pub enum NodeError {
     Exists,
     #[error("template `{0}` exists already on this worker")]
     TemplateExists(String),
+    #[error(
+        "nothing listens on port {0} in the sandbox (a server must listen on 127.0.0.1 or 0.0.0.0)"
+    )]
+    PortClosed(u16),
     #[error("{0}")]
     Invalid(String),
     #[error(transparent)]

@@ -46,6 +46,8 @@ pub struct Hosted {
     pub(crate) pause: crate::pause_state::PauseState,
     /// Its link to the egress proxy, when it has egress.
     pub link: Option<Attached>,
+    /// Its network namespace (previews connect inside it).
+    pub(crate) netns: Option<std::fs::File>,
 }
 
 /// The default search path of commands.

@@ -89,6 +89,8 @@ pub struct Node {
     health: crate::health::CreateHealth,
     /// Where terminal recordings go (the gateway), once the service has set it.
     recordings: std::sync::OnceLock<Arc<crate::recording::RecordingSink>>,
+    /// Bytes preview connections carried, until they are reported as egress.
+    pub(crate) previews: crate::usage::PreviewMeter,
 }
 
 impl Node {
@@ -127,6 +129,7 @@ impl Node {
             output: Retained::new(WORKER_OUTPUT_CEILING),
             health: crate::health::CreateHealth::default(),
             recordings: std::sync::OnceLock::new(),
+            previews: crate::usage::PreviewMeter::default(),
             runtime,
             config,
             pools,
@@ -278,8 +281,12 @@ impl Node {
         if let (Some(attached), Some(network)) = (&link, &self.network) {
             env.extend(attached.env(network.proxy_port()));
         }
+        if let (Isolation::Gvisor, Some(pid)) = (request.isolation, pid) {
+            crate::namespace::loopback_up(pid).await;
+        }
         let hosted = Arc::new(Hosted {
             meter: crate::usage::Meter::start(pid),
+            netns: pid.and_then(crate::namespace::open),
             link,
             id: request.id,
             agent: AgentClient::new(sandbox.socket.clone()),
@@ -456,6 +463,11 @@ impl Node {
     pub fn sample_all(&self) {
         for sandbox in self.hosted_all() {
             self.usage.push(sandbox.meter.sample(sandbox.id, false));
+        }
+        if self.usage.has_room_for_events() {
+            for event in self.previews.take_usage() {
+                self.usage.push_event(event);
+            }
         }
         if let Some(network) = &self.network {
             // Back-pressure: while the gateway is away and the outbox is full, egress bytes

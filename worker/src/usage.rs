@@ -255,6 +255,55 @@ impl Outbox {
     }
 }
 
+/// Bytes preview connections carried, by sandbox, until they are made usage events.
+#[derive(Default)]
+pub struct PreviewMeter {
+    bytes: Mutex<HashMap<Uuid, u64>>,
+    counter: Mutex<u64>,
+    run: std::sync::OnceLock<u128>,
+}
+
+impl PreviewMeter {
+    pub fn add(&self, sandbox: Uuid, bytes: u64) {
+        if bytes > 0 {
+            *unpoisoned(&self.bytes).entry(sandbox).or_default() += bytes;
+        }
+    }
+
+    /// One `egress_bytes` event per sandbox for what its previews carried since the last
+    /// call; keys never repeat within this worker's run.
+    pub fn take_usage(&self) -> Vec<UsageEvent> {
+        let pending = std::mem::take(&mut *unpoisoned(&self.bytes));
+        let run = *self.run.get_or_init(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|elapsed| elapsed.as_nanos())
+                .unwrap_or_default()
+        });
+        pending
+            .into_iter()
+            .map(|(sandbox, bytes)| {
+                let mut counter = unpoisoned(&self.counter);
+                *counter += 1;
+                UsageEvent {
+                    key: format!("preview:{run}:{counter}"),
+                    sandbox,
+                    kind: "egress_bytes".to_owned(),
+                    subject: String::new(),
+                    quantity: bytes,
+                    occurred_at: chrono::Utc::now(),
+                }
+            })
+            .collect()
+    }
+}
+
+fn unpoisoned<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,5 +355,26 @@ mod tests {
         assert!(outbox.is_empty());
         outbox.put_back(taken);
         assert_eq!(outbox.len(), 2);
+    }
+
+    #[test]
+    fn preview_bytes_become_one_event_per_sandbox_with_fresh_keys() {
+        let meter = PreviewMeter::default();
+        let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+        meter.add(a, 10);
+        meter.add(a, 5);
+        meter.add(b, 7);
+        meter.add(b, 0);
+        let mut events = meter.take_usage();
+        events.sort_by_key(|event| event.quantity);
+        assert_eq!(events.len(), 2);
+        assert_eq!((events[0].sandbox, events[0].quantity), (b, 7));
+        assert_eq!((events[1].sandbox, events[1].quantity), (a, 15));
+        assert!(events.iter().all(|event| event.kind == "egress_bytes"));
+        assert_ne!(events[0].key, events[1].key);
+        assert!(meter.take_usage().is_empty());
+        meter.add(a, 1);
+        let later = meter.take_usage();
+        assert!(!events.iter().any(|event| event.key == later[0].key));
     }
 }

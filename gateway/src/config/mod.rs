@@ -18,10 +18,10 @@ mod sections;
 pub use cidr::Cidr;
 
 pub use sections::{
-    AuthSettings, BillingSettings, ConfigError, DatabaseSettings, EVENT_KINDS, LogFormat, Price,
-    RateLimitSettings, RedisSettings, ResourceSettings, RunSettings, S3Settings, SandboxSettings,
-    ServerSettings, SmtpSecurity, SmtpSettings, StripeSettings, TelemetrySettings, VaultSettings,
-    WorkerSettings,
+    AuthSettings, BillingSettings, ConfigError, DatabaseSettings, EVENT_KINDS, LogFormat,
+    PreviewSettings, Price, RateLimitSettings, RedisSettings, ResourceSettings, RunSettings,
+    S3Settings, SandboxSettings, ServerSettings, SmtpSecurity, SmtpSettings, StripeSettings,
+    TelemetrySettings, VaultSettings, WorkerSettings,
 };
 
 /// Every setting of the gateway. `sandbase.example.toml` documents each key and its default.
@@ -42,6 +42,9 @@ pub struct Settings {
     pub vault: VaultSettings,
     /// Outgoing mail (verification codes), used when `auth.verify_email` is on.
     pub smtp: SmtpSettings,
+    /// Preview URLs of sandboxes' ports.
+    #[serde(default)]
+    pub previews: PreviewSettings,
     /// TLS on the internal channel (the internal listener, and calls to workers): the
     /// operator's CA, and the gateway's certificate and key. Without it, workers are reached
     /// over plain HTTP and sandboxes with credentials are refused.
@@ -126,6 +129,7 @@ impl Default for Settings {
                 password: None,
                 from: "SandBase <no-reply@localhost>".to_owned(),
             },
+            previews: PreviewSettings::default(),
             internal_tls: None,
         }
     }
@@ -182,7 +186,35 @@ impl Settings {
 
     fn validate(&self) -> Result<(), ConfigError> {
         self.validate_connections()?;
+        self.validate_previews()?;
         self.validate_limits()
+    }
+
+    /// A preview domain is a lowercase DNS name; the scheme is http or https.
+    fn validate_previews(&self) -> Result<(), ConfigError> {
+        let previews = &self.previews;
+        if let Some(domain) = &previews.domain {
+            let valid = !domain.is_empty()
+                && domain.len() <= 200
+                && domain.split('.').all(|label| {
+                    !label.is_empty()
+                        && !label.starts_with('-')
+                        && label
+                            .bytes()
+                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                });
+            if !valid {
+                return Err(ConfigError(format!(
+                    "key `previews.domain` must be a lowercase DNS name such as previews.example.com, not `{domain}`"
+                )));
+            }
+        }
+        if !matches!(previews.scheme.as_str(), "http" | "https") {
+            return Err(ConfigError(
+                "key `previews.scheme` must be `http` or `https`".to_owned(),
+            ));
+        }
+        Ok(())
     }
 
     /// The vault's keys, the database and Redis URLs, the session secret.

@@ -218,6 +218,29 @@ pub struct SandboxSettings {
     pub recording_retention_secs: u64,
 }
 
+/// Preview URLs: a sandbox's ports at `{port}-{sandbox_id}.{domain}`, routed by `Host` on
+/// the public listener (point a wildcard DNS name, `*.{domain}`, at the gateway).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PreviewSettings {
+    /// Unset: previews are off (`POST …/previews` answers 501 `previews_not_configured`).
+    pub domain: Option<String>,
+    /// The scheme of preview URLs (`https` behind a TLS terminator).
+    pub scheme: String,
+    /// The port in preview URLs (unset: the scheme's default).
+    pub port: Option<u16>,
+}
+
+impl Default for PreviewSettings {
+    fn default() -> Self {
+        PreviewSettings {
+            domain: None,
+            scheme: "https".to_owned(),
+            port: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResourceSettings {

@@ -13,6 +13,7 @@ pub mod internal;
 pub mod ip_limit;
 pub mod metrics;
 pub mod node_token;
+pub mod preview;
 pub mod principal;
 pub mod request_id;
 pub mod serve;
@@ -48,7 +49,8 @@ impl Routes {
         })
     }
 
-    /// The public listener's application: request id → the address's rate → body limit →
+    /// The public listener's application: request id → the address's rate → preview hosts
+    /// (served apart from the API) → body limit →
     /// metrics (route layer) → audit (route layer, API routes only) → handlers.
     pub fn into_router(self, state: AppState) -> Router {
         let body_limit = state.settings.server.body_limit_bytes;
@@ -60,6 +62,7 @@ impl Routes {
             .method_not_allowed_fallback(api::method_not_allowed)
             .with_state(state.clone())
             .layer(DefaultBodyLimit::max(body_limit))
+            .layer(from_fn_with_state(state.clone(), preview::middleware))
             .layer(from_fn_with_state(state, ip_limit::middleware))
             .layer(from_fn(request_id::middleware))
     }

@@ -43,10 +43,11 @@ pub enum WorkerCode {
     TooManyProcesses,
     SandboxPaused,
     TerminalNotFound,
+    PortClosed,
 }
 
 impl WorkerCode {
-    const ALL: [WorkerCode; 19] = [
+    const ALL: [WorkerCode; 20] = [
         WorkerCode::SandboxNotFound,
         WorkerCode::ProcessNotFound,
         WorkerCode::AtCapacity,
@@ -66,6 +67,7 @@ impl WorkerCode {
         WorkerCode::TooManyProcesses,
         WorkerCode::SandboxPaused,
         WorkerCode::TerminalNotFound,
+        WorkerCode::PortClosed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -89,6 +91,7 @@ impl WorkerCode {
             WorkerCode::TooManyProcesses => "too_many_processes",
             WorkerCode::SandboxPaused => "sandbox_paused",
             WorkerCode::TerminalNotFound => "terminal_not_found",
+            WorkerCode::PortClosed => "port_closed",
         }
     }
 
@@ -311,7 +314,7 @@ impl WorkerClient {
         super::credential::verify(self.secret.as_ref()?, presented)
     }
 
-    fn request(
+    pub(super) fn request(
         &self,
         method: reqwest::Method,
         worker: &WorkerAddress,

@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod credential;
+pub mod ports;
 pub mod reconcile;
 pub mod registry;
 

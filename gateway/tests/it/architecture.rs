@@ -315,7 +315,8 @@ fn internal_api_paths_are_written_only_in_the_api_crate() {
         offenders.is_empty(),
         "internal paths formatted outside api/src/internal.rs: {offenders:?}"
     );
-    // In the gateway, only the worker client and the router of the internal routes use them.
+    // In the gateway, only the worker client (with its port connections) and the router of the
+    // internal routes use them.
     let mut users: Vec<String> = sources("gateway")
         .into_iter()
         .filter(|(_, text)| text.contains("paths::"))
@@ -326,7 +327,8 @@ fn internal_api_paths_are_written_only_in_the_api_crate() {
         users,
         [
             "gateway/src/http/internal/mod.rs",
-            "gateway/src/workers/client.rs"
+            "gateway/src/workers/client.rs",
+            "gateway/src/workers/ports.rs"
         ]
         .map(str::to_owned),
         "internal paths used outside the worker client and the internal router"

@@ -23,6 +23,7 @@ mod node_hardening;
 mod openapi;
 mod operations;
 mod pause;
+mod previews;
 mod rate_limit;
 mod runs;
 mod sandbox_attacks;

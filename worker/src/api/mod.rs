@@ -4,6 +4,7 @@
 mod egress;
 mod exec;
 mod files;
+mod ports;
 mod support;
 mod templates;
 mod terminal;
@@ -54,6 +55,7 @@ pub fn router(node: Arc<Node>, token: &str) -> Router {
             &paths::terminal("{id}", "{session}", "resize"),
             post(terminal::resize),
         )
+        .route(&paths::port("{id}", "{port}"), get(ports::connect))
         .route(&paths::sandbox_part("{id}", "pause"), post(pause))
         .route(&paths::sandbox_part("{id}", "resume"), post(resume))
         .route(

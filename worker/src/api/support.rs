@@ -48,6 +48,7 @@ impl IntoResponse for NodeError {
             NodeError::Paused => (StatusCode::CONFLICT, "sandbox_paused"),
             NodeError::TemplateExists(_) => (StatusCode::CONFLICT, "template_exists"),
             NodeError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request"),
+            NodeError::PortClosed(_) => (StatusCode::BAD_GATEWAY, "port_closed"),
             NodeError::Refused(Refused(refusal)) => refusal_status(refusal),
             NodeError::Internal(cause) => {
                 tracing::error!(error = format!("{cause:#}"), "internal API call failed");

@@ -10,6 +10,7 @@ mod egress;
 pub mod health;
 mod me;
 mod members;
+mod previews;
 mod recordings;
 mod runs;
 mod sandbox_pause;
@@ -81,6 +82,7 @@ pub fn api_router(
         .merge(audit::router())
         .merge(sandboxes::router())
         .merge(sandbox_pause::router())
+        .merge(previews::router())
         .merge(snapshots::router())
         .merge(terminals::router())
         .merge(recordings::router())

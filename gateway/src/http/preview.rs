@@ -1,0 +1,248 @@
+//! Preview hosts (`{port}-{sandbox_id}.{previews.domain}`): a request whose `Host` names one
+//! never reaches the API. It is admitted by the preview's token, a signed URL (traded here for
+//! a cookie of that host and a redirect to the plain URL) or the preview being public; then
+//! the sandbox's worker opens a connection to the port inside the sandbox, and this side
+//! speaks HTTP/1.1 over it: the request passes on without SandBase's own token and cookie,
+//! the answer streams back, and an upgrade (a dev server's WebSocket) is carried both ways.
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use hyper_util::rt::TokioIo;
+use sandbase_api::previews::{PREVIEW_COOKIE, PREVIEW_SIGNATURE_PARAM, PREVIEW_TOKEN_HEADER};
+
+use crate::error::{ApiError, ApiResult};
+use crate::sandboxes::forward;
+use crate::sandboxes::previews::{self, Presented, PreviewRow, Target};
+use crate::state::AppState;
+
+/// Serves requests to preview hosts; passes every other request on.
+pub async fn middleware(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let target = state
+        .settings
+        .previews
+        .domain
+        .as_deref()
+        .and_then(|domain| {
+            request
+                .headers()
+                .get(header::HOST)
+                .and_then(|host| host.to_str().ok())
+                .and_then(|host| previews::parse_host(host, domain))
+        });
+    match target {
+        None => next.run(request).await,
+        Some(target) => match serve(&state, target, request).await {
+            Ok(response) => response,
+            Err(error) => error.into_response(),
+        },
+    }
+}
+
+async fn serve(state: &AppState, target: Target, mut request: Request) -> ApiResult<Response> {
+    let preview = previews::find(state, target)
+        .await?
+        .ok_or(ApiError::NotFound("preview"))?;
+    if let Some(signature) = query_value(request.uri(), PREVIEW_SIGNATURE_PARAM) {
+        let expires = previews::signature_valid(state, &preview, &signature)
+            .ok_or(ApiError::PreviewUnauthorized)?;
+        return Ok(trade_for_cookie(state, request.uri(), &signature, expires));
+    }
+    let cookie = cookie_value(request.headers(), PREVIEW_COOKIE);
+    let presented = Presented {
+        token: request
+            .headers()
+            .get(PREVIEW_TOKEN_HEADER)
+            .and_then(|value| value.to_str().ok()),
+        signature: cookie.as_deref(),
+    };
+    if !previews::admits(state, &preview, &presented) {
+        return Err(ApiError::PreviewUnauthorized);
+    }
+    strip_credentials(request.headers_mut());
+    let worker = forward::route(state, preview.team_id, target.sandbox).await?;
+    let stream = state
+        .worker_client
+        .open_port(&worker, target.sandbox, target.port)
+        .await?;
+    relay(&preview, request, stream).await
+}
+
+/// Speaks HTTP/1.1 to the sandbox's server over `stream`, and carries an upgrade both ways.
+async fn relay(
+    preview: &PreviewRow,
+    mut request: Request,
+    stream: reqwest::Upgraded,
+) -> ApiResult<Response> {
+    let failed = |error: hyper::Error| {
+        ApiError::PreviewFailed(format!(
+            "the server on port {} in the sandbox did not answer ({error})",
+            preview.port
+        ))
+    };
+    let client_upgrade = request
+        .headers()
+        .contains_key(header::UPGRADE)
+        .then(|| hyper::upgrade::on(&mut request));
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(failed)?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.with_upgrades().await {
+            tracing::debug!(error = %error, "a preview connection ended");
+        }
+    });
+    let mut response = sender.send_request(request).await.map_err(failed)?;
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS
+        && let Some(client_upgrade) = client_upgrade
+    {
+        let upstream = hyper::upgrade::on(&mut response);
+        tokio::spawn(async move {
+            match tokio::try_join!(client_upgrade, upstream) {
+                Ok((client, upstream)) => {
+                    let _ = tokio::io::copy_bidirectional(
+                        &mut TokioIo::new(client),
+                        &mut TokioIo::new(upstream),
+                    )
+                    .await;
+                }
+                Err(error) => tracing::debug!(error = %error, "a preview upgrade failed"),
+            }
+        });
+    }
+    Ok(response.map(Body::new))
+}
+
+/// A redirect to the same URL without the signature, leaving the signature as a cookie of
+/// the preview's host until it expires.
+fn trade_for_cookie(
+    state: &AppState,
+    uri: &Uri,
+    signature: &str,
+    expires: DateTime<Utc>,
+) -> Response {
+    let path = uri.path();
+    let rest: Vec<&str> = uri
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .filter(|pair| {
+            !pair.is_empty() && !pair.starts_with(&format!("{PREVIEW_SIGNATURE_PARAM}="))
+        })
+        .collect();
+    let location = if rest.is_empty() {
+        path.to_owned()
+    } else {
+        format!("{path}?{}", rest.join("&"))
+    };
+    let max_age = (expires - Utc::now()).num_seconds().max(0);
+    let secure = if state.settings.previews.scheme == "https" {
+        "; Secure"
+    } else {
+        ""
+    };
+    let cookie = format!(
+        "{PREVIEW_COOKIE}={signature}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}"
+    );
+    let mut response = StatusCode::TEMPORARY_REDIRECT.into_response();
+    let headers = response.headers_mut();
+    if let (Ok(location), Ok(cookie)) = (
+        HeaderValue::from_str(&location),
+        HeaderValue::from_str(&cookie),
+    ) {
+        headers.insert(header::LOCATION, location);
+        headers.insert(header::SET_COOKIE, cookie);
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    response
+}
+
+/// The value of query parameter `name`, if present (signatures need no decoding).
+fn query_value(uri: &Uri, name: &str) -> Option<String> {
+    uri.query()?
+        .split('&')
+        .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+        .map(str::to_owned)
+}
+
+/// The value of cookie `name` in the request's `Cookie` headers.
+fn cookie_value(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(';'))
+        .find_map(|pair| {
+            let (key, value) = pair.trim().split_once('=')?;
+            (key == name).then(|| value.to_owned())
+        })
+}
+
+/// SandBase's own token header and cookie never reach the sandbox.
+fn strip_credentials(headers: &mut HeaderMap) {
+    headers.remove(PREVIEW_TOKEN_HEADER);
+    let kept: Vec<String> = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(';'))
+        .map(str::trim)
+        .filter(|pair| {
+            !pair.is_empty()
+                && pair
+                    .split_once('=')
+                    .is_none_or(|(key, _)| key != PREVIEW_COOKIE)
+        })
+        .map(str::to_owned)
+        .collect();
+    headers.remove(header::COOKIE);
+    if !kept.is_empty()
+        && let Ok(value) = HeaderValue::from_str(&kept.join("; "))
+    {
+        headers.insert(header::COOKIE, value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_preview_cookie_and_token_are_taken_out_and_other_cookies_kept() {
+        let mut headers = HeaderMap::new();
+        headers.insert(PREVIEW_TOKEN_HEADER, HeaderValue::from_static("sbp_x"));
+        headers.append(
+            header::COOKIE,
+            HeaderValue::from_static("a=1; sandbase_preview=123.sig"),
+        );
+        headers.append(header::COOKIE, HeaderValue::from_static("b=2"));
+        assert_eq!(
+            cookie_value(&headers, PREVIEW_COOKIE).as_deref(),
+            Some("123.sig")
+        );
+        strip_credentials(&mut headers);
+        assert!(headers.get(PREVIEW_TOKEN_HEADER).is_none());
+        assert_eq!(headers.get(header::COOKIE).unwrap(), "a=1; b=2");
+        let mut only = HeaderMap::new();
+        only.insert(
+            header::COOKIE,
+            HeaderValue::from_static("sandbase_preview=1.s"),
+        );
+        strip_credentials(&mut only);
+        assert!(only.get(header::COOKIE).is_none());
+    }
+
+    #[test]
+    fn the_signature_parameter_is_found_by_its_exact_name() {
+        let uri: Uri = "/app/?x=1&sandbase_preview=99.abc&y=2".parse().unwrap();
+        assert_eq!(
+            query_value(&uri, PREVIEW_SIGNATURE_PARAM).as_deref(),
+            Some("99.abc")
+        );
+        let other: Uri = "/?sandbase_previewx=1".parse().unwrap();
+        assert_eq!(query_value(&other, PREVIEW_SIGNATURE_PARAM), None);
+    }
+}
