@@ -32,14 +32,21 @@ pub struct OpenTerminalRequest {
     /// (default an hour).
     #[serde(default)]
     pub idle_timeout_secs: Option<u64>,
-    /// Record what is typed as well as what is shown (every session is recorded; this
-    /// leaves its input out when `false`).
+    /// Record the session (asciicast v2, kept with the audit log). `false` keeps no
+    /// recording: the open is audited, the close is not.
+    #[serde(default = "record_by_default")]
+    pub record: bool,
+    /// Record what is typed as well as what is shown (`false` leaves the input out).
     #[serde(default = "record_input_by_default")]
     pub record_input: bool,
     /// Set by the gateway for the worker: the recording this session writes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(ignore)]
     pub recording: Option<uuid::Uuid>,
+}
+
+fn record_by_default() -> bool {
+    true
 }
 
 fn record_input_by_default() -> bool {

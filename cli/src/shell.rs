@@ -70,6 +70,7 @@ pub async fn shell(client: &Client, id: Uuid, cmd: Vec<String>) -> anyhow::Resul
         env: Default::default(),
         user: Default::default(),
         idle_timeout_secs: None,
+        record: true,
         record_input: true,
         recording: None,
     };

@@ -440,9 +440,25 @@ async fn hostile_terminal_clients_leave_the_session_working() {
     assert_eq!(fifth.status.as_u16(), 422, "{}", fifth.body);
     let missing = app.get(&sandbox.path("/pty/999"), token).await;
     assert_eq!(missing.body["error"]["code"], "terminal_not_found");
-    // Closing ends the session; a new one can be opened.
+    // Closing ends the session; a new one can be opened, this one without a recording.
     assert_eq!(app.delete(&session, token).await.status.as_u16(), 204);
-    open(&sandbox).await;
+    let unrecorded = sandbox.post("/pty", json!({ "record": false })).await;
+    assert_eq!(unrecorded.status.as_u16(), 201, "{}", unrecorded.body);
+    let number = unrecorded.body["session_id"].clone();
+    let recording = app
+        .get(&sandbox.path(&format!("/pty/{number}/recording")), token)
+        .await;
+    assert_eq!(recording.status.as_u16(), 404, "{}", recording.body);
+    let listed = app
+        .get(&format!("/v1/recordings?sandbox={}", sandbox.id), token)
+        .await;
+    let recordings = listed.body["recordings"].as_array().unwrap();
+    assert_eq!(recordings.len(), 4, "{}", listed.body);
+    assert!(
+        recordings
+            .iter()
+            .all(|recording| recording["session_id"] != number)
+    );
     assert_eq!(sandbox.delete("").await.status.as_u16(), 204);
     worker.clean_up().await;
 }

@@ -65,27 +65,31 @@ async fn open_terminal(
 ) -> ApiResult<Response> {
     let audit = context.action("sandbox.session.open");
     principal.require(Role::Member)?;
-    // Every session is recorded: the row first, so the worker's chunks have a place.
-    let recording = recordings::create(
-        &state,
-        NewRecording {
-            owner: Owner::of(&principal),
-            sandbox_id: id,
-            command: request.cmd.as_deref().unwrap_or_default(),
-            with_input: request.record_input,
-        },
-    )
-    .await?;
-    let mut request = request;
-    request.recording = Some(recording);
-    let opened = match open_on_worker(&state, principal.team_id, id, request).await {
-        Ok(opened) => opened,
-        Err(error) => {
-            recordings::opened(&state, recording, None).await?;
-            return Err(error);
-        }
+    // A recorded session's row comes first, so the worker's chunks have a place.
+    let recording = if request.record {
+        Some(
+            recordings::create(
+                &state,
+                NewRecording {
+                    owner: Owner::of(&principal),
+                    sandbox_id: id,
+                    command: request.cmd.as_deref().unwrap_or_default(),
+                    with_input: request.record_input,
+                },
+            )
+            .await?,
+        )
+    } else {
+        None
     };
-    recordings::opened(&state, recording, Some(opened.session_id)).await?;
+    let mut request = request;
+    request.recording = recording;
+    let opened = open_on_worker(&state, principal.team_id, id, request).await;
+    if let Some(recording) = recording {
+        let session = opened.as_ref().ok().map(|opened| opened.session_id);
+        recordings::opened(&state, recording, session).await?;
+    }
+    let opened = opened?;
     let mut transaction = state.db.begin().await?;
     audit
         .record(
