@@ -375,6 +375,50 @@ async fn check_recording(
     assert_eq!(foreign.status.as_u16(), 404);
 }
 
+/// The default template's bash and python on a terminal: python sees a terminal on its
+/// standard input, Ctrl-C ends `sleep 100` and bash's prompt comes back, `exit 3` is the
+/// session's exit code.
+#[tokio::test(flavor = "multi_thread")]
+async fn bash_and_python_of_the_base_template_see_a_real_terminal() {
+    let app = sandbox_app_isolated(Isolation::Runc).await;
+    let mut config = worker_config(&app, "ptb", 2, 0);
+    let tarball = std::env::var("SANDBASE_BASE_TARBALL")
+        .expect("SANDBASE_BASE_TARBALL: the base root file system (scripts/setup builds it)");
+    config.templates.push((
+        "base".to_owned(),
+        sandbase_worker::service::TemplateSource::Tarball(tarball.into()),
+    ));
+    let worker = TestWorker::start(config).await;
+    let alice = app.signup("alice@example.com", "Alice").await;
+    let token = alice.api_key.token.as_str();
+    let sandbox = TestSandbox::create(&app, token, json!({ "template": "base" })).await;
+    let session = open(&sandbox).await;
+    let mut client = Client::attach(&app, &session, Some(token), "")
+        .await
+        .unwrap();
+    client
+        .send("echo $0 $TERM; tty; python3 -c 'import sys;print(\"ISATTY\", sys.stdin.isatty())'\n")
+        .await;
+    assert!(client.until("ISATTY True").await);
+    let text = client.text();
+    assert!(text.contains("bash xterm-256color"), "{text}");
+    assert!(text.contains("/dev/pts/"), "{text}");
+    client.send("sleep 100; echo NOT-$((1+1))-INTERRUPTED\n").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = std::time::Instant::now();
+    client.send("\u{3}").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    client.send("echo PROMPT-$((40+2))\n").await;
+    assert!(client.until("PROMPT-42").await);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(!client.text().contains("NOT-2-INTERRUPTED"));
+    client.send("exit 3\n").await;
+    client.until("\u{0}never").await;
+    assert_eq!(client.exit, Some(3));
+    assert_eq!(sandbox.delete("").await.status.as_u16(), 204);
+    worker.clean_up_with(&["base"]).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn hostile_terminal_clients_leave_the_session_working() {
     let app = sandbox_app_isolated(Isolation::Runc).await;
