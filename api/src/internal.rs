@@ -177,6 +177,36 @@ pub struct Exec {
     /// Run in this shell session (see the public `ExecRequest`).
     #[serde(default)]
     pub session: Option<String>,
+    /// Record the command and its output for this key or person (the gateway sets it for
+    /// calls of its API; a run's own commands are not recorded).
+    #[serde(default)]
+    pub record: Option<RecordFor>,
+}
+
+/// Who a recorded command was run by.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct RecordFor {
+    pub api_key_id: Option<uuid::Uuid>,
+    pub user_id: Option<uuid::Uuid>,
+}
+
+/// The header of a whole recording a worker sends (a command's, once it ended): what it
+/// recorded, as JSON; the body is the asciicast document.
+pub const RECORDING_HEADER: &str = "x-sandbase-recording";
+
+/// A command a worker recorded whole: `exec` (a call of its own) or `shell` (a command of a
+/// shell session, named).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CommandRecording {
+    pub sandbox: uuid::Uuid,
+    pub kind: String,
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub shell_session: Option<String>,
+    pub by: RecordFor,
+    pub duration_ms: u64,
+    #[serde(default)]
+    pub exit_code: Option<i32>,
 }
 
 /// The header carrying a worker's credential on internal calls (both directions: a worker
@@ -240,6 +270,11 @@ pub mod paths {
     /// A connection to `port` on a sandbox's loopback (an upgrade to [`super::PORT_UPGRADE`]).
     pub fn port(id: &str, port: &str) -> String {
         format!("{SANDBOXES}/{id}/ports/{port}")
+    }
+
+    /// A recording sent whole (a command's).
+    pub fn recording_whole(id: &str) -> String {
+        format!("/internal/v1/recordings/{id}")
     }
 
     /// Chunk `chunk` of a recording, or (`chunk` empty) its end.

@@ -98,14 +98,20 @@ pub struct AttachTicket {
     pub expires_at: DateTime<Utc>,
 }
 
-/// A recording of a terminal session (asciicast v2: output, resizes, and input unless the
-/// session opted out), readable after its sandbox is gone until it expires.
+/// A recording (asciicast v2) of a terminal session (output, resizes, and input unless the
+/// session opted out), of an `exec` call or of a shell session's command (the command line
+/// as input, then its output), readable after its sandbox is gone until it expires.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Recording {
     pub id: uuid::Uuid,
     pub sandbox_id: uuid::Uuid,
+    /// `terminal`, `exec` or `shell`.
+    pub kind: String,
     /// The terminal session's number in its sandbox.
     pub session_id: Option<u32>,
+    /// The shell session a `shell` recording's command ran in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shell_session: Option<String>,
     pub command: Vec<String>,
     pub with_input: bool,
     pub started_at: DateTime<Utc>,

@@ -5,6 +5,8 @@
 //!   baseline `ctr run --rm` of the same busybox root file system running `true`.
 //! - exec: `POST /v1/sandboxes/{id}/exec` of `true`, BENCH_EXECS (1000) in a row, against
 //!   `ctr task exec` of `true` in the same container.
+//! - previews: an HTTP GET through a preview URL vs a connection made inside the sandbox's
+//!   network namespace by the benchmark itself; terminals and snapshots (their own files).
 //! - density: idle sandboxes started until BENCH_DENSITY (300) run; host memory per idle
 //!   sandbox from MemAvailable before and after (container, shim, agent, kernel).
 //!
@@ -24,6 +26,8 @@ use sandbase_worker::spec::Limits;
 use serde_json::{Value, json};
 
 const NODE_TOKEN: &str = "bench-node-token-0123456789";
+#[path = "sandbox_api/preview.rs"]
+mod preview;
 #[path = "sandbox_api/terminal.rs"]
 mod terminal;
 
@@ -146,6 +150,8 @@ fn main() -> anyhow::Result<()> {
         settings.sandboxes.default_resources.pids = LIMITS.pids;
         // The density run holds hundreds of sandboxes for one team.
         settings.sandboxes.max_per_team = 100_000;
+        settings.previews.domain = Some("preview.localhost".to_owned());
+        settings.previews.scheme = "http".to_owned();
         let application = Application::build(settings).await?;
         let url = format!("http://{}", application.local_addr());
         let internal = format!("https://{}", application.internal_addr());
@@ -309,6 +315,7 @@ fn main() -> anyhow::Result<()> {
             .socket
             .clone();
         let terminals = terminal::terminal_samples(&api, &id, &agent, (execs / 2).max(50)).await;
+        let previews = preview::preview_samples(&api, worker.node(), &id, (execs / 2).max(50)).await;
         api.delete(&format!("/v1/sandboxes/{id}")).await;
 
         // Density: idle sandboxes until `density` run.
@@ -380,6 +387,7 @@ fn main() -> anyhow::Result<()> {
         }
         snapshots.print();
         terminals.print();
+        previews.print();
         println!(
             "\ndensity: {reached} idle sandboxes started in {density_secs:.1} s; host memory per idle sandbox {per_sandbox_mib:.1} MiB (MemAvailable {} → {} MiB)",
             before / 1024,

@@ -47,7 +47,7 @@ pub struct Hosted {
     /// Its link to the egress proxy, when it has egress.
     pub link: Option<Attached>,
     /// Its network namespace (previews connect inside it).
-    pub(crate) netns: Option<std::fs::File>,
+    pub netns: Option<std::fs::File>,
 }
 
 /// The default search path of commands.

@@ -8,6 +8,7 @@
 pub mod agent_client;
 pub mod api;
 pub mod background;
+pub mod command_recording;
 pub mod containerd;
 pub mod error;
 pub mod exec;

@@ -22,7 +22,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const CONNECTOR_STACK: usize = 64 * 1024;
 
 /// A sandbox's network namespace, opened when it started.
-pub(crate) fn open(pid: u32) -> Option<File> {
+pub fn open(pid: u32) -> Option<File> {
     File::open(format!("/proc/{pid}/ns/net"))
         .map_err(|error| tracing::warn!(pid, error = %error, "no network namespace: no previews"))
         .ok()
@@ -49,7 +49,7 @@ pub(crate) async fn loopback_up(pid: u32) {
 }
 
 /// Connects to `127.0.0.1:port` inside the namespace `namespace`.
-pub(crate) async fn connect_inside(namespace: &File, port: u16) -> io::Result<TcpStream> {
+pub async fn connect_inside(namespace: &File, port: u16) -> io::Result<TcpStream> {
     let namespace = namespace.try_clone()?;
     let (sender, receiver) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()

@@ -51,6 +51,38 @@ impl RecordingSink {
         Ok(())
     }
 
+    /// A command's recording, whole: what it is in a header, the document as the body.
+    pub async fn put_whole(
+        &self,
+        id: Uuid,
+        meta: &sandbase_api::internal::CommandRecording,
+        cast: Vec<u8>,
+    ) -> anyhow::Result<()> {
+        let url = format!(
+            "{}{}",
+            self.gateway_url,
+            paths::recording_whole(&id.to_string())
+        );
+        let answer = self
+            .http
+            .put(url)
+            .header(NODE_TOKEN_HEADER, &self.credential)
+            .header(
+                sandbase_api::internal::RECORDING_HEADER,
+                serde_json::to_string(meta)?,
+            )
+            .body(cast)
+            .send()
+            .await
+            .context("sending a command's recording")?;
+        anyhow::ensure!(
+            answer.status().is_success(),
+            "the gateway answered {} to a command's recording",
+            answer.status()
+        );
+        Ok(())
+    }
+
     async fn end(&self, id: Uuid, end: RecordingEnd) -> anyhow::Result<()> {
         let url = format!(
             "{}{}",

@@ -48,6 +48,7 @@ impl Hosted {
             stream: false,
             background: false,
             session: None,
+            record: None,
         })?;
         let (session, pid) = self
             .agent

@@ -339,6 +339,7 @@ fn command(argv: Vec<String>, user: RunAs, timeout_ms: Option<u64>) -> Exec {
         stream: false,
         background: false,
         session: None,
+        record: None,
     }
 }
 

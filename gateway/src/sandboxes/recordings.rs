@@ -7,7 +7,7 @@
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use futures_util::{Stream, StreamExt};
-use sandbase_api::internal::RecordingEnd;
+use sandbase_api::internal::{CommandRecording, RecordingEnd};
 use sandbase_api::terminals::Recording;
 use uuid::Uuid;
 
@@ -21,15 +21,21 @@ pub const MAX_CHUNK: usize = 4 * 1024 * 1024;
 const MAX_CHUNKS: u32 = 100_000;
 const EXPIRE_BATCH: i64 = 100;
 
-const COLUMNS: &str = "id, team_id, sandbox_id, session, api_key_id, user_id, command, \
-    with_input, started_at, ended_at, duration_ms, bytes, chunks, exit_code, expires_at";
+const COLUMNS: &str = "id, team_id, sandbox_id, kind, session, shell_session, api_key_id, \
+    user_id, command, with_input, started_at, ended_at, duration_ms, bytes, chunks, exit_code, \
+    expires_at";
+
+/// The recordings a team sees: every command's, and terminal sessions' once they opened.
+const VISIBLE: &str = "(kind <> 'terminal' OR session IS NOT NULL)";
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct RecordingRow {
     pub id: Uuid,
     pub team_id: Uuid,
     pub sandbox_id: Uuid,
+    pub kind: String,
     pub session: Option<i32>,
+    pub shell_session: Option<String>,
     pub api_key_id: Option<Uuid>,
     pub user_id: Option<Uuid>,
     pub command: sqlx::types::Json<Vec<String>>,
@@ -48,7 +54,9 @@ impl RecordingRow {
         Recording {
             id: self.id,
             sandbox_id: self.sandbox_id,
+            kind: self.kind.clone(),
             session_id: self.session.map(|session| session as u32),
+            shell_session: self.shell_session.clone(),
             command: self.command.0.clone(),
             with_input: self.with_input,
             started_at: self.started_at,
@@ -194,10 +202,66 @@ pub async fn end(state: &AppState, worker: &str, id: Uuid, end: RecordingEnd) ->
     Ok(())
 }
 
+/// A command's recording a worker sends whole, once the command ended: only of a sandbox it
+/// hosts, attributed to the key or person the gateway named when they are of the sandbox's
+/// team (a resend changes nothing).
+pub async fn put_whole(
+    state: &AppState,
+    worker: &str,
+    id: Uuid,
+    meta: &CommandRecording,
+    cast: Bytes,
+) -> ApiResult<()> {
+    if !matches!(meta.kind.as_str(), "exec" | "shell") {
+        return Err(ApiError::InvalidRequest(
+            "a command's recording is of kind exec or shell".to_owned(),
+        ));
+    }
+    let team: Option<(Uuid,)> =
+        sqlx::query_as("SELECT team_id FROM sandboxes WHERE id = $1 AND worker_id = $2")
+            .bind(meta.sandbox)
+            .bind(worker)
+            .fetch_optional(&state.db)
+            .await?;
+    let (team,) = team.ok_or(ApiError::NotFound("sandbox"))?;
+    let size = cast.len() as i64;
+    state
+        .artifacts
+        .put(&state.artifacts.recording(team, id, 0), cast)
+        .await?;
+    sqlx::query(
+        "INSERT INTO recordings (id, team_id, sandbox_id, kind, shell_session, api_key_id, \
+           user_id, command, with_input, started_at, ended_at, duration_ms, bytes, chunks, \
+           exit_code, expires_at) \
+         VALUES ($1, $2, $3, $4, $5, \
+           (SELECT id FROM api_keys WHERE id = $6 AND team_id = $2), \
+           (SELECT user_id FROM team_members WHERE user_id = $7 AND team_id = $2), \
+           $8, true, now() - make_interval(secs => $9), now(), $10, $11, 1, $12, \
+           now() + make_interval(secs => $13)) \
+         ON CONFLICT (id) DO NOTHING",
+    )
+    .bind(id)
+    .bind(team)
+    .bind(meta.sandbox)
+    .bind(&meta.kind)
+    .bind(meta.shell_session.as_deref())
+    .bind(meta.by.api_key_id)
+    .bind(meta.by.user_id)
+    .bind(sqlx::types::Json(&meta.command))
+    .bind(meta.duration_ms as f64 / 1000.0)
+    .bind(i64::try_from(meta.duration_ms).unwrap_or(i64::MAX))
+    .bind(size)
+    .bind(meta.exit_code)
+    .bind(state.settings.sandboxes.recording_retention_secs as f64)
+    .execute(&state.db)
+    .await?;
+    Ok(())
+}
+
 /// One recording of a team.
 pub async fn find(state: &AppState, team_id: Uuid, id: Uuid) -> ApiResult<RecordingRow> {
     sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM recordings WHERE id = $1 AND team_id = $2 AND session IS NOT NULL"
+        "SELECT {COLUMNS} FROM recordings WHERE id = $1 AND team_id = $2 AND {VISIBLE}"
     ))
     .bind(id)
     .bind(team_id)
@@ -232,7 +296,7 @@ pub async fn list(
     limit: i64,
 ) -> ApiResult<Vec<RecordingRow>> {
     Ok(sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM recordings WHERE team_id = $1 AND session IS NOT NULL \
+        "SELECT {COLUMNS} FROM recordings WHERE team_id = $1 AND {VISIBLE} \
            AND ($2::uuid IS NULL OR sandbox_id = $2) \
          ORDER BY started_at DESC, id DESC LIMIT $3"
     ))

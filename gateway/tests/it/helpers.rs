@@ -173,6 +173,19 @@ impl TestApp {
         self.request(Method::GET, path, Some(token), None).await
     }
 
+    /// A GET whose answer is text (a recording, a file): the body, which must be 200.
+    pub async fn get_text(&self, path: &str, token: &str) -> String {
+        let answer = self
+            .http
+            .get(format!("{}{path}", self.address))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("send the request");
+        assert_eq!(answer.status().as_u16(), 200, "GET {path}");
+        answer.text().await.expect("a text body")
+    }
+
     pub async fn post(&self, path: &str, token: &str, body: Value) -> Answer {
         self.request(Method::POST, path, Some(token), Some(body))
             .await

@@ -134,10 +134,113 @@ async fn sessions_under(isolation: Isolation) {
 
     refusals(&app, token, &id).await;
     // The sandbox's other commands still work.
-    let plain = exec(&app, token, &id, json!({ "command": "echo alive" })).await;
-    assert_eq!(plain.body["stdout"], "alive\n");
+    plain_and_streamed_commands(&app, token, &id).await;
     app.delete(&format!("/v1/sandboxes/{id}"), token).await;
+    commands_are_recorded(&app, token, &id, alice.api_key.key.id).await;
     worker.clean_up().await;
+}
+
+async fn plain_and_streamed_commands(app: &crate::helpers::TestApp, token: &str, id: &str) {
+    let plain = exec(app, token, id, json!({ "command": "echo alive" })).await;
+    assert_eq!(plain.body["stdout"], "alive\n");
+    let streamed = exec(
+        app,
+        token,
+        id,
+        json!({ "command": "echo streamed; exit 4", "stream": true }),
+    )
+    .await;
+    assert!(streamed.status.is_success());
+}
+
+/// Every command was recorded by the worker, after the sandbox is gone too: the shell
+/// session's commands with the session's name, the plain and the streamed `exec` calls, each
+/// with its exit code, its command line typed and its output, for the key that ran it.
+async fn commands_are_recorded(
+    app: &crate::helpers::TestApp,
+    token: &str,
+    id: &str,
+    key: uuid::Uuid,
+) {
+    let path = format!("/v1/recordings?sandbox={id}");
+    let has_all = |listed: &Value| {
+        let all = listed["recordings"].as_array().cloned().unwrap_or_default();
+        all.iter()
+            .any(|r| r["command"][2] == "echo streamed; exit 4")
+            && all.iter().any(|r| r["command"][2] == "echo alive")
+    };
+    crate::testbed::wait_until(
+        "the commands' recordings",
+        std::time::Duration::from_secs(15),
+        || async { has_all(&app.get(&path, token).await.body) },
+    )
+    .await;
+    let listed = app.get(&path, token).await.body;
+    let all = listed["recordings"].as_array().unwrap();
+    let find = |command: &str| {
+        all.iter()
+            .find(|recording| recording["command"][2] == command)
+            .unwrap_or_else(|| panic!("no recording of {command}: {listed}"))
+            .clone()
+    };
+    let second = find("pwd; echo $GREETING; echo oops >&2; false");
+    assert_eq!(
+        (
+            &second["kind"],
+            &second["shell_session"],
+            &second["exit_code"]
+        ),
+        (&json!("shell"), &json!("main"), &json!(1)),
+        "{second}"
+    );
+    let streamed = find("echo streamed; exit 4");
+    assert_eq!(
+        (&streamed["kind"], &streamed["exit_code"]),
+        (&json!("exec"), &json!(4))
+    );
+    for (recording, typed, shown) in [
+        (
+            &second,
+            "$ pwd; echo $GREETING; echo oops >&2; false\r\n",
+            "/tmp\r\nhi\r\n",
+        ),
+        (&streamed, "$ echo streamed; exit 4\r\n", "streamed\r\n"),
+        (&find("echo alive"), "$ echo alive\r\n", "alive\r\n"),
+    ] {
+        let answer = app
+            .get_text(
+                &format!("/v1/recordings/{}", recording["id"].as_str().unwrap()),
+                token,
+            )
+            .await;
+        let lines: Vec<Value> = answer
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect();
+        assert_eq!(lines[0]["version"], 2);
+        assert_eq!((&lines[1][1], &lines[1][2]), (&json!("i"), &json!(typed)));
+        let output: String = lines[2..]
+            .iter()
+            .filter(|event| event[1] == "o")
+            .map(|event| event[2].as_str().unwrap())
+            .collect();
+        assert!(output.contains(shown), "{output:?}");
+    }
+    // The rows name the key that ran the commands.
+    let (keys,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM recordings WHERE sandbox_id = $1::uuid AND kind <> 'terminal' \
+           AND api_key_id IS DISTINCT FROM $2",
+    )
+    .bind(id)
+    .bind(key)
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(keys, 0);
+    // Another team sees none of them.
+    let bob = app.signup("bob@example.com", "Bob").await;
+    let foreign = app.get(&path, &bob.api_key.token).await;
+    assert_eq!(foreign.body["recordings"], json!([]), "{}", foreign.body);
 }
 
 /// Bad names, combinations that cannot be, another user in a session, too many sessions.

@@ -1,6 +1,7 @@
 //! Commands: whole results, NDJSON streams, background processes with stdin and signals.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Json;
@@ -18,8 +19,10 @@ use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use crate::agent_client::{self, Refused};
+use crate::command_recording::CommandCast;
 use crate::node::NodeError;
 use crate::pause::Active;
+use crate::recording::RecordingSink;
 use crate::utf8::Utf8Carry;
 
 use super::support::{ApiState, SYNC_OUTPUT_LIMIT};
@@ -30,6 +33,20 @@ pub(super) async fn exec(
     Json(exec): Json<Exec>,
 ) -> Result<Response, NodeError> {
     let hosted = state.node.active(id).await?;
+    // The command is recorded when the gateway asks (a run's own commands are not).
+    let kind = if exec.session.is_some() {
+        "shell"
+    } else {
+        "exec"
+    };
+    let recording = exec
+        .record
+        .filter(|_| !exec.background)
+        .zip(state.node.recording_sink())
+        .map(|(by, sink)| {
+            let cast = CommandCast::start(id, kind, &exec.argv, exec.session.as_deref(), by);
+            (cast, sink)
+        });
     if let Some(session) = &exec.session {
         if exec.background || exec.stream || exec.stdin.is_some() {
             return Err(NodeError::Invalid(
@@ -42,6 +59,7 @@ pub(super) async fn exec(
         let result = hosted
             .run_in_session(session, &exec, SYNC_OUTPUT_LIMIT)
             .await?;
+        record_result(recording, &result);
         return Ok(Json(result).into_response());
     }
     if exec.background {
@@ -65,11 +83,20 @@ pub(super) async fn exec(
         }
     };
     if exec.stream {
-        return Ok(stream_events(pid, events, hosted));
+        return Ok(stream_events(pid, events, hosted, recording));
     }
-    collect_events(events, started)
-        .await
-        .map(|result| Json(result).into_response())
+    let result = collect_events(events, started).await?;
+    record_result(recording, &result);
+    Ok(Json(result).into_response())
+}
+
+/// A whole result into its command's recording, which is then sent.
+fn record_result(recording: Option<(CommandCast, Arc<RecordingSink>)>, result: &ExecResult) {
+    if let Some((mut cast, sink)) = recording {
+        cast.stdout(result.stdout.as_bytes());
+        cast.stderr(result.stderr.as_bytes());
+        cast.send(sink, Some(result.exit_code));
+    }
 }
 
 /// A command the agent could not start (not found, not executable) answers like a shell
@@ -180,12 +207,14 @@ pub(super) fn stream_events(
     pid: u32,
     events: mpsc::Receiver<anyhow::Result<agent_client::ExecEvent>>,
     active: Active,
+    recording: Option<(CommandCast, Arc<RecordingSink>)>,
 ) -> Response {
     struct Streaming {
         events: mpsc::Receiver<anyhow::Result<agent_client::ExecEvent>>,
         stdout: Utf8Carry,
         stderr: Utf8Carry,
         done: bool,
+        recording: Option<(CommandCast, Arc<RecordingSink>)>,
         /// The sandbox stays busy while the answer streams.
         _active: Active,
     }
@@ -195,6 +224,7 @@ pub(super) fn stream_events(
         stdout: Utf8Carry::default(),
         stderr: Utf8Carry::default(),
         done: false,
+        recording,
     };
     let first = futures_util::stream::once(async move {
         Ok::<_, Infallible>(Bytes::from(ndjson_line(&ExecEvent::Started { pid })))
@@ -207,14 +237,27 @@ pub(super) fn stream_events(
             Some(Ok(agent_client::ExecEvent::Started { pid })) => {
                 ndjson_line(&ExecEvent::Started { pid })
             }
-            Some(Ok(agent_client::ExecEvent::Stdout(bytes))) => ndjson_line(&ExecEvent::Stdout {
-                stdout: state.stdout.push(&bytes),
-            }),
-            Some(Ok(agent_client::ExecEvent::Stderr(bytes))) => ndjson_line(&ExecEvent::Stderr {
-                stderr: state.stderr.push(&bytes),
-            }),
+            Some(Ok(agent_client::ExecEvent::Stdout(bytes))) => {
+                if let Some((cast, _)) = &mut state.recording {
+                    cast.stdout(&bytes);
+                }
+                ndjson_line(&ExecEvent::Stdout {
+                    stdout: state.stdout.push(&bytes),
+                })
+            }
+            Some(Ok(agent_client::ExecEvent::Stderr(bytes))) => {
+                if let Some((cast, _)) = &mut state.recording {
+                    cast.stderr(&bytes);
+                }
+                ndjson_line(&ExecEvent::Stderr {
+                    stderr: state.stderr.push(&bytes),
+                })
+            }
             Some(Ok(agent_client::ExecEvent::Exit(exit))) => {
                 state.done = true;
+                if let Some((cast, sink)) = state.recording.take() {
+                    cast.send(sink, Some(exit.code));
+                }
                 let mut lines = String::new();
                 for (rest, is_stdout) in [
                     (state.stdout.finish(), true),

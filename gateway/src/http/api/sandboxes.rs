@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 use futures_util::StreamExt;
-use sandbase_api::internal::Exec;
+use sandbase_api::internal::{Exec, RecordFor};
 use sandbase_api::sandboxes::{
     BackgroundStarted, CreateSandboxRequest, DirectoryListing, ExecEvent, ExecRequest, ExecResult,
     ExtendTimeoutRequest, FileInfo, Process, ProcessList, Sandbox, SandboxList, SignalRequest,
@@ -309,6 +309,15 @@ async fn exec(
         stream: request.stream,
         background: request.background,
         session: request.session,
+        // Commands are recorded (background processes are not: they have no end to wait
+        // for; their output is kept with them).
+        record: (!request.background).then(|| {
+            let owner = crate::sandboxes::Owner::of(&principal);
+            RecordFor {
+                api_key_id: owner.api_key_id,
+                user_id: owner.user_id,
+            }
+        }),
     };
     let answer = forward(
         &state,

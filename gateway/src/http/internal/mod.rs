@@ -36,4 +36,10 @@ pub fn router() -> Router<AppState> {
             )),
         )
         .route(&paths::recording("{id}", ""), post(recordings::end))
+        .route(
+            &paths::recording_whole("{id}"),
+            put(recordings::whole).layer(DefaultBodyLimit::max(
+                crate::sandboxes::recordings::MAX_CHUNK,
+            )),
+        )
 }
