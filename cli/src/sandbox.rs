@@ -186,6 +186,10 @@ pub struct ExecArgs {
     /// to the session's next command.
     #[arg(long)]
     session: Option<String>,
+    /// Start it in the background and print its pid (`GET /v1/sandboxes/ID/processes/PID`
+    /// has its output).
+    #[arg(long, conflicts_with = "session")]
+    background: bool,
     /// The command and its arguments (after `--`).
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -408,6 +412,21 @@ fn state_text(sandbox: &Sandbox) -> String {
 async fn exec(client: &Client, args: ExecArgs) -> anyhow::Result<ExitCode> {
     if args.session.is_some() {
         return exec_in_session(client, args).await;
+    }
+    if args.background {
+        let env: BTreeMap<String, String> = args.env.into_iter().collect();
+        let body = json!({
+            "cmd": args.command,
+            "env": env,
+            "cwd": args.cwd,
+            "user": if args.root { RunAs::Root } else { RunAs::User },
+            "background": true,
+        });
+        let started: sandbase_api::sandboxes::BackgroundStarted = client
+            .post(&format!("/v1/sandboxes/{}/exec", args.id), &body)
+            .await?;
+        println!("{}", started.pid);
+        return Ok(ExitCode::SUCCESS);
     }
     // Piped input goes to the command; a terminal is not read.
     let stdin = if std::io::stdin().is_terminal() {
