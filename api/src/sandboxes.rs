@@ -311,6 +311,14 @@ pub struct ExecRequest {
     /// `background` or `stdin`.
     #[serde(default)]
     pub session: Option<String>,
+    /// Record the command and its output (asciicast, kept with the audit log; background
+    /// processes are never recorded). `false` keeps no recording.
+    #[serde(default = "record_by_default")]
+    pub record: bool,
+}
+
+fn record_by_default() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]

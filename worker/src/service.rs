@@ -66,6 +66,11 @@ async fn serve(
     };
     let served = match tls {
         None => {
+            use axum::serve::ListenerExt;
+            // Answers and relayed bytes go out at once (no Nagle wait on small writes).
+            let listener = listener.tap_io(|stream| {
+                let _ = stream.set_nodelay(true);
+            });
             axum::serve(listener, router)
                 .with_graceful_shutdown(shutdown)
                 .await

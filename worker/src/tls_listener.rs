@@ -37,6 +37,8 @@ impl TlsListener {
                         continue;
                     }
                 };
+                // Answers and relayed bytes go out at once (no Nagle wait on small writes).
+                let _ = stream.set_nodelay(true);
                 let (acceptor, sender) = (acceptor.clone(), sender.clone());
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {

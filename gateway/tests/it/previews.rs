@@ -483,3 +483,95 @@ async fn a_preview_reaches_a_server_in_a_gvisor_sandbox() {
     assert_eq!(gone.status().as_u16(), 409);
     worker.clean_up().await;
 }
+
+/// Destroying a sandbox ends everything its sessions held: a preview request in flight (its
+/// relay through the worker), a terminal's output stream, the sandbox's control directory
+/// and its mount; its previews answer no more.
+#[tokio::test(flavor = "multi_thread")]
+async fn nothing_of_a_sandboxs_sessions_is_left_after_destroy() {
+    let app = preview_app().await;
+    let worker = TestWorker::start(worker_config(&app, "pd", 2, 0)).await;
+    let alice = app.signup("alice@example.com", "Alice").await;
+    let sandbox = TestSandbox::create(&app, &alice.api_key.token, json!({})).await;
+    let node = worker.running().node().clone();
+    let container = node
+        .get(sandbox.id.parse().unwrap())
+        .unwrap()
+        .sandbox
+        .id
+        .clone();
+    let control = worker.config.worker.run_dir.join(&container);
+    assert!(control.exists());
+
+    // A terminal whose output is being read, and a preview request the server never answers.
+    let opened = sandbox.post("/pty", json!({})).await;
+    assert_eq!(opened.status.as_u16(), 201, "{}", opened.body);
+    let output = app
+        .http
+        .get(format!(
+            "{}{}",
+            app.address,
+            sandbox.path(&format!(
+                "/pty/{}/output?since=0",
+                opened.body["session_id"]
+            ))
+        ))
+        .bearer_auth(&sandbox.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(output.status().as_u16(), 200);
+    let reading = tokio::spawn(async move { output.bytes().await.map(|bytes| bytes.len()) });
+    let opened = open(&sandbox, json!({ "port": 8000, "public": true })).await;
+    let listening = sandbox
+        .exec(json!({ "command": "exec busybox nc -ll -p 8000 -e sleep 1000", "background": true }))
+        .await;
+    assert_eq!(listening.status.as_u16(), 201, "{}", listening.body);
+    assert_eq!(opened["public"], true);
+    let client = preview_client(&app, &[host(8000, &sandbox.id)]);
+    let target = url(&app, 8000, &sandbox.id, "/");
+    wait_until("nc to listen", Duration::from_secs(20), || async {
+        sandbox.sh("netstat -ltn | grep -q ':8000 '").await["exit_code"] == 0
+    })
+    .await;
+    let waiting = tokio::spawn({
+        let (client, target) = (client.clone(), target.clone());
+        async move {
+            client
+                .get(&target)
+                .send()
+                .await
+                .map(|answer| answer.status().as_u16())
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the preview request should hang until destroy"
+    );
+
+    assert_eq!(sandbox.delete("").await.status.as_u16(), 204);
+    let ended = tokio::time::timeout(Duration::from_secs(15), waiting)
+        .await
+        .expect("the preview request ended with the sandbox")
+        .unwrap();
+    assert!(
+        ended.as_ref().map_or(true, |status| *status == 502),
+        "{ended:?}"
+    );
+    tokio::time::timeout(Duration::from_secs(15), reading)
+        .await
+        .expect("the terminal's output stream ended with the sandbox")
+        .unwrap()
+        .ok();
+    assert!(node.ids().is_empty());
+    assert!(!control.exists(), "{}", control.display());
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(&container),
+        "a mount of the sandbox is left"
+    );
+    let gone = client.get(&target).send().await.unwrap();
+    assert_eq!(gone.status().as_u16(), 409);
+    worker.clean_up().await;
+}

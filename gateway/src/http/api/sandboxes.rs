@@ -311,7 +311,7 @@ async fn exec(
         session: request.session,
         // Commands are recorded (background processes are not: they have no end to wait
         // for; their output is kept with them).
-        record: (!request.background).then(|| {
+        record: (request.record && !request.background).then(|| {
             let owner = crate::sandboxes::Owner::of(&principal);
             RecordFor {
                 api_key_id: owner.api_key_id,
