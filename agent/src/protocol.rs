@@ -178,6 +178,13 @@ pub enum Request {
         session: u32,
         #[serde(default)]
         since: u64,
+        /// The session's output waits for this reader (the worker's, which records it):
+        /// when it falls the kept output behind, the agent stops reading the terminal and
+        /// the program blocks on a full terminal, as under a slow terminal emulator,
+        /// instead of this reader lagging. One holder at a time; a holder stuck for
+        /// [`HOLD_LIMIT`](crate::pty::HOLD_LIMIT) is let go (it lags from then on).
+        #[serde(default)]
+        hold: bool,
     },
     /// Signals a session's process group (`HUP` then `KILL` to end it).
     PtySignal {

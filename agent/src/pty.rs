@@ -37,6 +37,8 @@ const MAX_SESSIONS: usize = 8;
 /// the terminal) before the session ends anyway.
 const OUTPUT_DRAIN: Duration = Duration::from_millis(250);
 const DATA_CHUNK: usize = 64 * 1024;
+/// How long a holding reader may keep the terminal unread before it is let go.
+pub const HOLD_LIMIT: Duration = Duration::from_secs(10);
 
 struct Output {
     ring: VecDeque<u8>,
@@ -45,6 +47,8 @@ struct Output {
     exit: Option<ExitInfo>,
     /// No more output will come.
     ended: bool,
+    /// Where the holding reader is (see `Request::PtyAttach`'s `hold`).
+    held_at: Option<u64>,
 }
 
 impl Output {
@@ -57,6 +61,13 @@ impl Output {
         let excess = self.ring.len().saturating_sub(RING);
         self.ring.drain(..excess);
         self.start += excess as u64;
+    }
+
+    /// Whether the holding reader is so far behind that reading more would drop bytes
+    /// it has not had.
+    fn held_back(&self) -> bool {
+        self.held_at
+            .is_some_and(|held| self.end() - held + DATA_CHUNK as u64 > RING as u64)
     }
 
     /// Up to `max` bytes from `offset` (which must be within the ring).
@@ -234,6 +245,7 @@ pub(crate) fn open(request: PtyRequest, writer: &Mutex<UnixStream>) -> io::Resul
             start: 0,
             exit: None,
             ended: false,
+            held_at: None,
         }),
         changed: Condvar::new(),
     });
@@ -261,6 +273,7 @@ pub(crate) fn open(request: PtyRequest, writer: &Mutex<UnixStream>) -> io::Resul
 fn read_terminal(session: &Session, exits: &mpsc::Receiver<WaitStatus>) {
     let mut buffer = vec![0u8; DATA_CHUNK];
     let mut exited: Option<Instant> = None;
+    let mut stuck: Option<(u64, Instant)> = None;
     loop {
         if exited.is_none() {
             match exits.recv_timeout(Duration::ZERO) {
@@ -275,6 +288,11 @@ fn read_terminal(session: &Session, exits: &mpsc::Receiver<WaitStatus>) {
         }
         if exited.is_some_and(|at| at.elapsed() >= OUTPUT_DRAIN) {
             break;
+        }
+        if wait_for_holder(session, &mut stuck) {
+            // What the program wrote meanwhile is still to be read.
+            exited = exited.map(|_| Instant::now());
+            continue;
         }
         let mut poll = [rustix::event::PollFd::new(
             &session.master,
@@ -310,6 +328,32 @@ fn read_terminal(session: &Session, exits: &mpsc::Receiver<WaitStatus>) {
     session.changed.notify_all();
 }
 
+/// While the holding reader is too far behind: waits a moment for it and says so (`true`);
+/// lets it go once it read nothing for [`HOLD_LIMIT`] (`stuck`: where it was and since when).
+fn wait_for_holder(session: &Session, stuck: &mut Option<(u64, Instant)>) -> bool {
+    let mut output = session.output();
+    let Some(held_at) = output.held_at.filter(|_| output.held_back()) else {
+        *stuck = None;
+        return false;
+    };
+    let since = match *stuck {
+        Some((at, since)) if at == held_at => since,
+        _ => stuck.insert((held_at, Instant::now())).1,
+    };
+    if since.elapsed() >= HOLD_LIMIT {
+        output.held_at = None;
+        *stuck = None;
+        return false;
+    }
+    drop(
+        session
+            .changed
+            .wait_timeout(output, Duration::from_millis(50))
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    true
+}
+
 fn exit_info_waited(exits: &mpsc::Receiver<WaitStatus>) -> ExitInfo {
     exits.recv().map_or(
         ExitInfo {
@@ -340,6 +384,7 @@ fn exit_info(status: WaitStatus) -> ExitInfo {
 pub(crate) fn attach(
     id: u32,
     since: u64,
+    hold: bool,
     reader: &UnixStream,
     writer: &Arc<Mutex<UnixStream>>,
 ) -> io::Result<()> {
@@ -347,12 +392,16 @@ pub(crate) fn attach(
         return refuse(writer, "not_found", format!("no terminal session {id}"));
     };
     let (offset, lagged) = {
-        let output = session.output();
-        if since < output.start {
+        let mut output = session.output();
+        let (offset, lagged) = if since < output.start {
             (output.start, true)
         } else {
             (since.min(output.end()), false)
+        };
+        if hold {
+            output.held_at = Some(offset);
         }
+        (offset, lagged)
     };
     reply(writer, &Reply::PtyAttached { offset, lagged })?;
     let left = Arc::new(AtomicBool::new(false));
@@ -362,7 +411,13 @@ pub(crate) fn attach(
     thread::Builder::new()
         .name("pty-out".to_owned())
         .stack_size(crate::threads::SMALL_STACK)
-        .spawn(move || pump(&pumping, offset, &pump_writer, &pump_left))?;
+        .spawn(move || {
+            pump(&pumping, offset, hold, &pump_writer, &pump_left);
+            if hold {
+                pumping.output().held_at = None;
+                pumping.changed.notify_all();
+            }
+        })?;
     thread::Builder::new()
         .name("pty-in".to_owned())
         .stack_size(crate::threads::SMALL_STACK)
@@ -375,8 +430,14 @@ pub(crate) fn attach(
 }
 
 /// Output from `offset` to the peer until the session ended (then `Exit` and `End`) or
-/// the peer left.
-fn pump(session: &Session, mut offset: u64, writer: &Mutex<UnixStream>, left: &AtomicBool) {
+/// the peer left; a holding peer's progress is kept where the terminal's reader sees it.
+fn pump(
+    session: &Session,
+    mut offset: u64,
+    hold: bool,
+    writer: &Mutex<UnixStream>,
+    left: &AtomicBool,
+) {
     loop {
         let mut output = session.output();
         while output.end() == offset && !output.ended && !left.load(Ordering::SeqCst) {
@@ -410,6 +471,14 @@ fn pump(session: &Session, mut offset: u64, writer: &Mutex<UnixStream>, left: &A
         offset += bytes.len() as u64;
         if write_frame(&mut *lock(writer), FrameKind::Data, &bytes).is_err() {
             return;
+        }
+        if hold {
+            let mut output = session.output();
+            if output.held_at.is_some() {
+                output.held_at = Some(offset);
+                drop(output);
+                session.changed.notify_all();
+            }
         }
     }
 }

@@ -115,9 +115,11 @@ fn serve(stream: UnixStream) -> io::Result<()> {
             tar_in(&path, owners, &mut reader, &writer)
         }
         Request::PtyOpen(request) => crate::pty::open(request, &writer),
-        Request::PtyAttach { session, since } => {
-            crate::pty::attach(session, since, &reader, &writer)
-        }
+        Request::PtyAttach {
+            session,
+            since,
+            hold,
+        } => crate::pty::attach(session, since, hold, &reader, &writer),
         Request::PtySignal { session, signal } => crate::pty::signal(session, signal, &writer),
     }
 }

@@ -265,9 +265,19 @@ impl AgentClient {
 
     /// Attaches to a terminal session from `since`: the connection (its output frames follow;
     /// `Data` and JSON frames written to it are input and control) and where its output
-    /// starts.
-    pub async fn pty_attach(&self, session: u32, since: u64) -> anyhow::Result<(UnixStream, u64)> {
-        let mut stream = self.connect(&Request::PtyAttach { session, since }).await?;
+    /// starts. A holding reader is waited for rather than lagging (the worker's recording).
+    pub async fn pty_attach(
+        &self,
+        session: u32,
+        since: u64,
+        hold: bool,
+    ) -> anyhow::Result<(UnixStream, u64)> {
+        let request = Request::PtyAttach {
+            session,
+            since,
+            hold,
+        };
+        let mut stream = self.connect(&request).await?;
         match read_reply(&mut stream).await? {
             Reply::PtyAttached { offset, .. } => Ok((stream, offset)),
             other => bail!("unexpected answer {other:?}"),

@@ -20,6 +20,9 @@ pub const CHUNK_BYTES: usize = 256 * 1024;
 /// Most recording bytes a worker holds for the gateway per session while it is away; the
 /// oldest events beyond it are dropped and the gap is marked in the recording.
 const MAX_PENDING: usize = 16 * 1024 * 1024;
+/// The most one chunk carries (well under the gateway's limit for a chunk): a backlog goes
+/// out as several chunks cut at line ends, one after another.
+const MAX_SEND: usize = 1024 * 1024;
 
 /// Where recordings go: the gateway's internal API, with the worker's credential.
 pub struct RecordingSink {
@@ -122,6 +125,8 @@ pub struct Recorder {
     with_input: bool,
     pending: Mutex<Pending>,
     wake: tokio::sync::Notify,
+    /// Told when pending lines were taken to be sent.
+    drained: tokio::sync::Notify,
 }
 
 impl Recorder {
@@ -151,6 +156,7 @@ impl Recorder {
                 ..Pending::default()
             }),
             wake: tokio::sync::Notify::new(),
+            drained: tokio::sync::Notify::new(),
         });
         tokio::spawn(send(Arc::clone(&recorder), sink, ended, exit));
         recorder
@@ -179,6 +185,21 @@ impl Recorder {
         }
     }
 
+    /// Waits while more than [`MAX_PENDING`] is waiting to be sent: the terminal's output
+    /// is then held back (the agent waits for the worker's reader) rather than lost.
+    pub async fn room(&self) {
+        loop {
+            let drained = self.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            if self.pending().lines.len() <= MAX_PENDING {
+                return;
+            }
+            self.wake.notify_one();
+            drained.await;
+        }
+    }
+
     pub fn output(&self, bytes: &[u8]) {
         let mut pending = self.pending();
         let text = pending.output.push(bytes);
@@ -199,8 +220,9 @@ impl Recorder {
         self.event(&mut pending, "r", &format!("{cols}x{rows}"));
     }
 
-    /// What is waiting to be sent (the end: with what the carries still hold).
-    fn take(&self, last: bool) -> Vec<u8> {
+    /// What is waiting to be sent, at most [`MAX_SEND`] cut at a line end (the end: with
+    /// what the carries still hold), and whether more is waiting.
+    fn take(&self, last: bool) -> (Vec<u8>, bool) {
         let mut pending = self.pending();
         if last {
             let (output, input) = (pending.output.finish(), pending.input.finish());
@@ -216,10 +238,27 @@ impl Recorder {
                 .lines
                 .extend_from_slice(format!("{line}\n").as_bytes());
         }
-        let lines = std::mem::take(&mut pending.lines);
+        let cut = cut_at_line_end(&pending.lines, MAX_SEND);
+        let rest = pending.lines.split_off(cut);
+        let lines = std::mem::replace(&mut pending.lines, rest);
         pending.bytes += lines.len() as u64;
-        lines
+        self.drained.notify_waiters();
+        (lines, !pending.lines.is_empty())
     }
+}
+
+/// Where to cut `lines` for a chunk of at most `limit` bytes: after the last whole line that
+/// fits (after the first line when even that one does not).
+fn cut_at_line_end(lines: &[u8], limit: usize) -> usize {
+    if lines.len() <= limit {
+        return lines.len();
+    }
+    let end = |index: usize| index + 1;
+    lines[..limit]
+        .iter()
+        .rposition(|byte| *byte == b'\n')
+        .or_else(|| lines.iter().position(|byte| *byte == b'\n'))
+        .map_or(lines.len(), end)
 }
 
 /// Sends the recording's chunks as they fill (retrying a failed one), then its end.
@@ -230,9 +269,10 @@ async fn send(
     exit: impl Fn() -> Option<i32>,
 ) {
     let mut chunk = 0u32;
+    let mut backlog = false;
     loop {
         let last = *ended.borrow();
-        if !last {
+        if !last && !backlog {
             tokio::select! {
                 _ = tokio::time::sleep(FLUSH_EVERY) => {}
                 () = recorder.wake.notified() => {}
@@ -240,7 +280,8 @@ async fn send(
             }
         }
         let last = *ended.borrow();
-        let bytes = recorder.take(last);
+        let (bytes, more) = recorder.take(last);
+        backlog = more;
         if !bytes.is_empty() {
             let mut attempt = 0;
             while let Err(error) = sink.put_chunk(recorder.id, chunk, bytes.clone()).await {
@@ -253,7 +294,7 @@ async fn send(
             }
             chunk += 1;
         }
-        if last {
+        if last && !backlog {
             let end = RecordingEnd {
                 duration_ms: recorder.started.elapsed().as_millis() as u64,
                 bytes: recorder.pending().bytes,
@@ -265,5 +306,21 @@ async fn send(
             }
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cut_at_line_end;
+
+    #[test]
+    fn chunks_are_cut_after_whole_lines() {
+        assert_eq!(cut_at_line_end(b"a\nb\n", 10), 4);
+        assert_eq!(cut_at_line_end(b"aa\nbb\ncc\n", 7), 6);
+        assert_eq!(cut_at_line_end(b"aa\nbb\ncc\n", 6), 6);
+        assert_eq!(cut_at_line_end(b"aa\nbb\ncc\n", 5), 3);
+        // A line longer than the limit goes whole, in a chunk of its own.
+        assert_eq!(cut_at_line_end(b"aaaaaa\nb\n", 3), 7);
+        assert_eq!(cut_at_line_end(b"aaaaaa", 3), 6);
     }
 }

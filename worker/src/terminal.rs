@@ -134,7 +134,9 @@ pub struct Opened {
 impl Terminal {
     /// Takes the worker's own attachment to an opened session and follows its output.
     pub async fn start(agent: &AgentClient, opened: Opened) -> Result<Arc<Terminal>, NodeError> {
-        let (stream, _) = agent.pty_attach(opened.session, 0).await?;
+        // The recording must not miss output: the agent waits for this reader.
+        let hold = opened.recording.is_some();
+        let (stream, _) = agent.pty_attach(opened.session, 0, hold).await?;
         let (mut reader, writer) = stream.into_split();
         let (ended, _) = tokio::sync::watch::channel(false);
         let exit = Arc::new(Mutex::new(None));
@@ -173,6 +175,7 @@ impl Terminal {
                             .output_bytes
                             .fetch_add(payload.len() as u64, Ordering::Relaxed);
                         if let Some(recorder) = &following.recorder {
+                            recorder.room().await;
                             recorder.output(&payload);
                         }
                     }

@@ -30,11 +30,20 @@ struct Attached {
     offset: u64,
     output: Vec<u8>,
     exit: Option<ExitInfo>,
+    lagged: bool,
 }
 
 impl Attached {
     fn new(agent: &Agent, session: u32, since: u64) -> Attached {
-        let mut stream = agent.connect(&Request::PtyAttach { session, since });
+        Attached::with(agent, session, since, false)
+    }
+
+    fn with(agent: &Agent, session: u32, since: u64, hold: bool) -> Attached {
+        let mut stream = agent.connect(&Request::PtyAttach {
+            session,
+            since,
+            hold,
+        });
         stream
             .set_read_timeout(Some(Duration::from_secs(20)))
             .unwrap();
@@ -47,6 +56,7 @@ impl Attached {
             offset,
             output: Vec::new(),
             exit: None,
+            lagged: false,
         }
     }
 
@@ -66,8 +76,10 @@ impl Attached {
                 true
             }
             Some(frame) if frame.kind == FrameKind::Json => {
-                if let Ok(Reply::Exit(exit)) = serde_json::from_slice(&frame.payload) {
-                    self.exit = Some(exit);
+                match serde_json::from_slice(&frame.payload) {
+                    Ok(Reply::Exit(exit)) => self.exit = Some(exit),
+                    Ok(Reply::PtyLag { .. }) => self.lagged = true,
+                    _ => {}
                 }
                 true
             }
@@ -78,7 +90,12 @@ impl Attached {
     /// Reads until `needle` has appeared in the output.
     fn until(&mut self, needle: &str) {
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !String::from_utf8_lossy(&self.output).contains(needle) {
+        let mut from = 0;
+        while !self.output[from..]
+            .windows(needle.len())
+            .any(|window| window == needle.as_bytes())
+        {
+            from = self.output.len().saturating_sub(needle.len());
             assert!(
                 Instant::now() < deadline,
                 "no {needle:?} in {:?}",
@@ -175,4 +192,38 @@ fn re_attaching_with_since_gets_exactly_the_missed_bytes() {
     one.until("SAME-42\r\n");
     two.until("SAME-42\r\n");
     assert_eq!(one.output, two.output);
+}
+
+/// A holding reader (the worker's, which records) gets every byte, however far behind it
+/// reads: the program waits on a full terminal meanwhile, while a plain reader as slow
+/// lags past the kept output.
+#[test]
+fn a_holding_reader_misses_nothing_and_the_program_waits_for_it() {
+    let agent = Agent::start();
+    let session = open(&agent, &["/bin/sh"]);
+    let mut holder = Attached::with(&agent, session, 0, true);
+    let mut plain = Attached::new(&agent, session, 0);
+    holder.send("echo READY\n");
+    holder.until("READY\r\n");
+    plain.until("READY\r\n");
+    // 4 MiB, four times the kept output, while neither reads.
+    holder.send("head -c 4194304 /dev/zero | tr '\\0' x; echo; echo DO''NE\n");
+    std::thread::sleep(Duration::from_secs(2));
+    let later = Attached::new(&agent, session, 0);
+    assert!(
+        later.offset > 0 && later.offset < 1 << 20,
+        "the program went on without the holder: output from {}",
+        later.offset
+    );
+    drop(later);
+    holder.until("DONE\r\n");
+    plain.until("DONE\r\n");
+    let written = |bytes: &[u8]| bytes.iter().filter(|byte| **byte == b'x').count();
+    assert!(!holder.lagged);
+    assert_eq!(written(&holder.output), 4_194_304 + 1);
+    assert!(plain.lagged, "the plain reader should have lagged");
+    assert!(written(&plain.output) < 4_194_304);
+    holder.send("exit 4\n");
+    holder.until_end();
+    assert_eq!(holder.exit.map(|exit| exit.code), Some(4));
 }

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)] // Tests panic on purpose when an expectation fails.
 
 mod client;
+mod preview;
 mod sandbox;
 mod server;
 

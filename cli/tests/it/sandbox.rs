@@ -161,72 +161,6 @@ async fn sandbox_server() -> Server {
     .await
 }
 
-/// `sandbox preview`: the signed URL to open by default, the plain one when public; the
-/// public one answers with the page the sandbox serves.
-async fn preview_step(server: &Server, id: &str) {
-    let output = server.cli(
-        &[
-            "sandbox",
-            "exec",
-            id,
-            "--",
-            "sh",
-            "-c",
-            "mkdir -p /work/www && echo page > /work/www/index.html",
-        ],
-        &[],
-        None,
-    );
-    assert!(output.status.success(), "{}", stderr(&output));
-    let output = server.cli(
-        &[
-            "sandbox",
-            "exec",
-            id,
-            "--background",
-            "--",
-            "busybox",
-            "httpd",
-            "-f",
-            "-p",
-            "127.0.0.1:8000",
-            "-h",
-            "/work/www",
-        ],
-        &[],
-        None,
-    );
-    assert!(output.status.success(), "{}", stderr(&output));
-    let host = format!("8000-{id}.preview.localhost");
-    let output = server.cli(&["sandbox", "preview", id, "8000"], &[], None);
-    assert!(output.status.success(), "{}", stderr(&output));
-    let signed = stdout(&output).trim().to_owned();
-    assert!(
-        signed.starts_with(&format!("https://{host}/?sandbase_preview="))
-            || signed.starts_with(&format!("http://{host}/?sandbase_preview=")),
-        "{signed}"
-    );
-    assert!(stderr(&output).contains("x-sandbase-preview-token: sbp_"));
-    let output = server.cli(&["sandbox", "preview", id, "8000", "--public"], &[], None);
-    let url = stdout(&output).trim().to_owned();
-    assert_eq!(url, format!("http://{host}/"), "{}", stderr(&output));
-    let gateway: std::net::SocketAddr = server.url.trim_start_matches("http://").parse().unwrap();
-    let client = reqwest::Client::builder()
-        .resolve(&host, gateway)
-        .build()
-        .unwrap();
-    let page = format!("http://{host}:{}/", gateway.port());
-    for _ in 0..100 {
-        let answer = client.get(&page).send().await.unwrap();
-        if answer.status().as_u16() == 200 {
-            assert_eq!(answer.text().await.unwrap(), "page\n");
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    panic!("the preview never answered");
-}
-
 /// Signs up through the CLI, which saves the key for the next commands.
 fn sign_up(server: &Server, team: &str) {
     let email = format!("cli-{}@example.com", Uuid::new_v4().simple());
@@ -440,7 +374,7 @@ async fn the_cli_creates_runs_copies_and_destroys_sandboxes() {
         "{}",
         stdout(&output)
     );
-    preview_step(&server, &id).await;
+    crate::preview::preview_step(&server, &id).await;
     // Pause and resume; a snapshot and a sandbox started from it.
     let output = server.cli(&["sandbox", "pause", &id], &[], None);
     assert!(stdout(&output).contains("is paused"), "{}", stderr(&output));

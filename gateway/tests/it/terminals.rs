@@ -83,7 +83,11 @@ impl Client {
     /// Reads until `needle` is in the output; `false` when the session ended first.
     async fn until(&mut self, needle: &str) -> bool {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while !self.text().contains(needle) {
+        let mut from = 0;
+        while !self.output[from..]
+            .windows(needle.len())
+            .any(|window| window == needle.as_bytes())
+        {
             let next = tokio::time::timeout_at(deadline, self.socket.next()).await;
             match next.unwrap_or_else(|_| panic!("no {needle:?} in {:?}", self.tail())) {
                 Some(Ok(Message::Binary(bytes))) => {
@@ -92,6 +96,7 @@ impl Client {
                     if bytes.windows(4).any(|window| window == b"\x1b[6n") {
                         self.send("\x1b[1;1R").await;
                     }
+                    from = self.output.len().saturating_sub(needle.len());
                     self.output.extend_from_slice(&bytes);
                     self.end += bytes.len() as u64;
                 }
@@ -414,9 +419,22 @@ async fn bash_and_python_of_the_base_template_see_a_real_terminal() {
     assert!(client.until("PROMPT-42").await);
     assert!(started.elapsed() < Duration::from_secs(10));
     assert!(!client.text().contains("NOT-2-INTERRUPTED"));
+    // 9 MB of output in a few seconds: recorded whole, in chunks the gateway takes.
+    client
+        .send("head -c 9000000 /dev/zero | tr '\\0' x | fold -w 1000; echo BIG-$((1+1))\n")
+        .await;
+    assert!(client.until("BIG-2").await);
     client.send("exit 3\n").await;
     client.until("\u{0}never").await;
     assert_eq!(client.exit, Some(3));
+    let (_, cast) = finished_recording(&app, &sandbox, &session, 3).await;
+    let recorded = cast.bytes().filter(|byte| *byte == b'x').count();
+    assert!(
+        recorded >= 9_000_000 && !cast.contains("was lost"),
+        "{recorded} bytes of the output recorded, {} lines: {}",
+        cast.lines().count(),
+        &cast[cast.len().saturating_sub(300)..]
+    );
     assert_eq!(sandbox.delete("").await.status.as_u16(), 204);
     worker.clean_up_with(&["base"]).await;
 }

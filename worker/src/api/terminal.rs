@@ -91,7 +91,7 @@ pub(super) async fn output(
 ) -> Result<Response, NodeError> {
     let hosted = state.node.active(id).await?;
     let terminal = hosted.terminal(session)?;
-    let (stream, offset) = hosted.agent.pty_attach(session, query.since).await?;
+    let (stream, offset) = hosted.agent.pty_attach(session, query.since, false).await?;
     let attached = terminal.attach_guard();
     // The sandbox stays busy, and the client counted, while the answer streams.
     let body = futures_util::stream::unfold(

@@ -121,6 +121,7 @@ async fn verify_email(
         (status = 200, description = "OK", body = LoginResponse),
         (status = 401, description = "Wrong e-mail or password (`invalid_credentials`)", body = ErrorBody),
         (status = 429, description = "Too many logins from this address or network (`rate_limited`, with `Retry-After`)", body = ErrorBody),
+        (status = 503, description = "Too many passwords being checked at once (`busy`, with `Retry-After`)", body = ErrorBody),
     ))]
 async fn login(
     State(state): State<AppState>,
