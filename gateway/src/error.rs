@@ -182,6 +182,21 @@ pub enum ApiError {
     /// 502 `preview_failed`: the server in the sandbox did not answer.
     #[error("{0}")]
     PreviewFailed(String),
+    /// 404 `model_not_found`: no model of that id in the store (of that family).
+    #[error("no model `{0}` in the store: GET /v1/store/models lists them")]
+    ModelNotFound(String),
+    /// 403 `model_not_allowed`: the key may not call this model.
+    #[error("this API key may not call model `{0}`")]
+    ModelNotAllowed(String),
+    /// 502 `upstream_auth_failed`: the provider refused the operator's credential.
+    #[error("the provider refused the operator's credential; the operator has to fix it")]
+    UpstreamAuthFailed,
+    /// 502 `upstream_failed`: the provider could not be reached or broke off.
+    #[error("the provider could not be reached: {0}")]
+    UpstreamFailed(String),
+    /// 504 `upstream_timeout`: the provider did not answer in time.
+    #[error("the provider did not answer in time")]
+    UpstreamTimeout,
     /// A worker's answer passed on: its own status and code, or 502.
     #[error(transparent)]
     Worker(#[from] WorkerError),
@@ -261,6 +276,10 @@ impl ApiError {
             ApiError::InvalidTicket | ApiError::PreviewUnauthorized => StatusCode::UNAUTHORIZED,
             ApiError::PreviewsNotConfigured => StatusCode::NOT_IMPLEMENTED,
             ApiError::PreviewFailed(_) => StatusCode::BAD_GATEWAY,
+            ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::ModelNotAllowed(_) => StatusCode::FORBIDDEN,
+            ApiError::UpstreamAuthFailed | ApiError::UpstreamFailed(_) => StatusCode::BAD_GATEWAY,
+            ApiError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Worker(error) => error.status_code(),
             ApiError::Database(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -325,6 +344,11 @@ impl ApiError {
             ApiError::PreviewsNotConfigured => "previews_not_configured",
             ApiError::PreviewUnauthorized => "preview_unauthorized",
             ApiError::PreviewFailed(_) => "preview_failed",
+            ApiError::ModelNotFound(_) => "model_not_found",
+            ApiError::ModelNotAllowed(_) => "model_not_allowed",
+            ApiError::UpstreamAuthFailed => "upstream_auth_failed",
+            ApiError::UpstreamFailed(_) => "upstream_failed",
+            ApiError::UpstreamTimeout => "upstream_timeout",
             ApiError::Worker(error) => error.code(),
             ApiError::Database(_) | ApiError::Internal(_) => "internal",
         }

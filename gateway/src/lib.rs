@@ -24,6 +24,7 @@ pub mod sandboxes;
 pub mod secrets;
 pub mod startup;
 pub mod state;
+pub mod store;
 pub mod stripe;
 pub mod teams;
 pub mod templates;

@@ -208,6 +208,7 @@ impl Application {
                 Duration::from_secs(settings.auth.failed_auth_window_secs),
             )),
             admission: Arc::new(Admission::new(redis.clone(), &settings.redis.key_prefix)),
+            store: Arc::new(crate::store::Store::new(&settings.store)?),
             run_queue: Arc::new(RunQueue::new(redis.clone(), &settings.redis.key_prefix)),
             artifacts: Arc::new(ArtifactStore::from_settings(&settings.runs)?),
             openapi,

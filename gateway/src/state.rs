@@ -60,6 +60,8 @@ pub struct Services {
     pub artifacts: Arc<ArtifactStore>,
     /// Credit reservations in Redis.
     pub admission: Arc<Admission>,
+    /// The models and paid APIs offered through the gateway.
+    pub store: Arc<crate::store::Store>,
     /// TLS of the internal channel, when configured.
     pub channel: Option<sandbase_egress::channel::ChannelTls>,
     /// Outgoing mail, when e-mail verification is on.

@@ -58,6 +58,14 @@ impl Principal {
         }
     }
 
+    /// The API key calling, if a key is.
+    pub fn api_key_id(&self) -> Option<Uuid> {
+        match &self.actor {
+            Actor::ApiKey(record) => Some(record.id),
+            Actor::User { .. } => None,
+        }
+    }
+
     pub fn actor_type(&self) -> &'static str {
         match self.actor {
             Actor::ApiKey(_) => "api_key",

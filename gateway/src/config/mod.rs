@@ -14,8 +14,10 @@ use serde::{Deserialize, Serialize};
 
 mod cidr;
 mod sections;
+mod store;
 
 pub use cidr::Cidr;
+pub use store::{ModelSettings, ProviderKind, ProviderSettings, StoreSettings, TokenPrices};
 
 pub use sections::{
     AuthSettings, BillingSettings, ConfigError, DatabaseSettings, EVENT_KINDS, LogFormat,
@@ -45,6 +47,9 @@ pub struct Settings {
     /// Preview URLs of sandboxes' ports.
     #[serde(default)]
     pub previews: PreviewSettings,
+    /// The models and paid APIs offered through the gateway.
+    #[serde(default)]
+    pub store: StoreSettings,
     /// TLS on the internal channel (the internal listener, and calls to workers): the
     /// operator's CA, and the gateway's certificate and key. Without it, workers are reached
     /// over plain HTTP and sandboxes with credentials are refused.
@@ -130,6 +135,7 @@ impl Default for Settings {
                 from: "SandBase <no-reply@localhost>".to_owned(),
             },
             previews: PreviewSettings::default(),
+            store: StoreSettings::default(),
             internal_tls: None,
         }
     }
@@ -187,6 +193,7 @@ impl Settings {
     fn validate(&self) -> Result<(), ConfigError> {
         self.validate_connections()?;
         self.validate_previews()?;
+        self.store.validate()?;
         self.validate_limits()
     }
 

@@ -17,6 +17,7 @@ pub mod preview;
 pub mod principal;
 pub mod request_id;
 pub mod serve;
+pub mod store;
 pub mod worker_answer;
 
 use anyhow::Context;
@@ -57,6 +58,7 @@ impl Routes {
         self.api
             .route_layer(from_fn_with_state(state.clone(), audit::middleware))
             .merge(self.operations)
+            .merge(store::router())
             .route_layer(from_fn(metrics::middleware))
             .fallback(api::fallback)
             .method_not_allowed_fallback(api::method_not_allowed)

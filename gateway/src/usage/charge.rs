@@ -348,7 +348,7 @@ async fn charge_group(
 
 /// Adds a charge to the spending of the key and of each of its ancestors (whose caps hold for
 /// their whole lineage); returns those keys.
-async fn add_key_spend(
+pub(crate) async fn add_key_spend(
     transaction: &mut sqlx::PgConnection,
     api_key_id: Option<Uuid>,
     amount: i64,

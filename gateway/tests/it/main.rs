@@ -33,6 +33,8 @@ mod sandboxes;
 mod secrets;
 mod sessions;
 mod snapshots;
+mod store;
+mod store_upstream;
 mod stripe;
 mod templates;
 mod terminals;

@@ -1,0 +1,206 @@
+//! `[store]`: the model providers and paid APIs the operator offers teams through the
+//! gateway, with their prices. Validated at start-up, naming the key at fault.
+
+use std::collections::HashSet;
+
+use sandbase_billing::Credits;
+use serde::{Deserialize, Serialize};
+
+use super::ConfigError;
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreSettings {
+    pub providers: Vec<ProviderSettings>,
+    pub models: Vec<ModelSettings>,
+    /// After a client went away mid-stream, how long the upstream is still read for its
+    /// usage (the call is billed for what it really used).
+    pub drain_secs: u64,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        StoreSettings {
+            providers: Vec::new(),
+            models: Vec::new(),
+            drain_secs: 120,
+        }
+    }
+}
+
+/// The wire format a provider speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProviderKind {
+    Openai,
+    Anthropic,
+    OpenaiCompatible,
+}
+
+impl ProviderKind {
+    /// The family of routes it serves: `openai` or `anthropic`.
+    pub fn family(self) -> &'static str {
+        match self {
+            ProviderKind::Openai | ProviderKind::OpenaiCompatible => "openai",
+            ProviderKind::Anthropic => "anthropic",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderSettings {
+    pub name: String,
+    pub kind: ProviderKind,
+    /// The API's root: `https://api.openai.com/v1` (OpenAI-shaped: paths such as
+    /// `chat/completions` follow) or `https://api.anthropic.com` (`/v1/messages` follows).
+    pub base_url: String,
+    /// The environment variable holding the operator's key for it.
+    #[serde(default)]
+    pub credential_env: Option<String>,
+    /// Or a file holding it (a mounted secret), read at start-up.
+    #[serde(default)]
+    pub credential_file: Option<std::path::PathBuf>,
+    /// Seconds a call may take, streams included.
+    #[serde(default = "default_timeout_secs")]
+    pub timeout_secs: u64,
+    /// Seconds to connect.
+    #[serde(default = "default_connect_timeout_secs")]
+    pub connect_timeout_secs: u64,
+}
+
+fn default_timeout_secs() -> u64 {
+    600
+}
+
+fn default_connect_timeout_secs() -> u64 {
+    10
+}
+
+/// A model teams may call, and its prices in credits per million tokens (decimal strings).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSettings {
+    /// The public id, such as `openai/gpt-4o-mini` or `anthropic/claude-sonnet-4-5`.
+    pub id: String,
+    pub provider: String,
+    /// The provider's own name for it.
+    pub upstream: String,
+    pub context_window: u64,
+    /// Output tokens assumed when a request sets no maximum.
+    pub max_output: u64,
+    pub input: String,
+    #[serde(default = "zero")]
+    pub cached_input: String,
+    #[serde(default = "zero")]
+    pub cache_write: String,
+    pub output: String,
+}
+
+fn zero() -> String {
+    "0".to_owned()
+}
+
+/// A model's prices in micro-credits per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TokenPrices {
+    pub input: i64,
+    pub cached_input: i64,
+    pub cache_write: i64,
+    pub output: i64,
+}
+
+impl ModelSettings {
+    pub fn prices(&self) -> TokenPrices {
+        let parse = |text: &str| Credits::parse(text).map_or(0, |credits| credits.0);
+        TokenPrices {
+            input: parse(&self.input),
+            cached_input: parse(&self.cached_input),
+            cache_write: parse(&self.cache_write),
+            output: parse(&self.output),
+        }
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+fn valid_url(url: &str) -> bool {
+    (url.starts_with("http://") || url.starts_with("https://")) && reqwest::Url::parse(url).is_ok()
+}
+
+fn price(key: String, text: &str) -> Result<(), ConfigError> {
+    match Credits::parse(text) {
+        Some(credits) if credits.0 >= 0 => Ok(()),
+        _ => Err(ConfigError(format!(
+            "key `{key}` must be a non-negative amount of credits such as \"2.50\", not `{text}`"
+        ))),
+    }
+}
+
+impl StoreSettings {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut providers = HashSet::new();
+        for (index, provider) in self.providers.iter().enumerate() {
+            let key = format!("store.providers[{index}]");
+            if !valid_name(&provider.name) || !providers.insert(provider.name.as_str()) {
+                return Err(ConfigError(format!(
+                    "key `{key}.name` must be a unique lowercase name (letters, digits, - and _), not `{}`",
+                    provider.name
+                )));
+            }
+            if !valid_url(&provider.base_url) {
+                return Err(ConfigError(format!(
+                    "key `{key}.base_url` must be an http:// or https:// URL"
+                )));
+            }
+            if provider.credential_env.is_some() && provider.credential_file.is_some() {
+                return Err(ConfigError(format!(
+                    "keys `{key}.credential_env` and `{key}.credential_file`: set one, not both"
+                )));
+            }
+            if provider.timeout_secs == 0 || provider.connect_timeout_secs == 0 {
+                return Err(ConfigError(format!(
+                    "keys `{key}.timeout_secs` and `{key}.connect_timeout_secs` must be at least 1"
+                )));
+            }
+        }
+        self.validate_models()
+    }
+
+    fn validate_models(&self) -> Result<(), ConfigError> {
+        let mut ids = HashSet::new();
+        for (index, model) in self.models.iter().enumerate() {
+            let key = format!("store.models[{index}]");
+            let id_ok = !model.id.is_empty()
+                && model.id.len() <= 128
+                && model.id.bytes().all(|b| b.is_ascii_graphic());
+            if !id_ok || !ids.insert(model.id.as_str()) {
+                return Err(ConfigError(format!(
+                    "key `{key}.id` must be a unique id without spaces, such as openai/gpt-4o-mini"
+                )));
+            }
+            if !self.providers.iter().any(|p| p.name == model.provider) {
+                return Err(ConfigError(format!(
+                    "key `{key}.provider`: no provider named `{}` in `store.providers`",
+                    model.provider
+                )));
+            }
+            if model.upstream.is_empty() || model.context_window == 0 || model.max_output == 0 {
+                return Err(ConfigError(format!(
+                    "keys `{key}.upstream` (not empty), `{key}.context_window` and `{key}.max_output` (at least 1)"
+                )));
+            }
+            price(format!("{key}.input"), &model.input)?;
+            price(format!("{key}.cached_input"), &model.cached_input)?;
+            price(format!("{key}.cache_write"), &model.cache_write)?;
+            price(format!("{key}.output"), &model.output)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,104 @@
+//! Errors in each family's own shape, so the official SDKs raise their usual exception
+//! classes: OpenAI's `{"error":{"message","type","code","param"}}`, Anthropic's
+//! `{"type":"error","error":{"type","message"}}` (with SandBase's `code` beside).
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::error::ApiError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    Openai,
+    Anthropic,
+}
+
+impl Family {
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Openai => "openai",
+            Family::Anthropic => "anthropic",
+        }
+    }
+}
+
+pub struct StoreError {
+    pub family: Family,
+    pub error: ApiError,
+}
+
+impl StoreError {
+    pub fn new(family: Family, error: impl Into<ApiError>) -> StoreError {
+        StoreError {
+            family,
+            error: error.into(),
+        }
+    }
+}
+
+/// Anthropic's error type for a status.
+fn anthropic_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 | 402 | 409 | 422 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        529 | 503 => "overloaded_error",
+        _ => "api_error",
+    }
+}
+
+/// OpenAI's error type for a status.
+fn openai_type(status: StatusCode, code: &str) -> &'static str {
+    match (status.as_u16(), code) {
+        (402, _) => "insufficient_quota",
+        (401, _) => "authentication_error",
+        (403, _) => "permission_error",
+        (429, _) => "rate_limit_error",
+        (status, _) if status >= 500 => "server_error",
+        _ => "invalid_request_error",
+    }
+}
+
+impl IntoResponse for StoreError {
+    fn into_response(self) -> Response {
+        let error = self.error;
+        if let ApiError::Database(cause) = &error {
+            tracing::error!(error = %cause, "database error");
+        }
+        if let ApiError::Internal(cause) = &error {
+            tracing::error!(error = format!("{cause:#}"), "internal error");
+        }
+        let status = error.status_code();
+        let code = error.code();
+        let message = error.to_string();
+        let body = match self.family {
+            Family::Openai => json!({ "error": {
+                "message": message,
+                "type": openai_type(status, code),
+                "code": code,
+                "param": null,
+            }}),
+            Family::Anthropic => json!({
+                "type": "error",
+                "error": { "type": anthropic_type(status), "message": message, "code": code },
+            }),
+        };
+        let mut response = (status, Json(body)).into_response();
+        let retry_after = match error {
+            ApiError::RateLimited { retry_after_secs } => Some(retry_after_secs),
+            ApiError::Busy => Some(1),
+            _ => None,
+        };
+        if let Some(seconds) = retry_after
+            && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
+        {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        response
+    }
+}

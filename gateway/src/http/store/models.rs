@@ -1,0 +1,65 @@
+//! `GET /openai/v1/models` and `GET /anthropic/v1/models`: the store's models of the family,
+//! in the family's list shape.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use serde_json::{Value, json};
+
+use super::{Family, StoreError, caller};
+use crate::state::AppState;
+
+async fn listed(state: &AppState, headers: &HeaderMap, family: Family) -> Result<(), StoreError> {
+    caller(state, headers)
+        .await
+        .map_err(|error| StoreError::new(family, error))?;
+    Ok(())
+}
+
+pub async fn openai(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, StoreError> {
+    listed(&state, &headers, Family::Openai).await?;
+    let data: Vec<Value> = state
+        .store
+        .models()
+        .iter()
+        .filter(|model| model.family == "openai")
+        .map(|model| {
+            json!({
+                "id": model.settings.id,
+                "object": "model",
+                "created": 0,
+                "owned_by": model.settings.provider,
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "object": "list", "data": data })))
+}
+
+pub async fn anthropic(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, StoreError> {
+    listed(&state, &headers, Family::Anthropic).await?;
+    let data: Vec<Value> = state
+        .store
+        .models()
+        .iter()
+        .filter(|model| model.family == "anthropic")
+        .map(|model| {
+            json!({
+                "type": "model",
+                "id": model.settings.id,
+                "display_name": model.settings.id,
+                "created_at": "1970-01-01T00:00:00Z",
+            })
+        })
+        .collect();
+    let first = data.first().map(|model| model["id"].clone());
+    let last = data.last().map(|model| model["id"].clone());
+    Ok(Json(
+        json!({ "data": data, "has_more": false, "first_id": first, "last_id": last }),
+    ))
+}

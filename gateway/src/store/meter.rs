@@ -1,0 +1,197 @@
+//! Admission and settlement of a store call. Before the call is forwarded its worst case is
+//! reserved in Redis against the team's credits and the caps of the calling key and its
+//! ancestors (one script, so concurrent calls cannot all pass on one balance); once it is
+//! over, its real cost is debited on the ledger with its row in `store_requests` (one
+//! transaction), the cached budgets follow, and only then is the reservation released — the
+//! money is always in the reservation or in the ledger, never in neither.
+
+use std::time::{Duration, Instant};
+
+use sandbase_billing::{Credits, Debit};
+use uuid::Uuid;
+
+use super::Model;
+use super::usage::TokenUsage;
+use crate::auth::Principal;
+use crate::config::TokenPrices;
+use crate::credits::Admitted;
+use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
+
+/// An admitted call, holding its reservation until it is settled.
+pub struct Call {
+    pub id: Uuid,
+    pub team_id: Uuid,
+    pub api_key_id: Option<Uuid>,
+    /// The key and its ancestors: the caps it counts against.
+    keys: Vec<Uuid>,
+    pub reserved: i64,
+    pub started: Instant,
+    pub name: String,
+    pub endpoint: &'static str,
+    pub streamed: bool,
+}
+
+/// How a call ended.
+pub struct Outcome {
+    pub status: u16,
+    pub usage: Option<TokenUsage>,
+    /// Bill the reservation when no usage arrived (an answer was given, its count was not).
+    pub estimate_if_unknown: bool,
+    pub first_byte: Option<Duration>,
+}
+
+/// The most a call can cost: every input token at the dearest input price (the request's
+/// size in bytes bounds its tokens, and so does the context window), the output at the
+/// request's maximum (or the model's default).
+pub fn worst_case(model: &Model, request_bytes: usize, max_output: Option<u64>) -> i64 {
+    let window = model.settings.context_window;
+    let input = (request_bytes as u64).min(window);
+    let output = max_output.unwrap_or(model.settings.max_output).min(window);
+    let prices = &model.prices;
+    let dearest = prices
+        .input
+        .max(prices.cached_input)
+        .max(prices.cache_write);
+    TokenUsage {
+        input,
+        output,
+        ..TokenUsage::default()
+    }
+    .cost(&TokenPrices {
+        input: dearest,
+        ..*prices
+    })
+}
+
+/// Reserves `worst` for a call of `principal` to `name`; refused calls are 402
+/// `insufficient_credits` or `spend_cap_reached`.
+pub async fn admit(
+    state: &AppState,
+    principal: &Principal,
+    name: &str,
+    endpoint: &'static str,
+    streamed: bool,
+    worst: i64,
+    hold_for: Duration,
+) -> ApiResult<Call> {
+    let api_key_id = principal.api_key_id();
+    let keys = crate::keys::with_ancestors(&state.db, api_key_id).await?;
+    let id = Uuid::now_v7();
+    let ttl_ms = (hold_for + state.store.drain + Duration::from_secs(60)).as_millis() as u64;
+    let admitted = state
+        .admission
+        .reserve(&state.db, principal.team_id, &keys, id, worst, ttl_ms)
+        .await?;
+    match admitted {
+        Admitted::Yes => Ok(Call {
+            id,
+            team_id: principal.team_id,
+            api_key_id,
+            keys,
+            reserved: worst,
+            started: Instant::now(),
+            name: name.to_owned(),
+            endpoint,
+            streamed,
+        }),
+        Admitted::InsufficientCredits => Err(ApiError::InsufficientCredits),
+        Admitted::KeyCapReached => Err(ApiError::SpendCapReached),
+    }
+}
+
+/// Books a call's cost and row, then releases its reservation. Returns what it cost.
+pub async fn settle(
+    state: &AppState,
+    call: Call,
+    prices: &TokenPrices,
+    outcome: Outcome,
+) -> anyhow::Result<i64> {
+    let estimated = outcome.usage.is_none() && outcome.estimate_if_unknown;
+    let usage = outcome.usage.unwrap_or_default();
+    let cost = if estimated {
+        metrics::counter!("sandbase_store_estimated_total").increment(1);
+        tracing::warn!(request = %call.id, model = %call.name, "no usage came back: the reservation is billed");
+        call.reserved
+    } else {
+        usage.cost(prices)
+    };
+    let mut transaction = state.db.begin().await?;
+    let debit = if cost > 0 {
+        sandbase_billing::debit(
+            &mut transaction,
+            Debit {
+                team_id: call.team_id,
+                amount: Credits(cost),
+                idempotency_key: format!("store:{}", call.id),
+                description: format!("model {}", call.name),
+                details: serde_json::json!({
+                    "kind": "model",
+                    "model": call.name,
+                    "key": call.api_key_id,
+                    "request": call.id,
+                    "input_tokens": usage.input,
+                    "cached_input_tokens": usage.cached_input,
+                    "cache_write_tokens": usage.cache_write,
+                    "output_tokens": usage.output,
+                    "estimated": estimated,
+                }),
+            },
+        )
+        .await?
+        .map(|outcome| outcome.transaction_id)
+    } else {
+        None
+    };
+    let latency = call.started.elapsed().as_millis() as i64;
+    sqlx::query(
+        "INSERT INTO store_requests (id, team_id, api_key_id, kind, name, endpoint, streamed, status, \
+           input_tokens, cached_input_tokens, cache_write_tokens, output_tokens, cost_micro, estimated, \
+           latency_ms, first_byte_ms, transaction_id) \
+         VALUES ($1, $2, $3, 'model', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+    )
+    .bind(call.id)
+    .bind(call.team_id)
+    .bind(call.api_key_id)
+    .bind(&call.name)
+    .bind(call.endpoint)
+    .bind(call.streamed)
+    .bind(i32::from(outcome.status))
+    .bind(usage.input as i64)
+    .bind(usage.cached_input as i64)
+    .bind(usage.cache_write as i64)
+    .bind(usage.output as i64)
+    .bind(cost)
+    .bind(estimated)
+    .bind(latency)
+    .bind(outcome.first_byte.map(|at| at.as_millis() as i64))
+    .bind(debit)
+    .execute(&mut *transaction)
+    .await?;
+    if debit.is_some() {
+        crate::usage::charge::add_key_spend(&mut transaction, call.api_key_id, cost).await?;
+    }
+    transaction.commit().await?;
+    if debit.is_some() {
+        state
+            .admission
+            .charged(call.team_id, &call.keys, cost)
+            .await?;
+    }
+    release(state, &call).await;
+    Ok(cost)
+}
+
+/// Gives a call's reservation back (a call that was refused upstream costs nothing).
+pub async fn release(state: &AppState, call: &Call) {
+    if let Err(error) = state
+        .admission
+        .release(call.team_id, &call.keys, call.id, call.reserved)
+        .await
+    {
+        tracing::warn!(
+            error = format!("{error:#}"),
+            "releasing a store reservation (it expires on its own)"
+        );
+    }
+}

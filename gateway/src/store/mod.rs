@@ -1,0 +1,161 @@
+//! The store: models and paid APIs the operator offers, called by teams with their SandBase
+//! key. `Store` is the catalog (providers with the operator's credentials, models with their
+//! prices); `usage` normalises each family's token counts; `sse` is the tap on streamed
+//! answers; `meter` admits a call against the team's credits and key caps (the worst case
+//! reserved in Redis) and settles it on the ledger.
+
+pub mod meter;
+pub mod sse;
+pub mod usage;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use anyhow::Context;
+use secrecy::{ExposeSecret, SecretString};
+
+use crate::config::{ModelSettings, ProviderKind, ProviderSettings, StoreSettings, TokenPrices};
+
+/// A provider with the operator's credential and a client of its own (its timeouts).
+pub struct Provider {
+    pub settings: ProviderSettings,
+    credential: Option<SecretString>,
+    pub client: reqwest::Client,
+}
+
+/// A model teams may call.
+pub struct Model {
+    pub settings: ModelSettings,
+    pub prices: TokenPrices,
+    pub family: &'static str,
+}
+
+pub struct Store {
+    providers: HashMap<String, Provider>,
+    models: Vec<Model>,
+    pub drain: Duration,
+}
+
+/// The Anthropic API version sent when the client names none.
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// The operator's credential for a provider, from its environment variable or file.
+fn credential(index: usize, provider: &ProviderSettings) -> anyhow::Result<Option<SecretString>> {
+    if let Some(variable) = &provider.credential_env {
+        let value = std::env::var(variable).map_err(|_| {
+            anyhow::anyhow!(
+                "key `store.providers[{index}].credential_env`: the environment variable {variable} is not set"
+            )
+        })?;
+        return Ok(Some(SecretString::from(value)));
+    }
+    if let Some(path) = &provider.credential_file {
+        let value = std::fs::read_to_string(path).with_context(|| {
+            format!(
+                "key `store.providers[{index}].credential_file`: reading {}",
+                path.display()
+            )
+        })?;
+        return Ok(Some(SecretString::from(value.trim().to_owned())));
+    }
+    Ok(None)
+}
+
+impl Store {
+    /// The catalog from `[store]` (already validated), with each provider's credential read
+    /// from the environment variable it names.
+    pub fn new(settings: &StoreSettings) -> anyhow::Result<Store> {
+        let mut providers = HashMap::new();
+        for (index, provider) in settings.providers.iter().enumerate() {
+            let credential = credential(index, provider)?;
+            let client = reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(provider.connect_timeout_secs))
+                .timeout(Duration::from_secs(provider.timeout_secs))
+                .tcp_nodelay(true)
+                .build()
+                .context("building a provider's HTTP client")?;
+            providers.insert(
+                provider.name.clone(),
+                Provider {
+                    settings: provider.clone(),
+                    credential,
+                    client,
+                },
+            );
+        }
+        let models = settings
+            .models
+            .iter()
+            .map(|model| Model {
+                family: providers
+                    .get(&model.provider)
+                    .map_or("openai", |provider: &Provider| {
+                        provider.settings.kind.family()
+                    }),
+                prices: model.prices(),
+                settings: model.clone(),
+            })
+            .collect();
+        Ok(Store {
+            providers,
+            models,
+            drain: Duration::from_secs(settings.drain_secs),
+        })
+    }
+
+    /// The models, in the configuration's order.
+    pub fn models(&self) -> &[Model] {
+        &self.models
+    }
+
+    /// A model of `family` by its public id, or by the provider's own name when only one
+    /// model of the family has it (agent tools often send bare names).
+    pub fn model(&self, family: &str, id: &str) -> Option<(&Model, &Provider)> {
+        let of_family = || self.models.iter().filter(|model| model.family == family);
+        let model = of_family()
+            .find(|model| model.settings.id == id)
+            .or_else(|| {
+                let mut named = of_family().filter(|model| model.settings.upstream == id);
+                match (named.next(), named.next()) {
+                    (Some(model), None) => Some(model),
+                    _ => None,
+                }
+            })?;
+        let provider = self.providers.get(&model.settings.provider)?;
+        Some((model, provider))
+    }
+}
+
+impl Provider {
+    /// A POST of `body` to the provider's `path` (`chat/completions`, `messages`, …) with the
+    /// operator's credential; `headers` are the client's headers the family forwards.
+    pub fn post(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+        headers: &[(&'static str, String)],
+    ) -> reqwest::RequestBuilder {
+        let base = self.settings.base_url.trim_end_matches('/');
+        let url = match self.settings.kind {
+            ProviderKind::Anthropic => format!("{base}/v1/{path}"),
+            ProviderKind::Openai | ProviderKind::OpenaiCompatible => format!("{base}/{path}"),
+        };
+        let mut request = self
+            .client
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body);
+        for (name, value) in headers {
+            request = request.header(*name, value);
+        }
+        if let Some(credential) = &self.credential {
+            request = match self.settings.kind {
+                ProviderKind::Anthropic => request.header("x-api-key", credential.expose_secret()),
+                ProviderKind::Openai | ProviderKind::OpenaiCompatible => {
+                    request.bearer_auth(credential.expose_secret())
+                }
+            };
+        }
+        request
+    }
+}

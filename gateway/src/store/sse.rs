@@ -1,0 +1,221 @@
+//! The observe-only tap on a streamed (server-sent events) answer: every upstream chunk is
+//! forwarded as it arrives, byte for byte, while the tap reads the usage out of the events.
+//! One exception: when the gateway itself asked an OpenAI chat stream for its usage (the
+//! client did not), the usage-only chunk that request added is held back from the client —
+//! then events are forwarded whole, each as soon as its blank line arrived.
+
+use bytes::Bytes;
+use serde_json::Value;
+
+use super::usage::{self, Shape, TokenUsage};
+
+/// An event larger than this is forwarded without being read.
+const MAX_EVENT: usize = 1024 * 1024;
+
+pub struct Tap {
+    shape: Shape,
+    /// Hold back the usage-only chunk the gateway asked for.
+    hide_usage: bool,
+    pending: Vec<u8>,
+    usage: Option<TokenUsage>,
+}
+
+impl Tap {
+    pub fn new(shape: Shape, hide_usage: bool) -> Tap {
+        Tap {
+            shape,
+            hide_usage,
+            pending: Vec::new(),
+            usage: None,
+        }
+    }
+
+    /// The usage seen so far (the last report: Anthropic's counts are cumulative).
+    pub fn usage(&self) -> Option<TokenUsage> {
+        self.usage
+    }
+
+    /// Takes an upstream chunk; returns what to send the client now.
+    pub fn feed(&mut self, chunk: &Bytes) -> Bytes {
+        self.pending.extend_from_slice(chunk);
+        let mut forward = Vec::new();
+        while let Some(end) = event_end(&self.pending) {
+            let event: Vec<u8> = self.pending.drain(..end).collect();
+            let keep = self.observe(&event);
+            if self.hide_usage && keep {
+                forward.extend_from_slice(&event);
+            }
+        }
+        if self.pending.len() > MAX_EVENT {
+            // Not an event stream the tap can read: pass it on unread.
+            let unread = std::mem::take(&mut self.pending);
+            if self.hide_usage {
+                forward.extend_from_slice(&unread);
+            }
+        }
+        if self.hide_usage {
+            Bytes::from(forward)
+        } else {
+            chunk.clone()
+        }
+    }
+
+    /// The end of the stream: what is still held back (an unterminated last event).
+    pub fn finish(&mut self) -> Bytes {
+        let rest = std::mem::take(&mut self.pending);
+        if self.hide_usage {
+            Bytes::from(rest)
+        } else {
+            Bytes::new()
+        }
+    }
+
+    /// Reads one whole event; `false` when it is the usage-only chunk to hold back.
+    fn observe(&mut self, event: &[u8]) -> bool {
+        let Some(data) = data_of(event) else {
+            return true;
+        };
+        let Ok(json) = serde_json::from_str::<Value>(&data) else {
+            return true;
+        };
+        match self.shape {
+            Shape::OpenaiChat | Shape::OpenaiEmbeddings => {
+                let Some(found) = json.get("usage").and_then(usage::openai_chat) else {
+                    return true;
+                };
+                self.usage = Some(found);
+                let usage_only = json
+                    .get("choices")
+                    .and_then(Value::as_array)
+                    .is_some_and(Vec::is_empty);
+                !(self.hide_usage && usage_only)
+            }
+            Shape::OpenaiResponses => {
+                if let Some(found) = json
+                    .pointer("/response/usage")
+                    .and_then(usage::openai_responses)
+                {
+                    self.usage = Some(found);
+                }
+                true
+            }
+            Shape::Anthropic => {
+                self.observe_anthropic(&json);
+                true
+            }
+        }
+    }
+
+    /// `message_start` gives the input and cache counts (and a first output count);
+    /// each `message_delta` gives the output so far (cumulative: the last one counts) and
+    /// may restate the others.
+    fn observe_anthropic(&mut self, json: &Value) {
+        match json.get("type").and_then(Value::as_str) {
+            Some("message_start") => {
+                if let Some(found) = json.pointer("/message/usage").and_then(usage::anthropic) {
+                    self.usage = Some(found);
+                }
+            }
+            Some("message_delta") => {
+                let Some(delta) = json.get("usage").filter(|usage| usage.is_object()) else {
+                    return;
+                };
+                let mut usage = self.usage.unwrap_or_default();
+                let take = |field: &str, into: &mut u64| {
+                    if let Some(value) = delta.get(field).and_then(Value::as_u64) {
+                        *into = value;
+                    }
+                };
+                take("output_tokens", &mut usage.output);
+                take("input_tokens", &mut usage.input);
+                take("cache_read_input_tokens", &mut usage.cached_input);
+                take("cache_creation_input_tokens", &mut usage.cache_write);
+                self.usage = Some(usage);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Where the first event in `bytes` ends (after its blank line).
+fn event_end(bytes: &[u8]) -> Option<usize> {
+    let mut index = 0;
+    while index + 1 < bytes.len() {
+        if bytes[index] == b'\n' {
+            if bytes[index + 1] == b'\n' {
+                return Some(index + 2);
+            }
+            if bytes[index + 1] == b'\r' && bytes.get(index + 2) == Some(&b'\n') {
+                return Some(index + 3);
+            }
+        }
+        index += 1;
+    }
+    None
+}
+
+/// The event's data (its `data:` lines joined), unless it is `[DONE]` or has none.
+fn data_of(event: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(event).ok()?;
+    let mut data: Option<String> = None;
+    for line in text.lines() {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if let Some(value) = line.strip_prefix("data:") {
+            let value = value.strip_prefix(' ').unwrap_or(value);
+            match &mut data {
+                Some(joined) => {
+                    joined.push('\n');
+                    joined.push_str(value);
+                }
+                None => data = Some(value.to_owned()),
+            }
+        }
+    }
+    data.filter(|data| data != "[DONE]")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed_all(tap: &mut Tap, chunks: &[&str]) -> String {
+        let mut out = Vec::new();
+        for chunk in chunks {
+            out.extend_from_slice(&tap.feed(&Bytes::from(chunk.to_string())));
+        }
+        out.extend_from_slice(&tap.finish());
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn the_usage_chunk_the_gateway_asked_for_is_held_back_and_nothing_else() {
+        let content = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\n";
+        let usage =
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2}}\n\n";
+        let done = "data: [DONE]\n\n";
+        // Split mid-event, as the network may.
+        let chunks = [&content[..10], &content[10..], usage, done];
+        let mut hidden = Tap::new(Shape::OpenaiChat, true);
+        assert_eq!(feed_all(&mut hidden, &chunks), format!("{content}{done}"));
+        assert_eq!(hidden.usage().unwrap().input, 7);
+        let mut shown = Tap::new(Shape::OpenaiChat, false);
+        assert_eq!(
+            feed_all(&mut shown, &chunks),
+            format!("{content}{usage}{done}")
+        );
+        assert_eq!(shown.usage().unwrap().output, 2);
+    }
+
+    #[test]
+    fn anthropic_output_is_the_last_delta_not_the_sum() {
+        let events = [
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":10,\"cache_read_input_tokens\":4,\"output_tokens\":1}}}\r\n\r\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":30}}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":55}}\n\n",
+        ];
+        let mut tap = Tap::new(Shape::Anthropic, false);
+        feed_all(&mut tap, &events);
+        let usage = tap.usage().unwrap();
+        assert_eq!((usage.input, usage.cached_input, usage.output), (10, 4, 55));
+    }
+}

@@ -1,0 +1,391 @@
+//! The store's model routes against a local stand-in provider: the operator's credential
+//! injected (never the caller's key), usage metered to the micro-credit in every mode (whole,
+//! streamed with and without the client asking for usage, Anthropic's cumulative deltas), the
+//! gateway's own usage request hidden from the client, errors in each family's shape, a
+//! balance that concurrent calls cannot overdraw, and a client that leaves mid-stream still
+//! billed.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use sandbase_gateway::config::{ModelSettings, ProviderKind, ProviderSettings};
+use serde_json::{Value, json};
+
+use crate::helpers::{TestApp, spawn_app_with};
+use crate::store_upstream::{self, ANTHROPIC_SECRET, OPENAI_SECRET, Seen};
+
+fn model(id: &str, provider: &str, input: &str, output: &str) -> ModelSettings {
+    ModelSettings {
+        id: id.to_owned(),
+        provider: provider.to_owned(),
+        upstream: id.split('/').nth(1).unwrap().to_owned(),
+        context_window: 100_000,
+        max_output: 1000,
+        input: input.to_owned(),
+        cached_input: "1.25".to_owned(),
+        cache_write: "3.75".to_owned(),
+        output: output.to_owned(),
+    }
+}
+
+fn provider(name: &str, kind: ProviderKind, base_url: String, secret: &str) -> ProviderSettings {
+    let file = std::env::temp_dir().join(format!("sandbase-store-{}", uuid::Uuid::new_v4()));
+    std::fs::write(&file, format!("{secret}\n")).unwrap();
+    ProviderSettings {
+        name: name.to_owned(),
+        kind,
+        base_url,
+        credential_env: None,
+        credential_file: Some(file),
+        timeout_secs: 30,
+        connect_timeout_secs: 5,
+    }
+}
+
+async fn store_app() -> (TestApp, Seen) {
+    let (upstream, seen) = store_upstream::start().await;
+    let app = spawn_app_with(|settings| {
+        let store = &mut settings.store;
+        store.providers = vec![
+            provider(
+                "oa",
+                ProviderKind::Openai,
+                format!("{upstream}/v1"),
+                OPENAI_SECRET,
+            ),
+            provider(
+                "an",
+                ProviderKind::Anthropic,
+                upstream.clone(),
+                ANTHROPIC_SECRET,
+            ),
+            provider(
+                "wrong",
+                ProviderKind::Openai,
+                format!("{upstream}/v1"),
+                "not-it",
+            ),
+        ];
+        store.models = vec![
+            model("openai/gpt-test", "oa", "2.50", "10"),
+            model("anthropic/claude-test", "an", "3", "15"),
+            model("openai/gpt-dear", "oa", "0", "2000"),
+            model("openai/gpt-misconfigured", "wrong", "1", "1"),
+        ];
+    })
+    .await;
+    (app, seen)
+}
+
+async fn call(app: &TestApp, path: &str, key: &str, body: Value) -> reqwest::Response {
+    app.http
+        .post(format!("{}{path}", app.address))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+fn chat(model: &str, text: &str, stream: bool) -> Value {
+    json!({ "model": model, "stream": stream, "max_tokens": 1000,
+            "messages": [{ "role": "user", "content": text }] })
+}
+
+/// The store's record of a call, once it is settled.
+async fn settled(app: &TestApp, response: &reqwest::Response) -> Value {
+    let id = response.headers()["x-sandbase-store-request"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let sql = format!(
+        "SELECT json_build_object('cost', cost_micro, 'input', input_tokens, 'cached', cached_input_tokens, \
+           'write', cache_write_tokens, 'output', output_tokens, 'estimated', estimated, 'status', status)::text \
+         FROM store_requests WHERE id = '{id}'"
+    );
+    for _ in 0..200 {
+        let row: Option<(String,)> = sqlx::query_as(&sql).fetch_optional(&app.db).await.unwrap();
+        if let Some((row,)) = row {
+            return serde_json::from_str(&row).unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the call {id} was never settled")
+}
+
+async fn available(app: &TestApp, token: &str) -> i64 {
+    app.get("/v1/billing/balance", token).await.body["available_micro"]
+        .as_i64()
+        .unwrap()
+}
+
+/// Reads a streamed answer to its end.
+async fn text_of(response: reqwest::Response) -> String {
+    String::from_utf8(response.bytes().await.unwrap().to_vec()).unwrap()
+}
+
+#[tokio::test]
+async fn model_calls_are_forwarded_with_the_operators_key_and_metered_exactly() {
+    let (app, seen) = store_app().await;
+    let team = app.signup("store@example.com", "Store").await;
+    let key = team.api_key.token.as_str();
+    let before = available(&app, key).await;
+    // Whole: 800 uncached × 2.50 + 200 cached × 1.25 + 50 out × 10 per million = 2750 micro.
+    let answer = call(
+        &app,
+        "/openai/v1/chat/completions",
+        key,
+        chat("openai/gpt-test", "hi", false),
+    )
+    .await;
+    assert_eq!(answer.status(), 200);
+    let record = settled(&app, &answer).await;
+    let body: Value = answer.json().await.unwrap();
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        "Hello from the stand-in"
+    );
+    assert_eq!(body["usage"]["prompt_tokens"], 1000);
+    assert_eq!(
+        (
+            record["cost"].as_i64(),
+            record["input"].as_i64(),
+            record["cached"].as_i64()
+        ),
+        (Some(2750), Some(800), Some(200))
+    );
+    let (headers, sent) = seen.last();
+    assert_eq!(headers["authorization"], format!("Bearer {OPENAI_SECRET}"));
+    assert_eq!(sent["model"], "gpt-test");
+    assert_eq!(available(&app, key).await, before - 2750);
+    // Streamed without asking for usage: the gateway asks, and hides exactly that chunk.
+    let answer = call(
+        &app,
+        "/openai/v1/chat/completions",
+        key,
+        chat("openai/gpt-test", "hi", true),
+    )
+    .await;
+    let record = settled(&app, &answer).await;
+    let text = text_of(answer).await;
+    assert!(
+        text.contains("stand-in") && text.ends_with("data: [DONE]\n\n"),
+        "{text}"
+    );
+    assert!(!text.contains("prompt_tokens"), "{text}");
+    assert_eq!(seen.last().1["stream_options"]["include_usage"], true);
+    assert_eq!(record["cost"], 2750);
+    // Streamed asking for usage: the client gets it.
+    let mut asked = chat("openai/gpt-test", "hi", true);
+    asked["stream_options"] = json!({ "include_usage": true });
+    let answer = call(&app, "/openai/v1/chat/completions", key, asked).await;
+    let text = text_of(answer).await;
+    assert!(text.contains("\"prompt_tokens\":1000"), "{text}");
+    // Anthropic, streamed, with x-api-key: cache reads and writes apart, the last delta's
+    // output (77, not 40 + 77): 100×3 + 30×1.25 + 20×3.75 + 77×15 = 300 + 37.5 + 75 + 1155.
+    let answer = app
+        .http
+        .post(format!("{}/anthropic/v1/messages", app.address))
+        .header("x-api-key", key)
+        .header("anthropic-version", "2023-06-01")
+        .header("anthropic-beta", "test-beta")
+        .json(&chat("anthropic/claude-test", "hi", true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let record = settled(&app, &answer).await;
+    assert!(text_of(answer).await.contains("message_stop"));
+    assert_eq!(record["output"], 77);
+    assert_eq!(record["cost"], 1568);
+    let (headers, sent) = seen.last();
+    assert_eq!(headers["x-api-key"], ANTHROPIC_SECRET);
+    assert_eq!(headers["anthropic-beta"], "test-beta");
+    assert_eq!(sent["model"], "claude-test");
+    assert!(!format!("{headers:?}").contains(key));
+    // Token counting is forwarded and free.
+    let answer = call(
+        &app,
+        "/anthropic/v1/messages/count_tokens",
+        key,
+        chat("anthropic/claude-test", "hi", false),
+    )
+    .await;
+    assert_eq!(answer.json::<Value>().await.unwrap()["input_tokens"], 42);
+    let spent: i64 = app
+        .count("SELECT sum(cost_micro)::bigint FROM store_requests")
+        .await;
+    assert_eq!(available(&app, key).await, before - spent);
+}
+
+#[tokio::test]
+async fn refusals_come_in_each_familys_shape() {
+    let (app, _) = store_app().await;
+    let team = app.signup("refused@example.com", "Refused").await;
+    let key = team.api_key.token.as_str();
+    let answer = call(
+        &app,
+        "/openai/v1/chat/completions",
+        key,
+        chat("openai/nope", "hi", false),
+    )
+    .await;
+    assert_eq!(answer.status(), 404);
+    let body: Value = answer.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "model_not_found", "{body}");
+    let answer = call(
+        &app,
+        "/anthropic/v1/messages",
+        key,
+        chat("anthropic/nope", "hi", false),
+    )
+    .await;
+    let body: Value = answer.json().await.unwrap();
+    assert_eq!(
+        (body["type"].as_str(), body["error"]["type"].as_str()),
+        (Some("error"), Some("not_found_error")),
+        "{body}"
+    );
+    let answer = call(
+        &app,
+        "/openai/v1/chat/completions",
+        "sb_nope",
+        chat("openai/gpt-test", "hi", false),
+    )
+    .await;
+    assert_eq!(answer.status(), 401);
+    // The provider's 429 passes through with its Retry-After, and costs nothing.
+    let answer = call(
+        &app,
+        "/openai/v1/chat/completions",
+        key,
+        chat("openai/gpt-test", "busy", false),
+    )
+    .await;
+    assert_eq!(answer.status(), 429);
+    assert_eq!(answer.headers()["retry-after"], "7");
+    // The operator's key refused: 502, said as such.
+    let answer = call(
+        &app,
+        "/openai/v1/chat/completions",
+        key,
+        chat("openai/gpt-misconfigured", "hi", false),
+    )
+    .await;
+    assert_eq!(answer.status(), 502);
+    let body: Value = answer.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "upstream_auth_failed");
+    assert_eq!(app.count("SELECT count(*) FROM store_requests").await, 0);
+    assert_eq!(
+        app.count("SELECT count(*) FROM ledger_transactions WHERE kind = 'debit'")
+            .await,
+        0
+    );
+    // The models of each family, in its shape.
+    let listed: Value = app
+        .http
+        .get(format!("{}/openai/v1/models", app.address))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["data"].as_array().unwrap().len(), 3, "{listed}");
+    let listed: Value = app
+        .http
+        .get(format!("{}/anthropic/v1/models", app.address))
+        .header("x-api-key", key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["data"][0]["id"], "anthropic/claude-test", "{listed}");
+}
+
+/// 20 concurrent streaming calls whose worst case is 2 credits each against 10 starter
+/// credits: at most 5 are admitted at once, the others are refused 402, and the balance
+/// never goes below zero.
+#[tokio::test]
+async fn concurrent_calls_cannot_overdraw_the_balance() {
+    let (app, _) = store_app().await;
+    let team = app.signup("race@example.com", "Race").await;
+    let key = team.api_key.token.clone();
+    let calls = (0..20).map(|_| {
+        let (app, key) = (&app, key.as_str());
+        async move {
+            let answer = call(
+                app,
+                "/openai/v1/chat/completions",
+                key,
+                chat("openai/gpt-dear", "slow", true),
+            )
+            .await;
+            let status = answer.status().as_u16();
+            let body = text_of(answer).await;
+            (status, body)
+        }
+    });
+    let answers = futures_util::future::join_all(calls).await;
+    let admitted = answers.iter().filter(|(status, _)| *status == 200).count();
+    for (status, body) in &answers {
+        if *status != 200 {
+            assert_eq!(*status, 402, "{body}");
+            assert!(body.contains("insufficient_credits"), "{body}");
+        }
+    }
+    assert!((1..=5).contains(&admitted), "{admitted} admitted");
+    for _ in 0..100 {
+        if app.count("SELECT count(*) FROM store_requests").await == admitted as i64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let left = available(&app, &key).await;
+    assert!(left >= 0, "{left}");
+    assert_eq!(left, 10_000_000 - admitted as i64 * 100_250);
+}
+
+/// A client that leaves after the first chunk is still billed for the whole call; a stream
+/// that never reports usage is billed its reservation, marked estimated.
+#[tokio::test]
+async fn a_client_that_leaves_mid_stream_is_still_billed() {
+    let (app, _) = store_app().await;
+    let team = app.signup("leaver@example.com", "Leaver").await;
+    let key = team.api_key.token.as_str();
+    let answer = call(
+        &app,
+        "/openai/v1/chat/completions",
+        key,
+        chat("openai/gpt-test", "slow", true),
+    )
+    .await;
+    let id = answer.headers()["x-sandbase-store-request"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let mut chunks = answer.bytes_stream();
+    assert!(chunks.next().await.unwrap().is_ok());
+    drop(chunks);
+    let sql = format!(
+        "SELECT count(*) FROM store_requests WHERE id = '{id}' AND cost_micro = 2750 AND NOT estimated"
+    );
+    crate::testbed::wait_until("the call billed", Duration::from_secs(10), || async {
+        app.count(&sql).await == 1
+    })
+    .await;
+    let answer = call(
+        &app,
+        "/openai/v1/chat/completions",
+        key,
+        chat("openai/gpt-test", "no usage", true),
+    )
+    .await;
+    let record = settled(&app, &answer).await;
+    assert_eq!(record["estimated"], true);
+    // The reservation: 66 bytes of input at the dearest input price, 1000 out at 10.
+    assert!(record["cost"].as_i64().unwrap() >= 10_000, "{record}");
+}
