@@ -14,6 +14,7 @@ pub mod runs;
 pub mod sandboxes;
 pub mod secrets;
 pub mod snapshots;
+pub mod store;
 pub mod terminals;
 
 /// The body of every error answer: `{"error":{"code":"…","message":"…"}}`.

@@ -64,7 +64,7 @@ pub async fn credits(global: &GlobalArgs, command: Option<CreditsCommand>) -> an
 
 #[derive(clap::Args)]
 pub struct UsageArgs {
-    /// hour, day, sandbox, kind or key.
+    /// hour, day, sandbox, kind, key or model.
     #[arg(long, default_value = "day")]
     group_by: String,
     /// Start (RFC 3339; default 7 days ago).

@@ -16,6 +16,7 @@ mod serve;
 mod shell;
 mod signal;
 mod snapshot;
+mod store;
 mod telemetry;
 mod template;
 mod transfer;
@@ -108,6 +109,9 @@ enum ClientCommand {
     Sandbox(sandbox::SandboxCommand),
     /// Run one command in a fresh sandbox: inputs in, output and artifacts out.
     Run(run::RunArgs),
+    /// Models through the gateway with one key: what is offered, and the team's calls.
+    #[command(subcommand)]
+    Store(store::StoreCommand),
     /// Play a terminal session's recording (`sandbase sandbox shell` sessions are recorded).
     Replay(replay::ReplayArgs),
     /// Credentials for sandboxes' outbound requests: set (value from stdin), ls, rm.
@@ -173,6 +177,7 @@ fn run_client(global: GlobalArgs, command: ClientCommand) -> anyhow::Result<Exit
             ClientCommand::Credits { command } => billing::credits(&global, command).await,
             ClientCommand::Usage(args) => billing::usage(&global, args).await,
             ClientCommand::Replay(args) => replay::replay(&global, args).await,
+            ClientCommand::Store(command) => store::run(&global, command).await,
             ClientCommand::Secret(command) => secret::run(&global, command).await,
             ClientCommand::EgressDefault { command } => egress_default::run(&global, command).await,
         }?;

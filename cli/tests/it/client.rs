@@ -206,6 +206,13 @@ async fn credits_granted_by_the_operator_show_in_the_balance() {
         "{}",
         stdout(&output)
     );
+    // No provider configured: the store says how to add one.
+    let output = server.cli(&["store", "models"], &[], None);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stdout(&output).contains("[store]"), "{}", stdout(&output));
+    let output = server.cli(&["--json", "store", "requests"], &[], None);
+    let requests: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(requests["requests"], serde_json::json!([]));
     let output = server.cli(&["admin", "reconcile"], &operator, None);
     assert!(
         output.status.success(),

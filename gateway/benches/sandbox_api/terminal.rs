@@ -180,7 +180,7 @@ async fn receive_direct(stream: &mut tokio::net::UnixStream, count: usize) {
 async fn websocket_throughput(api: &Api, id: &str, record: bool) -> (f64, u64, u32) {
     let size = 64 * 1024 * 1024;
     let script = format!(
-        "while :; do head -c 1 >/dev/null; head -c {size} /dev/zero; printf END-OF-RUN; done"
+        "while :; do head -c 1 >/dev/null; head -c {size} /dev/zero | tr '\\0' x; printf END-OF-RUN; done"
     );
     let mut body = raw(&script);
     body["record"] = json!(record);

@@ -5,6 +5,7 @@
 //! reserved in Redis) and settles it on the ledger.
 
 pub mod meter;
+pub mod requests;
 pub mod sse;
 pub mod usage;
 

@@ -88,6 +88,9 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/sandboxes/{id}/pty/{sid}/recording"),
     ("GET", "/v1/recordings"),
     ("GET", "/v1/recordings/{id}"),
+    ("GET", "/v1/store/models"),
+    ("GET", "/v1/store/requests"),
+    ("GET", "/v1/store/requests/{id}"),
 ];
 
 #[tokio::test]

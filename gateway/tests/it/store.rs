@@ -389,3 +389,60 @@ async fn a_client_that_leaves_mid_stream_is_still_billed() {
     // The reservation: 66 bytes of input at the dearest input price, 1000 out at 10.
     assert!(record["cost"].as_i64().unwrap() >= 10_000, "{record}");
 }
+
+/// SandBase's own view: the models with their prices, each call by its id (to its team
+/// only), the calls listed, and usage grouped by model and by key.
+#[tokio::test]
+async fn the_store_view_shows_models_calls_and_usage_by_model() {
+    let (app, _) = store_app().await;
+    let team = app.signup("view@example.com", "View").await;
+    let key = team.api_key.token.as_str();
+    let other = app.signup("other@example.com", "Other").await;
+    let models = app.get("/v1/store/models", key).await.body;
+    assert_eq!(models["models"].as_array().unwrap().len(), 4, "{models}");
+    assert_eq!(models["models"][0]["prices"]["input"], "2.5", "{models}");
+    assert_eq!(models["models"][1]["family"], "anthropic");
+    let answer = call(
+        &app,
+        "/openai/v1/chat/completions",
+        key,
+        chat("openai/gpt-test", "hi", false),
+    )
+    .await;
+    let id = answer.headers()["x-sandbase-store-request"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let record = app.get(&format!("/v1/store/requests/{id}"), key).await;
+    assert_eq!(record.status, 200);
+    assert_eq!(record.body["credits_micro"], 2750);
+    assert_eq!(record.body["credits"], "0.00275");
+    assert_eq!(record.body["tokens"]["cached_input"], 200);
+    assert_eq!(record.body["api_key_id"], team.api_key.key.id.to_string());
+    let foreign = app
+        .get(&format!("/v1/store/requests/{id}"), &other.api_key.token)
+        .await;
+    foreign.assert_error(404, "not_found");
+    let listed = app.get("/v1/store/requests?limit=10", key).await.body;
+    assert_eq!(listed["requests"].as_array().unwrap().len(), 1);
+    assert!(
+        app.get("/v1/store/requests", &other.api_key.token)
+            .await
+            .body["requests"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    app.get("/v1/store/requests?limit=0", key)
+        .await
+        .assert_error(422, "invalid_request");
+    let usage = app.get("/v1/usage?group_by=model", key).await.body;
+    assert_eq!(usage["series"][0]["key"], "openai/gpt-test", "{usage}");
+    assert_eq!(usage["series"][0]["amount_micro"], 2750);
+    let usage = app.get("/v1/usage?group_by=key", key).await.body;
+    assert_eq!(
+        usage["series"][0]["key"],
+        team.api_key.key.id.to_string(),
+        "{usage}"
+    );
+}

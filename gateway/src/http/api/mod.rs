@@ -17,6 +17,7 @@ mod sandbox_pause;
 mod sandboxes;
 mod secrets;
 mod snapshots;
+mod store;
 mod templates;
 mod terminals;
 mod usage;
@@ -53,6 +54,7 @@ use crate::state::AppState;
         (name = "admin", description = "Operator routes (the node token)"),
         (name = "secrets", description = "Credentials in the vault (values never come out)"),
         (name = "runs", description = "One-shot runs: inputs in, command, artifacts out"),
+        (name = "store", description = "Models through the store: prices and the record of each call"),
         (name = "operations", description = "Health, readiness, metrics, this document"),
     )
 )]
@@ -89,6 +91,7 @@ pub fn api_router(
         .merge(templates::router())
         .merge(billing::router())
         .merge(usage::router())
+        .merge(store::router())
         .merge(admin::router())
         .merge(secrets::router())
         .merge(egress::router())

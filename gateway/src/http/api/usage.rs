@@ -28,7 +28,7 @@ struct UsageQuery {
     from: Option<DateTime<Utc>>,
     /// End (RFC 3339; default: now).
     to: Option<DateTime<Utc>>,
-    /// `hour`, `day` (default), `sandbox`, `kind` or `key`.
+    /// `hour`, `day` (default), `sandbox`, `kind`, `key` or `model`.
     group_by: Option<String>,
 }
 
@@ -56,10 +56,11 @@ async fn usage(
         "day" => "to_char(date_trunc('day', t.created_at AT TIME ZONE 'UTC'), 'YYYY-MM-DD')",
         "sandbox" => "coalesce(t.details->>'sandbox', 'none')",
         "kind" => "coalesce(t.details->>'kind', t.description)",
-        "key" => "coalesce(s.api_key_id::text, 'none')",
+        "key" => "coalesce(t.details->>'key', s.api_key_id::text, 'none')",
+        "model" => "coalesce(t.details->>'model', 'none')",
         _ => {
             return Err(ApiError::InvalidRequest(
-                "`group_by` is one of hour, day, sandbox, kind, key".to_owned(),
+                "`group_by` is one of hour, day, sandbox, kind, key, model".to_owned(),
             ));
         }
     };
