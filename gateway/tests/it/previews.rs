@@ -391,6 +391,21 @@ async fn other_teams_and_other_tokens(
             .unwrap();
         assert_eq!(answer.status().as_u16(), 401, "{port}-{id}");
     }
+    // From inside Bob's sandbox, Alice's server is out of reach: not through the gateway's
+    // preview listener (the sandbox's 127.0.0.1 is its own loopback, and it has no other
+    // route), not by its port.
+    // A listener of Bob's own (port 8002) shows the probe works.
+    let gateway_port = gateway_addr(app).port();
+    let probed = bobs
+        .sh(&format!(
+            "(nc -l -p 8002 </dev/null >/dev/null &); sleep 0.5; \
+             for target in 127.0.0.1:8002 127.0.0.1:{gateway_port} 127.0.0.1:8000; do \
+               nc -w 3 ${{target%:*}} ${{target#*:}} </dev/null && echo reached $target; \
+             done; echo probed"
+        ))
+        .await;
+    let text = probed["stdout"].as_str().unwrap_or_default();
+    assert_eq!(text, "reached 127.0.0.1:8002\nprobed\n", "{probed}");
     // An unknown sandbox id is no preview at all.
     let unknown = uuid::Uuid::now_v7().to_string();
     let client = preview_client(app, &[host(8001, &unknown)]);
