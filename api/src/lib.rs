@@ -211,6 +211,9 @@ pub struct ApiKey {
     /// `GET /v1/me`, which is answered from a cache).
     #[serde(default)]
     pub spent_micro: Option<i64>,
+    /// The store models the key may call (glob patterns such as `openai/*`); absent: any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_models: Option<Vec<String>>,
 }
 
 /// A newly created API key, with its full token (shown once).
@@ -239,6 +242,12 @@ pub struct CreateApiKeyRequest {
     /// this much in all.
     #[serde(default)]
     pub max_credits: Option<String>,
+    /// The store models the key may call: 1 to 32 patterns where `*` stands for any text
+    /// (`openai/*`, `anthropic/claude-*`). A key made by a restricted key is held to its
+    /// parent's list as well.
+    #[serde(default)]
+    #[schema(min_items = 1, max_items = 32)]
+    pub allowed_models: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -71,3 +71,20 @@ pub struct StoreRequest {
 pub struct StoreRequestList {
     pub requests: Vec<StoreRequest>,
 }
+
+/// A paid API teams may call at `/store/apis/{name}/…` with their SandBase key.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct StoreApi {
+    pub name: String,
+    /// Credits per call (decimal string).
+    pub price_per_call: String,
+    /// Credits per MiB of answer (decimal string).
+    pub price_per_mib: String,
+    /// The largest answer passed on, in bytes.
+    pub max_response_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct StoreApiList {
+    pub apis: Vec<StoreApi>,
+}

@@ -87,6 +87,10 @@ pub enum KeysCommand {
         /// Spend cap in credits: what the key's sandboxes may cost in all.
         #[arg(long = "max-credits")]
         max_credits: Option<String>,
+        /// A store model the key may call (a pattern such as `openai/*`; repeat for more).
+        /// Without it, any model.
+        #[arg(long = "allow-model")]
+        allow_model: Vec<String>,
     },
     /// List the team's active API keys.
     Ls,
@@ -243,6 +247,7 @@ pub async fn keys(global: &GlobalArgs, command: KeysCommand) -> anyhow::Result<(
             role,
             expires_in,
             max_credits,
+            allow_model,
         } => {
             let created: CreatedApiKey = client
                 .post(
@@ -253,6 +258,7 @@ pub async fn keys(global: &GlobalArgs, command: KeysCommand) -> anyhow::Result<(
                         expires_at: None,
                         expires_in_secs: expires_in,
                         max_credits,
+                        allowed_models: (!allow_model.is_empty()).then_some(allow_model),
                     },
                 )
                 .await?;

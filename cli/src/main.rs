@@ -5,6 +5,7 @@ mod billing;
 mod client;
 mod commands;
 mod credentials;
+mod dev_store;
 mod egress_default;
 mod output;
 mod preview;

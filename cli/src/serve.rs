@@ -222,6 +222,7 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     defaults.previews.domain = Some("preview.localhost".to_owned());
     defaults.previews.scheme = "http".to_owned();
     defaults.previews.port = Some(args.listen.port());
+    defaults.store = crate::dev_store::from_env(|name| std::env::var(name).ok());
     let mut settings = Settings::load_with_defaults(defaults, args.config.as_deref())?;
     settings.server.listen = args.listen;
     let _telemetry = telemetry::init(&settings.telemetry)?;
@@ -232,6 +233,7 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         .map(|token| secrecy::ExposeSecret::expose_secret(token).to_owned())
         .context("workers.node_token is missing")?;
 
+    let models = settings.store.models.len();
     runtime()?.block_on(async move {
         let application = Application::build(settings).await?;
         let address = application.local_addr();
@@ -270,6 +272,7 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         println!("  API key    {api_key}");
         println!("  Login      {} / {}", state.email, state.password);
         println!("  OpenAPI    {url}/v1/openapi.json");
+        println!("  Models     {}", models_line(&models, &url));
         println!("  Internal   {internal} (workers, templates, /metrics)");
         println!();
         println!("  export SANDBASE_URL={url} SANDBASE_API_KEY={api_key}");
@@ -642,4 +645,14 @@ async fn key_works(url: &str, api_key: &str) -> bool {
         .send()
         .await;
     !matches!(answer, Ok(response) if response.status() == reqwest::StatusCode::UNAUTHORIZED)
+}
+
+/// What `sandbase dev` says about the store: how to use its models, or how to get some.
+fn models_line(models: &usize, url: &str) -> String {
+    if *models == 0 {
+        return "none: start with OPENAI_API_KEY or ANTHROPIC_API_KEY set to offer models with your SandBase key".to_owned();
+    }
+    format!(
+        "{models} (sandbase store models); OPENAI_BASE_URL={url}/openai/v1 ANTHROPIC_BASE_URL={url}/anthropic with the API key below"
+    )
 }

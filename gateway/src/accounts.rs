@@ -56,6 +56,7 @@ pub struct ApiKeyRow {
     pub expires_at: Option<DateTime<Utc>>,
     pub max_credits: Option<i64>,
     pub spent_micro: i64,
+    pub allowed_models: Option<Vec<String>>,
 }
 
 impl ApiKeyRow {
@@ -71,12 +72,13 @@ impl ApiKeyRow {
             expires_at: self.expires_at,
             max_credits_micro: self.max_credits,
             spent_micro: Some(self.spent_micro),
+            allowed_models: self.allowed_models.clone(),
         }
     }
 }
 
 pub const API_KEY_COLUMNS: &str = "id, public_id, name, role, created_by, created_at, last_used_at, expires_at, \
-     max_credits, spent_micro";
+     max_credits, spent_micro, allowed_models";
 
 /// Normalizes and checks an e-mail address: trimmed, one `@`, a dot in the domain, no spaces.
 pub fn parse_email(email: &str) -> Result<String, ApiError> {

@@ -185,6 +185,9 @@ pub enum ApiError {
     /// 404 `model_not_found`: no model of that id in the store (of that family).
     #[error("no model `{0}` in the store: GET /v1/store/models lists them")]
     ModelNotFound(String),
+    /// 404 `api_not_found`: no paid API of that name in the store.
+    #[error("no API `{0}` in the store: GET /v1/store/apis lists them")]
+    StoreApiNotFound(String),
     /// 403 `model_not_allowed`: the key may not call this model.
     #[error("this API key may not call model `{0}`")]
     ModelNotAllowed(String),
@@ -276,7 +279,7 @@ impl ApiError {
             ApiError::InvalidTicket | ApiError::PreviewUnauthorized => StatusCode::UNAUTHORIZED,
             ApiError::PreviewsNotConfigured => StatusCode::NOT_IMPLEMENTED,
             ApiError::PreviewFailed(_) => StatusCode::BAD_GATEWAY,
-            ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::ModelNotFound(_) | ApiError::StoreApiNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::ModelNotAllowed(_) => StatusCode::FORBIDDEN,
             ApiError::UpstreamAuthFailed | ApiError::UpstreamFailed(_) => StatusCode::BAD_GATEWAY,
             ApiError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
@@ -346,6 +349,7 @@ impl ApiError {
             ApiError::PreviewFailed(_) => "preview_failed",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::ModelNotAllowed(_) => "model_not_allowed",
+            ApiError::StoreApiNotFound(_) => "api_not_found",
             ApiError::UpstreamAuthFailed => "upstream_auth_failed",
             ApiError::UpstreamFailed(_) => "upstream_failed",
             ApiError::UpstreamTimeout => "upstream_timeout",

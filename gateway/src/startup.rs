@@ -209,6 +209,7 @@ impl Application {
             )),
             admission: Arc::new(Admission::new(redis.clone(), &settings.redis.key_prefix)),
             store: Arc::new(crate::store::Store::new(&settings.store)?),
+            preview_cache: Arc::default(),
             run_queue: Arc::new(RunQueue::new(redis.clone(), &settings.redis.key_prefix)),
             artifacts: Arc::new(ArtifactStore::from_settings(&settings.runs)?),
             openapi,

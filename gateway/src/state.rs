@@ -62,6 +62,8 @@ pub struct Services {
     pub admission: Arc<Admission>,
     /// The models and paid APIs offered through the gateway.
     pub store: Arc<crate::store::Store>,
+    /// Previews read recently (each request to a preview host needs one).
+    pub preview_cache: Arc<crate::sandboxes::preview_cache::PreviewCache>,
     /// TLS of the internal channel, when configured.
     pub channel: Option<sandbase_egress::channel::ChannelTls>,
     /// Outgoing mail, when e-mail verification is on.

@@ -127,6 +127,7 @@ impl KeyRecord {
             expires_at: self.expires_at,
             max_credits_micro: self.max_credits,
             spent_micro: None,
+            allowed_models: None,
         }
     }
 

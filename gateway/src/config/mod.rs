@@ -17,7 +17,9 @@ mod sections;
 mod store;
 
 pub use cidr::Cidr;
-pub use store::{ModelSettings, ProviderKind, ProviderSettings, StoreSettings, TokenPrices};
+pub use store::{
+    ApiSettings, ModelSettings, ProviderKind, ProviderSettings, StoreSettings, TokenPrices,
+};
 
 pub use sections::{
     AuthSettings, BillingSettings, ConfigError, DatabaseSettings, EVENT_KINDS, LogFormat,

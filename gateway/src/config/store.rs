@@ -13,6 +13,7 @@ use super::ConfigError;
 pub struct StoreSettings {
     pub providers: Vec<ProviderSettings>,
     pub models: Vec<ModelSettings>,
+    pub apis: Vec<ApiSettings>,
     /// After a client went away mid-stream, how long the upstream is still read for its
     /// usage (the call is billed for what it really used).
     pub drain_secs: u64,
@@ -23,6 +24,7 @@ impl Default for StoreSettings {
         StoreSettings {
             providers: Vec::new(),
             models: Vec::new(),
+            apis: Vec::new(),
             drain_secs: 120,
         }
     }
@@ -101,6 +103,41 @@ fn zero() -> String {
     "0".to_owned()
 }
 
+/// A paid API forwarded at `/store/apis/{name}/…` with the operator's credential.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiSettings {
+    pub name: String,
+    /// Where `/store/apis/{name}/PATH` goes: `{base_url}/PATH`.
+    pub base_url: String,
+    #[serde(default)]
+    pub credential_env: Option<String>,
+    #[serde(default)]
+    pub credential_file: Option<std::path::PathBuf>,
+    /// Where the credential goes: `bearer` (`Authorization: Bearer …`), `header:NAME` or
+    /// `query:NAME`.
+    #[serde(default = "default_inject")]
+    pub inject: String,
+    /// Credits per call (decimal string).
+    pub price_per_call: String,
+    /// Credits per MiB of answer (decimal string).
+    #[serde(default = "zero")]
+    pub price_per_mib: String,
+    /// The largest answer passed on (bytes); the reservation covers it.
+    #[serde(default = "default_max_response")]
+    pub max_response_bytes: u64,
+    #[serde(default = "default_timeout_secs")]
+    pub timeout_secs: u64,
+}
+
+fn default_inject() -> String {
+    "bearer".to_owned()
+}
+
+fn default_max_response() -> u64 {
+    16 * 1024 * 1024
+}
+
 /// A model's prices in micro-credits per million tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TokenPrices {
@@ -170,7 +207,8 @@ impl StoreSettings {
                 )));
             }
         }
-        self.validate_models()
+        self.validate_models()?;
+        self.validate_apis()
     }
 
     fn validate_models(&self) -> Result<(), ConfigError> {
@@ -200,6 +238,53 @@ impl StoreSettings {
             price(format!("{key}.cached_input"), &model.cached_input)?;
             price(format!("{key}.cache_write"), &model.cache_write)?;
             price(format!("{key}.output"), &model.output)?;
+        }
+        Ok(())
+    }
+
+    fn validate_apis(&self) -> Result<(), ConfigError> {
+        let mut names = HashSet::new();
+        for (index, api) in self.apis.iter().enumerate() {
+            let key = format!("store.apis[{index}]");
+            if !valid_name(&api.name) || !names.insert(api.name.as_str()) {
+                return Err(ConfigError(format!(
+                    "key `{key}.name` must be a unique lowercase name, not `{}`",
+                    api.name
+                )));
+            }
+            if !valid_url(&api.base_url) {
+                return Err(ConfigError(format!(
+                    "key `{key}.base_url` must be an http:// or https:// URL"
+                )));
+            }
+            if api.credential_env.is_some() && api.credential_file.is_some() {
+                return Err(ConfigError(format!(
+                    "keys `{key}.credential_env` and `{key}.credential_file`: set one, not both"
+                )));
+            }
+            let target = api
+                .inject
+                .strip_prefix("header:")
+                .or_else(|| api.inject.strip_prefix("query:"));
+            let inject_ok = api.inject == "bearer"
+                || target.is_some_and(|name| {
+                    !name.is_empty()
+                        && name
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                });
+            if !inject_ok {
+                return Err(ConfigError(format!(
+                    "key `{key}.inject` must be `bearer`, `header:NAME` or `query:NAME`"
+                )));
+            }
+            if api.timeout_secs == 0 || api.max_response_bytes == 0 {
+                return Err(ConfigError(format!(
+                    "keys `{key}.timeout_secs` and `{key}.max_response_bytes` must be at least 1"
+                )));
+            }
+            price(format!("{key}.price_per_call"), &api.price_per_call)?;
+            price(format!("{key}.price_per_mib"), &api.price_per_mib)?;
         }
         Ok(())
     }

@@ -6,6 +6,7 @@
 pub mod forward;
 pub mod lifecycle;
 pub mod placement;
+pub mod preview_cache;
 pub mod previews;
 pub mod recordings;
 pub mod route_cache;

@@ -53,16 +53,7 @@ pub fn parse_host(host: &str, domain: &str) -> Option<Target> {
     })
 }
 
-/// A preview as stored.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct PreviewRow {
-    pub sandbox_id: Uuid,
-    pub port: i32,
-    pub team_id: Uuid,
-    pub public: bool,
-    pub token_hash: Vec<u8>,
-    pub created_at: DateTime<Utc>,
-}
+pub use super::preview_cache::PreviewRow;
 
 impl PreviewRow {
     pub fn to_api(&self, state: &AppState) -> ApiResult<Preview> {
@@ -148,6 +139,7 @@ pub async fn open(
             "a sandbox has at most {MAX_PER_SANDBOX} previews: remove one first"
         ))
     })?;
+    state.preview_cache.forget(sandbox, request.port);
     let expires = Utc::now() + chrono::Duration::seconds(ttl as i64);
     let signature = sign(state, &row, expires.timestamp());
     let preview = row.to_api(state)?;
@@ -183,21 +175,31 @@ pub async fn close(state: &AppState, team_id: Uuid, sandbox: Uuid, port: u16) ->
             .bind(team_id)
             .execute(&state.db)
             .await?;
+    state.preview_cache.forget(sandbox, port);
     if deleted.rows_affected() == 0 {
         return Err(ApiError::NotFound("preview"));
     }
     Ok(())
 }
 
-/// The preview a request names, if it exists.
+/// The preview a request names, if it exists: from this gateway's cache when it was read
+/// in the last [`CACHE_TTL`](super::preview_cache::CACHE_TTL) (opening or closing it here drops it from the cache; another
+/// gateway's change is seen within that time).
 pub async fn find(state: &AppState, target: Target) -> ApiResult<Option<PreviewRow>> {
-    Ok(sqlx::query_as(&format!(
+    if let Some(cached) = state.preview_cache.get(target.sandbox, target.port) {
+        return Ok(cached);
+    }
+    let row: Option<PreviewRow> = sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM previews WHERE sandbox_id = $1 AND port = $2"
     ))
     .bind(target.sandbox)
     .bind(i32::from(target.port))
     .fetch_optional(&state.db)
-    .await?)
+    .await?;
+    state
+        .preview_cache
+        .put(target.sandbox, target.port, row.clone());
+    Ok(row)
 }
 
 /// How a request to a preview host proves it may pass.

@@ -18,8 +18,25 @@ use crate::credits::Admitted;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 
+/// What a call is to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Model,
+    Api,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Model => "model",
+            Kind::Api => "api",
+        }
+    }
+}
+
 /// An admitted call, holding its reservation until it is settled.
 pub struct Call {
+    pub kind: Kind,
     pub id: Uuid,
     pub team_id: Uuid,
     pub api_key_id: Option<Uuid>,
@@ -28,7 +45,7 @@ pub struct Call {
     pub reserved: i64,
     pub started: Instant,
     pub name: String,
-    pub endpoint: &'static str,
+    pub endpoint: String,
     pub streamed: bool,
 }
 
@@ -64,19 +81,36 @@ pub fn worst_case(model: &Model, request_bytes: usize, max_output: Option<u64>) 
     })
 }
 
-/// Reserves `worst` for a call of `principal` to `name`; refused calls are 402
-/// `insufficient_credits` or `spend_cap_reached`.
+/// What a call is, before it is admitted.
+pub struct Asked<'a> {
+    pub kind: Kind,
+    pub name: &'a str,
+    pub endpoint: String,
+    pub streamed: bool,
+    /// How long the call may take (the reservation outlives it).
+    pub hold_for: Duration,
+}
+
+/// Reserves `worst` for a call of `principal`; refused calls are 403 `model_not_allowed`
+/// (a model the key may not call), 402 `insufficient_credits` or `spend_cap_reached`.
 pub async fn admit(
     state: &AppState,
     principal: &Principal,
-    name: &str,
-    endpoint: &'static str,
-    streamed: bool,
+    asked: Asked<'_>,
     worst: i64,
-    hold_for: Duration,
 ) -> ApiResult<Call> {
+    let Asked {
+        kind,
+        name,
+        endpoint,
+        streamed,
+        hold_for,
+    } = asked;
     let api_key_id = principal.api_key_id();
-    let keys = crate::keys::with_ancestors(&state.db, api_key_id).await?;
+    let keys = match kind {
+        Kind::Model => super::allowed::lineage_allowing(state, api_key_id, name).await?,
+        Kind::Api => crate::keys::with_ancestors(&state.db, api_key_id).await?,
+    };
     let id = Uuid::now_v7();
     let ttl_ms = (hold_for + state.store.drain + Duration::from_secs(60)).as_millis() as u64;
     let admitted = state
@@ -85,6 +119,7 @@ pub async fn admit(
         .await?;
     match admitted {
         Admitted::Yes => Ok(Call {
+            kind,
             id,
             team_id: principal.team_id,
             api_key_id,
@@ -100,7 +135,18 @@ pub async fn admit(
     }
 }
 
-/// Books a call's cost and row, then releases its reservation. Returns what it cost.
+/// How a call is settled: its status, usage and cost.
+pub struct Settled {
+    pub status: u16,
+    pub usage: TokenUsage,
+    pub cost: i64,
+    pub estimated: bool,
+    pub first_byte: Option<Duration>,
+    /// Bytes of the answer (paid APIs priced by size).
+    pub bytes: u64,
+}
+
+/// Books a model call: its metered usage priced, or its reservation when no usage came.
 pub async fn settle(
     state: &AppState,
     call: Call,
@@ -116,26 +162,57 @@ pub async fn settle(
     } else {
         usage.cost(prices)
     };
+    let settled = Settled {
+        status: outcome.status,
+        usage,
+        cost,
+        estimated,
+        first_byte: outcome.first_byte,
+        bytes: 0,
+    };
+    book(state, call, settled).await
+}
+
+/// Books a call's cost and row, then releases its reservation. Returns what it cost.
+pub async fn book(state: &AppState, call: Call, settled: Settled) -> anyhow::Result<i64> {
+    let Settled {
+        status,
+        usage,
+        cost,
+        estimated,
+        first_byte,
+        bytes,
+    } = settled;
     let mut transaction = state.db.begin().await?;
     let debit = if cost > 0 {
+        let details = match call.kind {
+            Kind::Model => serde_json::json!({
+                "kind": "model",
+                "model": call.name,
+                "key": call.api_key_id,
+                "request": call.id,
+                "input_tokens": usage.input,
+                "cached_input_tokens": usage.cached_input,
+                "cache_write_tokens": usage.cache_write,
+                "output_tokens": usage.output,
+                "estimated": estimated,
+            }),
+            Kind::Api => serde_json::json!({
+                "kind": "api",
+                "api": call.name,
+                "key": call.api_key_id,
+                "request": call.id,
+                "bytes": bytes,
+            }),
+        };
         sandbase_billing::debit(
             &mut transaction,
             Debit {
                 team_id: call.team_id,
                 amount: Credits(cost),
                 idempotency_key: format!("store:{}", call.id),
-                description: format!("model {}", call.name),
-                details: serde_json::json!({
-                    "kind": "model",
-                    "model": call.name,
-                    "key": call.api_key_id,
-                    "request": call.id,
-                    "input_tokens": usage.input,
-                    "cached_input_tokens": usage.cached_input,
-                    "cache_write_tokens": usage.cache_write,
-                    "output_tokens": usage.output,
-                    "estimated": estimated,
-                }),
+                description: format!("{} {}", call.kind.as_str(), call.name),
+                details,
             },
         )
         .await?
@@ -148,15 +225,15 @@ pub async fn settle(
         "INSERT INTO store_requests (id, team_id, api_key_id, kind, name, endpoint, streamed, status, \
            input_tokens, cached_input_tokens, cache_write_tokens, output_tokens, cost_micro, estimated, \
            latency_ms, first_byte_ms, transaction_id) \
-         VALUES ($1, $2, $3, 'model', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+         VALUES ($1, $2, $3, $17, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
     )
     .bind(call.id)
     .bind(call.team_id)
     .bind(call.api_key_id)
     .bind(&call.name)
-    .bind(call.endpoint)
+    .bind(&call.endpoint)
     .bind(call.streamed)
-    .bind(i32::from(outcome.status))
+    .bind(i32::from(status))
     .bind(usage.input as i64)
     .bind(usage.cached_input as i64)
     .bind(usage.cache_write as i64)
@@ -164,8 +241,9 @@ pub async fn settle(
     .bind(cost)
     .bind(estimated)
     .bind(latency)
-    .bind(outcome.first_byte.map(|at| at.as_millis() as i64))
+    .bind(first_byte.map(|at| at.as_millis() as i64))
     .bind(debit)
+    .bind(call.kind.as_str())
     .execute(&mut *transaction)
     .await?;
     if debit.is_some() {

@@ -4,6 +4,7 @@
 //! answers; `meter` admits a call against the team's credits and key caps (the worst case
 //! reserved in Redis) and settles it on the ledger.
 
+pub mod allowed;
 pub mod meter;
 pub mod requests;
 pub mod sse;
@@ -15,7 +16,9 @@ use std::time::Duration;
 use anyhow::Context;
 use secrecy::{ExposeSecret, SecretString};
 
-use crate::config::{ModelSettings, ProviderKind, ProviderSettings, StoreSettings, TokenPrices};
+use crate::config::{
+    ApiSettings, ModelSettings, ProviderKind, ProviderSettings, StoreSettings, TokenPrices,
+};
 
 /// A provider with the operator's credential and a client of its own (its timeouts).
 pub struct Provider {
@@ -34,32 +37,52 @@ pub struct Model {
 pub struct Store {
     providers: HashMap<String, Provider>,
     models: Vec<Model>,
+    apis: Vec<PaidApi>,
     pub drain: Duration,
 }
 
 /// The Anthropic API version sent when the client names none.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 
-/// The operator's credential for a provider, from its environment variable or file.
-fn credential(index: usize, provider: &ProviderSettings) -> anyhow::Result<Option<SecretString>> {
-    if let Some(variable) = &provider.credential_env {
+/// An operator's credential from the environment variable or the file `key` names.
+fn credential(
+    key: &str,
+    env: Option<&String>,
+    file: Option<&std::path::PathBuf>,
+) -> anyhow::Result<Option<SecretString>> {
+    if let Some(variable) = env {
         let value = std::env::var(variable).map_err(|_| {
             anyhow::anyhow!(
-                "key `store.providers[{index}].credential_env`: the environment variable {variable} is not set"
+                "key `{key}.credential_env`: the environment variable {variable} is not set"
             )
         })?;
         return Ok(Some(SecretString::from(value)));
     }
-    if let Some(path) = &provider.credential_file {
-        let value = std::fs::read_to_string(path).with_context(|| {
-            format!(
-                "key `store.providers[{index}].credential_file`: reading {}",
-                path.display()
-            )
-        })?;
+    if let Some(path) = file {
+        let value = std::fs::read_to_string(path)
+            .with_context(|| format!("key `{key}.credential_file`: reading {}", path.display()))?;
         return Ok(Some(SecretString::from(value.trim().to_owned())));
     }
     Ok(None)
+}
+
+/// A paid API with the operator's credential and its prices in micro-credits.
+pub struct PaidApi {
+    pub settings: ApiSettings,
+    pub credential: Option<SecretString>,
+    pub client: reqwest::Client,
+    pub per_call: i64,
+    pub per_mib: i64,
+}
+
+impl PaidApi {
+    /// What an answer of `bytes` costs: the call, and its size at the price per MiB
+    /// (rounded up).
+    pub fn cost(&self, bytes: u64) -> i64 {
+        let size = (u128::from(bytes) * self.per_mib.max(0) as u128).div_ceil(1024 * 1024);
+        self.per_call
+            .saturating_add(i64::try_from(size).unwrap_or(i64::MAX))
+    }
 }
 
 impl Store {
@@ -68,7 +91,12 @@ impl Store {
     pub fn new(settings: &StoreSettings) -> anyhow::Result<Store> {
         let mut providers = HashMap::new();
         for (index, provider) in settings.providers.iter().enumerate() {
-            let credential = credential(index, provider)?;
+            let key = format!("store.providers[{index}]");
+            let credential = credential(
+                &key,
+                provider.credential_env.as_ref(),
+                provider.credential_file.as_ref(),
+            )?;
             let client = reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(provider.connect_timeout_secs))
                 .timeout(Duration::from_secs(provider.timeout_secs))
@@ -97,11 +125,22 @@ impl Store {
                 settings: model.clone(),
             })
             .collect();
+        let apis = paid_apis(settings)?;
         Ok(Store {
             providers,
             models,
+            apis,
             drain: Duration::from_secs(settings.drain_secs),
         })
+    }
+
+    /// The paid APIs, in the configuration's order.
+    pub fn apis(&self) -> &[PaidApi] {
+        &self.apis
+    }
+
+    pub fn api(&self, name: &str) -> Option<&PaidApi> {
+        self.apis.iter().find(|api| api.settings.name == name)
     }
 
     /// The models, in the configuration's order.
@@ -125,6 +164,35 @@ impl Store {
         let provider = self.providers.get(&model.settings.provider)?;
         Some((model, provider))
     }
+}
+
+/// The paid APIs of `[store]`, each with its credential and client.
+fn paid_apis(settings: &StoreSettings) -> anyhow::Result<Vec<PaidApi>> {
+    let price = |text: &str| sandbase_billing::Credits::parse(text).map_or(0, |credits| credits.0);
+    settings
+        .apis
+        .iter()
+        .enumerate()
+        .map(|(index, api)| {
+            let key = format!("store.apis[{index}]");
+            Ok(PaidApi {
+                credential: credential(
+                    &key,
+                    api.credential_env.as_ref(),
+                    api.credential_file.as_ref(),
+                )?,
+                client: reqwest::Client::builder()
+                    .connect_timeout(Duration::from_secs(10))
+                    .timeout(Duration::from_secs(api.timeout_secs))
+                    .tcp_nodelay(true)
+                    .build()
+                    .context("building a paid API's HTTP client")?,
+                per_call: price(&api.price_per_call),
+                per_mib: price(&api.price_per_mib),
+                settings: api.clone(),
+            })
+        })
+        .collect()
 }
 
 impl Provider {

@@ -8,11 +8,11 @@
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use sandbase_gateway::config::{ModelSettings, ProviderKind, ProviderSettings};
+use sandbase_gateway::config::{ApiSettings, ModelSettings, ProviderKind, ProviderSettings};
 use serde_json::{Value, json};
 
 use crate::helpers::{TestApp, spawn_app_with};
-use crate::store_upstream::{self, ANTHROPIC_SECRET, OPENAI_SECRET, Seen};
+use crate::store_upstream::{self, ANTHROPIC_SECRET, API_SECRET, OPENAI_SECRET, Seen};
 
 fn model(id: &str, provider: &str, input: &str, output: &str) -> ModelSettings {
     ModelSettings {
@@ -72,6 +72,22 @@ async fn store_app() -> (TestApp, Seen) {
             model("openai/gpt-dear", "oa", "0", "2000"),
             model("openai/gpt-misconfigured", "wrong", "1", "1"),
         ];
+        let api = |name: &str, secret: &str| {
+            let file =
+                provider(name, ProviderKind::Openai, upstream.clone(), secret).credential_file;
+            ApiSettings {
+                name: name.to_owned(),
+                base_url: format!("{upstream}/api"),
+                credential_env: None,
+                credential_file: file,
+                inject: "query:key".to_owned(),
+                price_per_call: "0.01".to_owned(),
+                price_per_mib: "1".to_owned(),
+                max_response_bytes: 4 * 1024 * 1024,
+                timeout_secs: 30,
+            }
+        };
+        store.apis = vec![api("search", API_SECRET), api("miskeyed", "not-it")];
     })
     .await;
     (app, seen)
@@ -445,4 +461,122 @@ async fn the_store_view_shows_models_calls_and_usage_by_model() {
         team.api_key.key.id.to_string(),
         "{usage}"
     );
+}
+
+/// A key restricted to some models calls only those; a key it makes is held to its list too.
+#[tokio::test]
+async fn keys_call_only_the_models_they_are_allowed() {
+    let (app, _) = store_app().await;
+    let team = app.signup("allowed@example.com", "Allowed").await;
+    let owner = team.api_key.token.as_str();
+    let created = app
+        .post(
+            "/v1/api-keys",
+            owner,
+            json!({ "name": "claude only", "allowed_models": ["anthropic/*"] }),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    assert_eq!(created.body["allowed_models"], json!(["anthropic/*"]));
+    let restricted = created.body["token"].as_str().unwrap().to_owned();
+    let refused = call(
+        &app,
+        "/openai/v1/chat/completions",
+        &restricted,
+        chat("openai/gpt-test", "hi", false),
+    )
+    .await;
+    assert_eq!(refused.status(), 403);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "model_not_allowed", "{body}");
+    let allowed = call(
+        &app,
+        "/anthropic/v1/messages",
+        &restricted,
+        chat("anthropic/claude-test", "hi", false),
+    )
+    .await;
+    assert_eq!(allowed.status(), 200);
+    // Its child asks for every model, and still gets only its parent's.
+    let child = app
+        .post(
+            "/v1/api-keys",
+            &restricted,
+            json!({ "name": "child", "allowed_models": ["*"] }),
+        )
+        .await;
+    let child = child.body["token"].as_str().unwrap().to_owned();
+    let refused = call(
+        &app,
+        "/openai/v1/chat/completions",
+        &child,
+        chat("openai/gpt-test", "hi", false),
+    )
+    .await;
+    assert_eq!(refused.status(), 403);
+    let listed = app.get("/v1/api-keys", owner).await.body;
+    assert!(listed.to_string().contains("anthropic/*"), "{listed}");
+    for bad in [json!([]), json!(["has space"]), json!(vec!["a"; 33])] {
+        app.post(
+            "/v1/api-keys",
+            owner,
+            json!({ "name": "bad", "allowed_models": bad }),
+        )
+        .await
+        .assert_error(422, "invalid_request");
+    }
+    assert_eq!(
+        app.count("SELECT count(*) FROM api_keys WHERE name = 'bad'")
+            .await,
+        0
+    );
+}
+
+/// A paid API: the operator's credential injected as a query parameter (the caller's own
+/// `key` dropped, the caller's SandBase key never sent), priced per call and per MiB,
+/// upstream failures and unknown names costing nothing.
+#[tokio::test]
+async fn paid_apis_are_forwarded_with_the_operators_credential_and_priced_per_call() {
+    let (app, seen) = store_app().await;
+    let team = app.signup("apis@example.com", "Apis").await;
+    let key = team.api_key.token.as_str();
+    let before = available(&app, key).await;
+    let get = |path: &str| {
+        app.http
+            .get(format!("{}/store/apis/{path}", app.address))
+            .bearer_auth(key)
+            .send()
+    };
+    let answer = get("search/search?q=rust&key=attacker").await.unwrap();
+    assert_eq!(answer.status(), 200);
+    let record = settled(&app, &answer).await;
+    let body: Value = answer.json().await.unwrap();
+    assert_eq!(body["q"], "rust", "{body}");
+    let (headers, sent) = seen.last();
+    assert!(headers.get("authorization").is_none(), "{headers:?}");
+    assert!(!sent.to_string().contains("attacker"), "{sent}");
+    assert!(!body.to_string().contains("upstream-secret"));
+    // 0.01 per call, 1 per MiB of the answer (rounded up).
+    let small = record["cost"].as_i64().unwrap();
+    assert!((10_001..=10_100).contains(&small), "{record}");
+    let answer = get("search/big").await.unwrap();
+    let record = settled(&app, &answer).await;
+    assert_eq!(answer.bytes().await.unwrap().len(), 2 * 1024 * 1024);
+    assert_eq!(record["cost"], 10_000 + 2_000_000);
+    assert_eq!(available(&app, key).await, before - small - 2_010_000);
+    // Free: the upstream's failure, an unknown API, a path that climbs, a refused credential.
+    assert_eq!(get("search/fail").await.unwrap().status(), 500);
+    let unknown: Value = get("nope/x").await.unwrap().json().await.unwrap();
+    assert_eq!(unknown["error"]["code"], "api_not_found");
+    assert_eq!(get("search/x%2F..%2Fsecret").await.unwrap().status(), 422);
+    let refused: Value = get("miskeyed/search").await.unwrap().json().await.unwrap();
+    assert_eq!(refused["error"]["code"], "upstream_auth_failed");
+    assert_eq!(
+        app.count("SELECT count(*) FROM store_requests WHERE kind = 'api'")
+            .await,
+        2
+    );
+    assert_eq!(available(&app, key).await, before - small - 2_010_000);
+    let listed = app.get("/v1/store/apis", key).await.body;
+    assert_eq!(listed["apis"][0]["price_per_call"], "0.01", "{listed}");
 }

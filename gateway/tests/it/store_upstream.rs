@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 
 pub const OPENAI_SECRET: &str = "upstream-secret-openai";
 pub const ANTHROPIC_SECRET: &str = "upstream-secret-anthropic";
+pub const API_SECRET: &str = "upstream-secret-api&=?";
 
 /// What the stand-in received: headers and bodies.
 #[derive(Default, Clone)]
@@ -35,6 +36,7 @@ pub async fn start() -> (String, Seen) {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/api/{*path}", axum::routing::any(paid_api))
         .with_state(seen.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = format!("http://{}", listener.local_addr().unwrap());
@@ -219,4 +221,37 @@ async fn count_tokens(
         return refused;
     }
     Json(json!({ "input_tokens": 42 })).into_response()
+}
+
+/// A paid API: `search` echoes its query, `big` answers 2 MiB, `fail` answers 500; only
+/// with the operator's credential as `key`.
+async fn paid_api(
+    State(seen): State<Seen>,
+    axum::extract::Path(path): axum::extract::Path<String>,
+    Query(query): Query<Vec<(String, String)>>,
+    headers: HeaderMap,
+) -> Response {
+    let keys: Vec<&String> = query
+        .iter()
+        .filter(|(name, _)| name == "key")
+        .map(|(_, value)| value)
+        .collect();
+    seen.0
+        .lock()
+        .unwrap()
+        .push((headers.clone(), json!({ "path": path, "query": query })));
+    if keys != [API_SECRET] {
+        return (StatusCode::UNAUTHORIZED, "bad key").into_response();
+    }
+    match path.as_str() {
+        "search" => {
+            let q = query
+                .iter()
+                .find(|(name, _)| name == "q")
+                .map(|(_, value)| value.clone());
+            Json(json!({ "q": q, "results": ["one", "two"] })).into_response()
+        }
+        "big" => vec![b'x'; 2 * 1024 * 1024].into_response(),
+        _ => (StatusCode::INTERNAL_SERVER_ERROR, "broken").into_response(),
+    }
 }

@@ -142,13 +142,18 @@ async fn create_key(
         .as_ref()
         .map(keys::Parent::child_lineage)
         .unwrap_or_default();
-    sqlx::query("UPDATE api_keys SET max_credits = $2, lineage = $3 WHERE id = $1")
-        .bind(created.key.id)
-        .bind(max_credits)
-        .bind(&lineage)
-        .execute(&mut *transaction)
-        .await?;
+    let allowed_models = crate::store::allowed::validate(request.allowed_models)?;
+    sqlx::query(
+        "UPDATE api_keys SET max_credits = $2, lineage = $3, allowed_models = $4 WHERE id = $1",
+    )
+    .bind(created.key.id)
+    .bind(max_credits)
+    .bind(&lineage)
+    .bind(&allowed_models)
+    .execute(&mut *transaction)
+    .await?;
     created.key.max_credits_micro = max_credits;
+    created.key.allowed_models = allowed_models;
     audit
         .record(
             &mut transaction,

@@ -6,7 +6,7 @@ use axum::extract::State;
 use chrono::{DateTime, Utc};
 use sandbase_api::ErrorBody;
 use sandbase_api::store::{
-    StoreModel, StoreModelList, StoreRequest, StoreRequestList, TokenPrices,
+    StoreApi, StoreApiList, StoreModel, StoreModelList, StoreRequest, StoreRequestList, TokenPrices,
 };
 use sandbase_billing::Credits;
 use serde::Deserialize;
@@ -23,6 +23,7 @@ use crate::state::AppState;
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(models))
+        .routes(routes!(apis))
         .routes(routes!(list_requests))
         .routes(routes!(get_request))
 }
@@ -50,6 +51,24 @@ async fn models(State(state): State<AppState>, _principal: Principal) -> Json<St
         })
         .collect();
     Json(StoreModelList { models })
+}
+
+/// The paid APIs the store offers (call them at `/store/apis/{name}/…`), with their prices.
+#[utoipa::path(get, path = "/v1/store/apis", tag = "store", security(("bearer" = [])),
+    responses((status = 200, description = "OK", body = StoreApiList), (status = 401, description = "Not authenticated", body = ErrorBody)))]
+async fn apis(State(state): State<AppState>, _principal: Principal) -> Json<StoreApiList> {
+    let apis = state
+        .store
+        .apis()
+        .iter()
+        .map(|api| StoreApi {
+            name: api.settings.name.clone(),
+            price_per_call: Credits(api.per_call).to_string(),
+            price_per_mib: Credits(api.per_mib).to_string(),
+            max_response_bytes: api.settings.max_response_bytes,
+        })
+        .collect();
+    Json(StoreApiList { apis })
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

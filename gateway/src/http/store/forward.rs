@@ -13,7 +13,8 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use serde_json::Value;
 
-use super::{Family, StoreError, caller};
+use super::caller::caller;
+use super::errors::{Family, StoreError};
 use crate::config::TokenPrices;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -228,16 +229,14 @@ async fn admitted(
     };
     let worst = meter::worst_case(model, body.len(), max_output);
     let hold_for = std::time::Duration::from_secs(provider.settings.timeout_secs);
-    let call = meter::admit(
-        state,
-        &principal,
-        &model.settings.id,
-        endpoint.path,
-        stream,
-        worst,
+    let asked = meter::Asked {
+        kind: meter::Kind::Model,
+        name: &model.settings.id,
+        endpoint: endpoint.path.to_owned(),
+        streamed: stream,
         hold_for,
-    )
-    .await?;
+    };
+    let call = meter::admit(state, &principal, asked, worst).await?;
     json["model"] = Value::String(model.settings.upstream.clone());
     let mut hide_usage = false;
     if stream && endpoint.path == CHAT.path {

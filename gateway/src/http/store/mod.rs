@@ -3,19 +3,17 @@
 //! SandBase key comes as `Authorization: Bearer` or (Anthropic's way) `x-api-key`; errors
 //! come in the family's own shape with SandBase's stable code.
 
+mod apis;
+mod caller;
 mod errors;
-mod forward;
+pub mod forward;
 mod models;
 
 use axum::Router;
-use axum::http::{HeaderMap, HeaderValue};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 
 pub use errors::{Family, StoreError};
 
-use crate::auth::Principal;
-use crate::auth::authenticate::{authenticate, rate_limit};
-use crate::error::ApiError;
 use crate::state::AppState;
 
 pub fn router() -> Router<AppState> {
@@ -30,20 +28,6 @@ pub fn router() -> Router<AppState> {
             post(forward::anthropic_count_tokens),
         )
         .route("/anthropic/v1/models", get(models::anthropic))
-}
-
-/// The caller, from `Authorization: Bearer KEY` or `x-api-key: KEY`, counted against its
-/// rate limit.
-async fn caller(state: &AppState, headers: &HeaderMap) -> Result<Principal, ApiError> {
-    let from_x_api_key = headers
-        .get("x-api-key")
-        .and_then(|value| value.to_str().ok())
-        .and_then(|key| HeaderValue::from_str(&format!("Bearer {}", key.trim())).ok());
-    let header = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .cloned()
-        .or(from_x_api_key);
-    let principal = authenticate(header.as_ref(), state).await?;
-    rate_limit(&principal, state).await?;
-    Ok(principal)
+        .route("/store/apis/{name}", any(apis::forward_root))
+        .route("/store/apis/{name}/{*path}", any(apis::forward))
 }

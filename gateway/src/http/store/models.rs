@@ -6,7 +6,8 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use serde_json::{Value, json};
 
-use super::{Family, StoreError, caller};
+use super::caller::caller;
+use super::errors::{Family, StoreError};
 use crate::state::AppState;
 
 async fn listed(state: &AppState, headers: &HeaderMap, family: Family) -> Result<(), StoreError> {

@@ -1,0 +1,203 @@
+//! `ANY /store/apis/{name}/{path…}`: a paid API called with the caller's SandBase key,
+//! forwarded to the operator's upstream with the operator's credential injected (the caller
+//! never sees it, the upstream never sees the caller's key), priced per call and per MiB of
+//! answer, admitted and settled like a model call. A refusal of the operator's credential is
+//! 502 `upstream_auth_failed`; the upstream's 429 and 5xx pass through and cost nothing.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, Method, Uri, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use secrecy::ExposeSecret;
+
+use super::caller::caller;
+use super::forward::REQUEST_HEADER;
+use crate::error::ApiError;
+use crate::http::extract::ApiPath;
+use crate::state::AppState;
+use crate::store::PaidApi;
+use crate::store::meter::{self, Asked, Kind, Settled};
+
+/// The client's headers passed on (never its credentials or cookies).
+const FORWARDED: [header::HeaderName; 3] =
+    [header::CONTENT_TYPE, header::ACCEPT, header::USER_AGENT];
+
+pub async fn forward_root(
+    state: State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    forward(
+        state,
+        ApiPath((name, String::new())),
+        method,
+        uri,
+        headers,
+        body,
+    )
+    .await
+}
+
+pub async fn forward(
+    State(state): State<AppState>,
+    ApiPath((name, path)): ApiPath<(String, String)>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let principal = caller(&state, &headers).await?;
+    let api = state
+        .store
+        .api(&name)
+        .ok_or_else(|| ApiError::StoreApiNotFound(name.clone()))?;
+    if path
+        .split('/')
+        .any(|segment| segment == ".." || segment == ".")
+    {
+        return Err(ApiError::InvalidRequest(
+            "the path may not hold `.` or `..` segments".to_owned(),
+        ));
+    }
+    let url = upstream_url(api, &path, uri.query())?;
+    let worst = api.cost(api.settings.max_response_bytes);
+    let asked = Asked {
+        kind: Kind::Api,
+        name: &api.settings.name,
+        endpoint: format!("{method} /{}", path.chars().take(200).collect::<String>()),
+        streamed: false,
+        hold_for: std::time::Duration::from_secs(api.settings.timeout_secs),
+    };
+    let call = meter::admit(&state, &principal, asked, worst).await?;
+    let request = upstream_request(api, &method, url, &headers, body);
+    let answer = match request.send().await {
+        Ok(answer) => answer,
+        Err(error) => {
+            meter::release(&state, &call).await;
+            return Err(if error.is_timeout() {
+                ApiError::UpstreamTimeout
+            } else {
+                ApiError::UpstreamFailed("the API could not be reached".to_owned())
+            });
+        }
+    };
+    let status = answer.status();
+    let first_byte = call.started.elapsed();
+    if matches!(status.as_u16(), 401 | 403) {
+        tracing::error!(api = %api.settings.name, status = %status, "the API refused the operator's credential");
+        meter::release(&state, &call).await;
+        return Err(ApiError::UpstreamAuthFailed);
+    }
+    let content_type = answer.headers().get(header::CONTENT_TYPE).cloned();
+    let retry_after = answer.headers().get(header::RETRY_AFTER).cloned();
+    let bytes = match read_bounded(answer, api.settings.max_response_bytes).await {
+        Ok(bytes) => bytes,
+        Err(error) => {
+            meter::release(&state, &call).await;
+            return Err(error);
+        }
+    };
+    let id = call.id;
+    if status.as_u16() == 429 || status.is_server_error() {
+        meter::release(&state, &call).await;
+    } else {
+        let settled = Settled {
+            status: status.as_u16(),
+            usage: Default::default(),
+            cost: api.cost(bytes.len() as u64),
+            estimated: false,
+            first_byte: Some(first_byte),
+            bytes: bytes.len() as u64,
+        };
+        meter::book(&state, call, settled).await?;
+    }
+    let mut response = (status, bytes).into_response();
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (header::CONTENT_TYPE, content_type),
+        (header::RETRY_AFTER, retry_after),
+    ] {
+        if let Some(value) = value {
+            headers.insert(name, value);
+        }
+    }
+    if let Ok(value) = HeaderValue::from_str(&id.to_string()) {
+        headers.insert(REQUEST_HEADER, value);
+    }
+    Ok(response)
+}
+
+/// The upstream URL: `{base_url}/{path}?{query}`, with the operator's credential as a
+/// query parameter when the API takes it so (the client's own parameter of that name is
+/// dropped, not passed beside it).
+fn upstream_url(api: &PaidApi, path: &str, query: Option<&str>) -> Result<reqwest::Url, ApiError> {
+    let base = api.settings.base_url.trim_end_matches('/');
+    let joined = if path.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}/{path}")
+    };
+    let mut url = reqwest::Url::parse(&joined)
+        .map_err(|_| ApiError::InvalidRequest("the path is not a valid URL path".to_owned()))?;
+    let inject_query = api.settings.inject.strip_prefix("query:");
+    let kept: Vec<&str> = query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .filter(|pair| inject_query.is_none_or(|name| pair.split('=').next() != Some(name)))
+        .collect();
+    if !kept.is_empty() {
+        url.set_query(Some(&kept.join("&")));
+    }
+    if let (Some(name), Some(credential)) = (inject_query, &api.credential) {
+        url.query_pairs_mut()
+            .append_pair(name, credential.expose_secret());
+    }
+    Ok(url)
+}
+
+/// The upstream request: the client's harmless headers, the operator's credential where
+/// the API takes it.
+fn upstream_request(
+    api: &PaidApi,
+    method: &Method,
+    url: reqwest::Url,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> reqwest::RequestBuilder {
+    let mut request = api.client.request(method.clone(), url).body(body);
+    for name in FORWARDED {
+        if let Some(value) = headers.get(&name) {
+            request = request.header(name, value);
+        }
+    }
+    if let Some(credential) = &api.credential {
+        if api.settings.inject == "bearer" {
+            request = request.bearer_auth(credential.expose_secret());
+        } else if let Some(name) = api.settings.inject.strip_prefix("header:") {
+            request = request.header(name, credential.expose_secret());
+        }
+    }
+    request
+}
+
+/// The answer's body, refused past `limit` bytes.
+async fn read_bounded(answer: reqwest::Response, limit: u64) -> Result<Bytes, ApiError> {
+    let mut stream = answer.bytes_stream();
+    let mut body = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk =
+            chunk.map_err(|_| ApiError::UpstreamFailed("the answer broke off".to_owned()))?;
+        body.extend_from_slice(&chunk);
+        if body.len() as u64 > limit {
+            return Err(ApiError::UpstreamFailed(format!(
+                "the answer is larger than the {limit} bytes this API may return"
+            )));
+        }
+    }
+    Ok(Bytes::from(body))
+}
