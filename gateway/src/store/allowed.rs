@@ -56,13 +56,20 @@ pub async fn lineage_allowing(
     let Some(key) = key else {
         return Ok(Vec::new());
     };
-    let rows: Vec<(Uuid, Option<Vec<String>>)> = sqlx::query_as(
-        "SELECT id, allowed_models FROM api_keys \
-         WHERE id = $1 OR id IN (SELECT unnest(lineage) FROM api_keys WHERE id = $1)",
-    )
-    .bind(key)
-    .fetch_all(&state.db)
-    .await?;
+    let rows = match state.store.lineages.get(key) {
+        Some(rows) => rows,
+        None => {
+            // A key's ancestors and model lists never change once it exists.
+            let rows: Vec<(Uuid, Option<Vec<String>>)> = sqlx::query_as(
+                "SELECT id, allowed_models FROM api_keys \
+                 WHERE id = $1 OR id IN (SELECT unnest(lineage) FROM api_keys WHERE id = $1)",
+            )
+            .bind(key)
+            .fetch_all(&state.db)
+            .await?;
+            state.store.lineages.put(key, rows)
+        }
+    };
     let allowed = rows.iter().all(|(_, patterns)| {
         patterns
             .as_ref()
@@ -71,7 +78,7 @@ pub async fn lineage_allowing(
     if !allowed {
         return Err(ApiError::ModelNotAllowed(model.to_owned()));
     }
-    Ok(rows.into_iter().map(|(id, _)| id).collect())
+    Ok(rows.iter().map(|(id, _)| *id).collect())
 }
 
 #[cfg(test)]

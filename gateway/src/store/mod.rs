@@ -5,6 +5,7 @@
 //! reserved in Redis) and settles it on the ledger.
 
 pub mod allowed;
+pub mod lineages;
 pub mod meter;
 pub mod requests;
 pub mod sse;
@@ -39,6 +40,8 @@ pub struct Store {
     models: Vec<Model>,
     apis: Vec<PaidApi>,
     pub drain: Duration,
+    /// Calling keys' lineages and model lists, read once.
+    pub lineages: lineages::Lineages,
 }
 
 /// The Anthropic API version sent when the client names none.
@@ -131,6 +134,7 @@ impl Store {
             models,
             apis,
             drain: Duration::from_secs(settings.drain_secs),
+            lineages: lineages::Lineages::default(),
         })
     }
 

@@ -34,6 +34,7 @@ mod secrets;
 mod sessions;
 mod snapshots;
 mod store;
+mod store_budgets;
 mod store_upstream;
 mod stripe;
 mod templates;

@@ -42,7 +42,7 @@ fn provider(name: &str, kind: ProviderKind, base_url: String, secret: &str) -> P
     }
 }
 
-async fn store_app() -> (TestApp, Seen) {
+pub async fn store_app() -> (TestApp, Seen) {
     let (upstream, seen) = store_upstream::start().await;
     let app = spawn_app_with(|settings| {
         let store = &mut settings.store;
@@ -93,7 +93,7 @@ async fn store_app() -> (TestApp, Seen) {
     (app, seen)
 }
 
-async fn call(app: &TestApp, path: &str, key: &str, body: Value) -> reqwest::Response {
+pub async fn call(app: &TestApp, path: &str, key: &str, body: Value) -> reqwest::Response {
     app.http
         .post(format!("{}{path}", app.address))
         .bearer_auth(key)
@@ -103,13 +103,13 @@ async fn call(app: &TestApp, path: &str, key: &str, body: Value) -> reqwest::Res
         .unwrap()
 }
 
-fn chat(model: &str, text: &str, stream: bool) -> Value {
+pub fn chat(model: &str, text: &str, stream: bool) -> Value {
     json!({ "model": model, "stream": stream, "max_tokens": 1000,
             "messages": [{ "role": "user", "content": text }] })
 }
 
 /// The store's record of a call, once it is settled.
-async fn settled(app: &TestApp, response: &reqwest::Response) -> Value {
+pub async fn settled(app: &TestApp, response: &reqwest::Response) -> Value {
     let id = response.headers()["x-sandbase-store-request"]
         .to_str()
         .unwrap()
@@ -129,14 +129,14 @@ async fn settled(app: &TestApp, response: &reqwest::Response) -> Value {
     panic!("the call {id} was never settled")
 }
 
-async fn available(app: &TestApp, token: &str) -> i64 {
+pub async fn available(app: &TestApp, token: &str) -> i64 {
     app.get("/v1/billing/balance", token).await.body["available_micro"]
         .as_i64()
         .unwrap()
 }
 
 /// Reads a streamed answer to its end.
-async fn text_of(response: reqwest::Response) -> String {
+pub async fn text_of(response: reqwest::Response) -> String {
     String::from_utf8(response.bytes().await.unwrap().to_vec()).unwrap()
 }
 
@@ -429,6 +429,7 @@ async fn the_store_view_shows_models_calls_and_usage_by_model() {
         .to_str()
         .unwrap()
         .to_owned();
+    settled(&app, &answer).await;
     let record = app.get(&format!("/v1/store/requests/{id}"), key).await;
     assert_eq!(record.status, 200);
     assert_eq!(record.body["credits_micro"], 2750);

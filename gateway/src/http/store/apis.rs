@@ -113,7 +113,13 @@ pub async fn forward(
             first_byte: Some(first_byte),
             bytes: bytes.len() as u64,
         };
-        meter::book(&state, call, settled).await?;
+        // Booked after the answer: the reservation holds the money until then.
+        let booking = state.clone();
+        tokio::spawn(async move {
+            if let Err(error) = meter::book(&booking, call, settled).await {
+                tracing::error!(error = format!("{error:#}"), "settling a paid API call");
+            }
+        });
     }
     let mut response = (status, bytes).into_response();
     let headers = response.headers_mut();

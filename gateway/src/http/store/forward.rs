@@ -331,7 +331,12 @@ async fn call(
         estimate_if_unknown: true,
         first_byte: Some(first_byte),
     };
-    meter::settle(&state, call, &prices, outcome).await?;
+    // Settled after the answer: the reservation holds the money until the debit is booked.
+    tokio::spawn(async move {
+        if let Err(error) = meter::settle(&state, call, &prices, outcome).await {
+            tracing::error!(error = format!("{error:#}"), "settling a store call");
+        }
+    });
     Ok(whole(status, content_type, bytes, Some(id)))
 }
 
