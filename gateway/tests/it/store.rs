@@ -402,6 +402,10 @@ async fn a_client_that_leaves_mid_stream_is_still_billed() {
     .await;
     let record = settled(&app, &answer).await;
     assert_eq!(record["estimated"], true);
+    let audited = app
+        .count("SELECT count(*) FROM audit_events WHERE action = 'store.call_estimated' AND actor_type = 'api_key'")
+        .await;
+    assert_eq!(audited, 1);
     // The reservation: 66 bytes of input at the dearest input price, 1000 out at 10.
     assert!(record["cost"].as_i64().unwrap() >= 10_000, "{record}");
 }
