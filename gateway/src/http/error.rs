@@ -29,16 +29,7 @@ impl IntoResponse for ApiError {
             },
         };
         let mut response = (status, Json(body)).into_response();
-        let retry_after = match self {
-            ApiError::RateLimited { retry_after_secs } => Some(retry_after_secs),
-            ApiError::Busy => Some(1),
-            _ => None,
-        };
-        if let Some(seconds) = retry_after
-            && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
-        {
-            response.headers_mut().insert(header::RETRY_AFTER, value);
-        }
+        set_retry_after(&mut response, &self);
         if status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
@@ -46,5 +37,19 @@ impl IntoResponse for ApiError {
             );
         }
         response
+    }
+}
+
+/// `Retry-After` on a response to an error that has one: rate limits, and `busy` (a second).
+pub fn set_retry_after(response: &mut Response, error: &ApiError) {
+    let retry_after = match error {
+        ApiError::RateLimited { retry_after_secs } => Some(*retry_after_secs),
+        ApiError::Busy => Some(1),
+        _ => None,
+    };
+    if let Some(seconds) = retry_after
+        && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
+    {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
     }
 }

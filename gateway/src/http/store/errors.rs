@@ -3,7 +3,7 @@
 //! `{"type":"error","error":{"type","message"}}` (with SandBase's `code` beside).
 
 use axum::Json;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
@@ -89,16 +89,7 @@ impl IntoResponse for StoreError {
             }),
         };
         let mut response = (status, Json(body)).into_response();
-        let retry_after = match error {
-            ApiError::RateLimited { retry_after_secs } => Some(retry_after_secs),
-            ApiError::Busy => Some(1),
-            _ => None,
-        };
-        if let Some(seconds) = retry_after
-            && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
-        {
-            response.headers_mut().insert(header::RETRY_AFTER, value);
-        }
+        crate::http::error::set_retry_after(&mut response, &error);
         response
     }
 }
