@@ -13,8 +13,9 @@ use crate::testbed::{
     worker_config,
 };
 
-/// A loop that counts 20 times a second into /work/count.
-const COUNTER: &str = "i=0; while true; do i=$((i+1)); echo $i > /work/count; sleep 0.05; done";
+/// A loop that counts 20 times a second into /work/count (renamed into place, so a reader
+/// never finds it truncated and not yet written).
+const COUNTER: &str = "i=0; while true; do i=$((i+1)); echo $i > /work/count.new; mv /work/count.new /work/count; sleep 0.05; done";
 
 async fn count(sandbox: &TestSandbox<'_>) -> u64 {
     let read = sandbox.sh("cat /work/count").await;
