@@ -75,6 +75,15 @@ impl Tap {
         let Some(data) = data_of(event) else {
             return true;
         };
+        // Most events carry text, not usage: only those that can hold a count are parsed.
+        let may_count = match self.shape {
+            Shape::OpenaiChat | Shape::OpenaiEmbeddings => data.contains("prompt_tokens"),
+            Shape::OpenaiResponses => data.contains("input_tokens"),
+            Shape::Anthropic => data.contains("message_start") || data.contains("message_delta"),
+        };
+        if !may_count {
+            return true;
+        }
         let Ok(json) = serde_json::from_str::<Value>(&data) else {
             return true;
         };
