@@ -137,6 +137,21 @@ pub struct CreateSandbox {
     /// Pause it after this many seconds without a call (commands, files, process I/O).
     #[serde(default)]
     pub auto_pause_after_idle_secs: Option<u64>,
+    /// Its store credential, for the node's egress proxy to add to its requests to the
+    /// store host (memory only on the worker; the sandbox never holds it).
+    #[serde(default)]
+    pub store_token: Option<StoreToken>,
+}
+
+/// A sandbox's store credential. Its `Debug` leaves the value out.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct StoreToken(pub String);
+
+impl std::fmt::Debug for StoreToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StoreToken(..)")
+    }
 }
 
 /// A credential handed to the sandbox's worker. Its `Debug` leaves the value out.

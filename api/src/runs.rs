@@ -43,6 +43,9 @@ pub struct CreateRunRequest {
     /// Isolation level of the run's sandbox (as for sandboxes).
     #[serde(default)]
     pub isolation: Option<crate::sandboxes::Isolation>,
+    /// Access to the model and API store from inside the run (as for sandboxes).
+    #[serde(default)]
+    pub store: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
@@ -96,6 +99,9 @@ pub struct Run {
     /// Vault credentials (names) its sandbox's proxy held.
     #[serde(default)]
     pub credentials: Vec<String>,
+    /// Its sandbox reached the model and API store from inside.
+    #[serde(default)]
+    pub store: bool,
     pub created_at: DateTime<Utc>,
     #[serde(default)]
     pub started_at: Option<DateTime<Utc>>,

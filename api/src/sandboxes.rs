@@ -103,6 +103,13 @@ pub struct CreateSandboxRequest {
     /// hosts; the sandbox never sees the values. Needs `egress` allowing those hosts.
     #[serde(default)]
     pub credentials: Vec<String>,
+    /// Access to the model and API store from inside: `OPENAI_BASE_URL`, `ANTHROPIC_BASE_URL`
+    /// and `SANDBASE_STORE_URL` lead to `http://store.sandbase.internal`, which the node's
+    /// egress proxy forwards to the store as this sandbox (billed to its team, counted against
+    /// its `max_credits` and its key's); `OPENAI_API_KEY` and `ANTHROPIC_API_KEY` are
+    /// placeholders. No SandBase key enters the sandbox. Variables in `env` win.
+    #[serde(default)]
+    pub store: bool,
     /// Pause the sandbox by itself once no command, file call or process I/O has reached it
     /// for this many seconds; the next call resumes it (its lifetime runs on meanwhile).
     #[serde(default)]
@@ -218,6 +225,9 @@ pub struct Sandbox {
     /// It pauses by itself after this many idle seconds.
     #[serde(default)]
     pub auto_pause_after_idle_secs: Option<u64>,
+    /// It reaches the model and API store from inside (`store: true` when created).
+    #[serde(default)]
+    pub store: bool,
 }
 
 /// One connection a sandbox made (or tried) through the egress proxy.

@@ -78,6 +78,7 @@ pub async fn run_once(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<Exit
         egress: args.egress.policy(),
         credentials: args.egress.credentials.clone(),
         isolation: args.isolation,
+        store: args.egress.store,
     };
     let mut run: Run = client.post("/v1/runs", &request).await?;
     eprintln!("run {} queued", run.id);

@@ -140,6 +140,10 @@ pub struct EgressArgs {
     /// (repeatable); the sandbox never sees its value.
     #[arg(long = "credential")]
     pub(crate) credentials: Vec<String>,
+    /// Reach the model and API store from inside: the OpenAI and Anthropic SDKs work with no
+    /// key in the sandbox (`OPENAI_BASE_URL`, `ANTHROPIC_BASE_URL` set; billed as it).
+    #[arg(long = "store")]
+    pub(crate) store: bool,
 }
 
 impl EgressArgs {
@@ -302,6 +306,7 @@ async fn create(client: &Client, json: bool, args: CreateArgs) -> anyhow::Result
         isolation: args.isolation,
         auto_pause_after_idle_secs: args.auto_pause,
         snapshot: args.from_snapshot,
+        store: args.egress.store,
     };
     let started = std::time::Instant::now();
     let sandbox: Sandbox = client.post("/v1/sandboxes", &request).await?;

@@ -293,7 +293,7 @@ fn main() {
             "bench",
             Policy::parse(&[NAME.to_owned()], &[]).expect("policy"),
             1024,
-            None,
+            None, None,
         );
         // The interception case comes from another loopback address (a sandbox of its own).
         let authority = sandbase_egress::tls::Authority::generate("bench").expect("CA");
@@ -314,7 +314,7 @@ fn main() {
                     zeroize::Zeroizing::new("bench-secret-value".to_owned()),
                 )],
                 authority,
-            })),
+            })), None,
         );
         let (flows, mut drain) = tokio::sync::mpsc::channel(1024);
         let proxy = Proxy::new(
@@ -329,6 +329,7 @@ fn main() {
                 upstream_tls: sandbase_egress::tls::upstream_config(Some(upstream_ca.as_bytes()))
                     .expect("trust"),
                 max_connections: 4096,
+                store: None,
             },
             flows,
         );

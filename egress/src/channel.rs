@@ -24,6 +24,9 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 pub struct ChannelTls {
     pub server: Arc<ServerConfig>,
     pub client: Arc<ClientConfig>,
+    /// The CA (PEM), for a process of this end's that calls the other (the egress proxy's
+    /// store route).
+    pub ca_pem: String,
 }
 
 impl std::fmt::Debug for ChannelTls {
@@ -100,6 +103,7 @@ pub fn from_pem(ca: &[u8], chain: &[u8], key: &[u8]) -> Result<ChannelTls, Strin
     Ok(ChannelTls {
         server: Arc::new(server),
         client: Arc::new(client),
+        ca_pem: String::from_utf8_lossy(ca).into_owned(),
     })
 }
 

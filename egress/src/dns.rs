@@ -197,6 +197,12 @@ impl Responder {
             duration: started.elapsed(),
             started_at: std::time::SystemTime::now(),
         };
+        // The store host, for a sandbox with store access: an address whose port 80 is
+        // redirected to the proxy like any other.
+        if query.qclass == CLASS_IN && query.name == crate::STORE_HOST && entry.store.is_some() {
+            let store = [IpAddr::V4(crate::STORE_ADDRESS)];
+            return Some(answer(packet, &query, NOERROR, &store));
+        }
         if query.qclass != CLASS_IN || !entry.policy().allows_name(&query.name) {
             let _ = self.flows.try_send(record(Decision::Denied(format!(
                 "{} is not allowed by this sandbox's egress policy; NXDOMAIN",

@@ -53,6 +53,29 @@ pub struct ProcessConfig {
     pub idle_timeout_ms: u64,
     /// The user and group to become after binding (when started as root).
     pub user: Option<(u32, u32)>,
+    /// Where the store host leads; `None`: no store from this node.
+    #[serde(default)]
+    pub store: Option<StoreUpstream>,
+}
+
+/// The gateway as the worker reaches it, for the store host's requests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreUpstream {
+    /// Its base URL (`https://gateway.internal:8081`).
+    pub url: String,
+    /// The internal channel's CA (PEM): trusted alone for an `https` URL.
+    pub ca_pem: Option<String>,
+}
+
+/// A sandbox's store credential (`Authorization: Bearer …` on its store requests). Its
+/// `Debug` leaves the value out; it is wiped when dropped.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct StoreToken(pub Zeroizing<String>);
+
+impl std::fmt::Debug for StoreToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StoreToken(..)")
+    }
 }
 
 /// A sandbox as the proxy should know it.
@@ -64,6 +87,9 @@ pub struct Registration {
     pub max_connections: usize,
     /// Its credentials and CA, when it has credentials.
     pub interception: Option<InterceptionSpec>,
+    /// Its store credential, when it was created with store access.
+    #[serde(default)]
+    pub store: Option<StoreToken>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -196,6 +222,18 @@ async fn serve(
         Some(table) => Resolver::Fixed(table),
         None => Resolver::System,
     };
+    // A store route that cannot be made leaves the store unreachable, not the node's egress.
+    let store = match config.store.as_ref().map(crate::proxy::StoreRoute::new) {
+        Some(Ok(route)) => Some(Arc::new(route)),
+        Some(Err(why)) => {
+            tracing::error!(
+                why,
+                "no route to the store: sandboxes with store access get 502"
+            );
+            None
+        }
+        None => None,
+    };
     let registry = Arc::new(Registry::default());
     let (flows, mut flow_receiver) = mpsc::channel::<Flow>(4096);
     let (reports, mut report_receiver) = mpsc::unbounded_channel::<Report>();
@@ -220,6 +258,7 @@ async fn serve(
             idle_timeout: Duration::from_millis(config.idle_timeout_ms),
             upstream_tls,
             max_connections: crate::limits::connection_budget(open_files),
+            store,
         },
         flows,
     );
@@ -313,6 +352,7 @@ fn apply(registry: &Registry, order: Order, reports: &mpsc::UnboundedSender<Repo
                 policy,
                 max_connections,
                 interception,
+                store,
             } = *registration;
             let interception = match interception {
                 None => None,
@@ -330,7 +370,15 @@ fn apply(registry: &Registry, order: Order, reports: &mpsc::UnboundedSender<Repo
                     }
                 },
             };
-            registry.add(address, &sandbox, policy, max_connections, interception);
+            let store = store.map(|token| Arc::new(token.0));
+            registry.add(
+                address,
+                &sandbox,
+                policy,
+                max_connections,
+                interception,
+                store,
+            );
         }
         Order::Remove { address } => {
             if let Some(entry) = registry.remove(address) {

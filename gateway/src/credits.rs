@@ -74,13 +74,31 @@ pub enum Admitted {
     InsufficientCredits,
     /// The API key's spend cap is reached.
     KeyCapReached,
+    /// The sandbox's spend cap is reached.
+    SandboxCapReached,
 }
 
-/// Whose budget: a team's credits or an API key's cap.
+/// Whose budget: a team's credits, an API key's cap or a sandbox's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Budget {
     Team(Uuid),
+    Cap(Cap),
+}
+
+/// A spend cap a reservation counts against besides the team's credits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cap {
+    /// An API key's `max_credits`.
     Key(Uuid),
+    /// A sandbox's `max_credits` (its store calls from inside).
+    Sandbox(Uuid),
+}
+
+impl Cap {
+    /// The caps of a key and its ancestors.
+    pub fn keys(keys: &[Uuid]) -> Vec<Cap> {
+        keys.iter().copied().map(Cap::Key).collect()
+    }
 }
 
 // KEYS: (hash, zset) per budget. ARGV: id, amount, ttl ms.
@@ -158,7 +176,8 @@ impl Admission {
     fn keys(&self, budget: Budget) -> (String, String) {
         let name = match budget {
             Budget::Team(id) => id.to_string(),
-            Budget::Key(id) => format!("key:{id}"),
+            Budget::Cap(Cap::Key(id)) => format!("key:{id}"),
+            Budget::Cap(Cap::Sandbox(id)) => format!("sandbox:{id}"),
         };
         (
             format!("{}{name}", self.prefix),
@@ -166,25 +185,25 @@ impl Admission {
         )
     }
 
-    fn budgets(team_id: Uuid, keys: &[Uuid]) -> Vec<Budget> {
+    fn budgets(team_id: Uuid, caps: &[Cap]) -> Vec<Budget> {
         let mut budgets = vec![Budget::Team(team_id)];
-        budgets.extend(keys.iter().copied().map(Budget::Key));
+        budgets.extend(caps.iter().copied().map(Budget::Cap));
         budgets
     }
 
-    /// Reserves `amount` for `id` during `ttl_ms` against the team's credits and the caps
-    /// of `keys` (the API key that asks and its ancestors), loading a budget from PostgreSQL
-    /// when Redis does not have it (after a flush or a restart).
+    /// Reserves `amount` for `id` during `ttl_ms` against the team's credits and `caps`
+    /// (the API key that asks and its ancestors, a sandbox), loading a budget from
+    /// PostgreSQL when Redis does not have it (after a flush or a restart).
     pub async fn reserve(
         &self,
         db: &sqlx::PgPool,
         team_id: Uuid,
-        keys: &[Uuid],
+        caps: &[Cap],
         id: Uuid,
         amount: i64,
         ttl_ms: u64,
     ) -> anyhow::Result<Admitted> {
-        let budgets = Self::budgets(team_id, keys);
+        let budgets = Self::budgets(team_id, caps);
         for _ in 0..=budgets.len() {
             let mut invocation = self.reserve.prepare_invoke();
             for budget in &budgets {
@@ -202,7 +221,8 @@ impl Admission {
                 k if k > 0 => {
                     return Ok(match budgets[k as usize - 1] {
                         Budget::Team(_) => Admitted::InsufficientCredits,
-                        Budget::Key(_) => Admitted::KeyCapReached,
+                        Budget::Cap(Cap::Key(_)) => Admitted::KeyCapReached,
+                        Budget::Cap(Cap::Sandbox(_)) => Admitted::SandboxCapReached,
                     });
                 }
                 k => self.load(db, budgets[(-k) as usize - 1]).await?,
@@ -214,12 +234,12 @@ impl Admission {
     pub async fn release(
         &self,
         team_id: Uuid,
-        keys: &[Uuid],
+        caps: &[Cap],
         id: Uuid,
         amount: i64,
     ) -> anyhow::Result<()> {
         let mut invocation = self.release.prepare_invoke();
-        for budget in Self::budgets(team_id, keys) {
+        for budget in Self::budgets(team_id, caps) {
             let (hash, zset) = self.keys(budget);
             invocation.key(hash).key(zset);
         }
@@ -231,11 +251,11 @@ impl Admission {
         Ok(())
     }
 
-    /// After a charge booked in the ledger: the cached budgets of the team and of `keys`
-    /// (the key charged and its ancestors) follow (when cached).
-    pub async fn charged(&self, team_id: Uuid, keys: &[Uuid], amount: i64) -> anyhow::Result<()> {
+    /// After a charge booked in the ledger: the cached budgets of the team and of `caps`
+    /// (the key charged and its ancestors, the sandbox) follow (when cached).
+    pub async fn charged(&self, team_id: Uuid, caps: &[Cap], amount: i64) -> anyhow::Result<()> {
         let mut redis = self.redis.clone();
-        for budget in Self::budgets(team_id, keys) {
+        for budget in Self::budgets(team_id, caps) {
             let (hash, _) = self.keys(budget);
             let cached: bool = redis::AsyncCommands::exists(&mut redis, &hash).await?;
             if cached {
@@ -280,12 +300,17 @@ impl Admission {
                     .available;
                 (available.0, false)
             }
-            Budget::Key(key_id) => {
-                let row: Option<(Option<i64>, i64)> =
-                    sqlx::query_as("SELECT max_credits, spent_micro FROM api_keys WHERE id = $1")
-                        .bind(key_id)
-                        .fetch_optional(db)
-                        .await?;
+            Budget::Cap(cap) => {
+                let (table, id) = match cap {
+                    Cap::Key(id) => ("api_keys", id),
+                    Cap::Sandbox(id) => ("sandboxes", id),
+                };
+                let row: Option<(Option<i64>, i64)> = sqlx::query_as(&format!(
+                    "SELECT max_credits, spent_micro FROM {table} WHERE id = $1"
+                ))
+                .bind(id)
+                .fetch_optional(db)
+                .await?;
                 match row {
                     Some((Some(cap), spent)) => (cap - spent, false),
                     _ => (0, true),

@@ -355,12 +355,17 @@ impl Node {
         let pid = pid.ok_or_else(|| {
             NodeError::Internal(anyhow::anyhow!("the sandbox {} has no pid", sandbox.id))
         })?;
+        let store = request
+            .store_token
+            .take()
+            .map(|token| sandbase_egress::process::StoreToken(zeroize::Zeroizing::new(token.0)));
         network
             .attach(
                 request.id,
                 pid,
                 policy,
                 std::mem::take(&mut request.credentials),
+                store,
             )
             .await
             .map(Some)

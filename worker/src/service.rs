@@ -98,6 +98,15 @@ fn protect_from_the_oom_killer() {
     }
 }
 
+/// Where the node's proxy sends sandboxes' store requests: the gateway, as this worker
+/// reaches it (the internal channel's CA trusted alone when it has TLS).
+fn store_route(config: &ServiceConfig) -> Option<sandbase_egress::process::StoreUpstream> {
+    Some(sandbase_egress::process::StoreUpstream {
+        url: config.gateway_url.trim_end_matches('/').to_owned(),
+        ca_pem: config.tls.as_ref().map(|tls| tls.ca_pem.clone()),
+    })
+}
+
 pub async fn start(config: ServiceConfig) -> anyhow::Result<RunningService> {
     let named = sandbase_api::internal::credential_worker_id(&config.credential);
     anyhow::ensure!(
@@ -120,16 +129,18 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<RunningService> {
     // Without its egress network (no nftables, no permission) the worker still runs
     // sandboxes with loopback only, and refuses those that ask for egress.
     let network = match &config.node.egress {
-        Some(egress) => match crate::network::Network::start(egress.clone()).await {
-            Ok(network) => Some(network),
-            Err(error) => {
-                tracing::error!(
-                    error = format!("{error:#}"),
-                    "no egress network: sandboxes asking for egress will be refused"
-                );
-                None
+        Some(egress) => {
+            match crate::network::Network::start(egress.clone(), store_route(&config)).await {
+                Ok(network) => Some(network),
+                Err(error) => {
+                    tracing::error!(
+                        error = format!("{error:#}"),
+                        "no egress network: sandboxes asking for egress will be refused"
+                    );
+                    None
+                }
             }
-        },
+        }
         None => None,
     };
     let node = Node::start(Arc::clone(&worker), config.node.clone(), network);

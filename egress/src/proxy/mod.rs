@@ -33,12 +33,14 @@ mod body;
 mod flow;
 mod registry;
 mod session;
+mod store;
 mod target;
 
 use target::{Target, parse_target, read_head, read_hello};
 
 pub use flow::{Decision, Flow};
 pub use registry::{Entry, Interception, Registry, Resolver};
+pub use store::StoreRoute;
 
 pub struct ProxyConfig {
     /// Addresses of this node (refused as upstreams, like internal ones).
@@ -55,6 +57,8 @@ pub struct ProxyConfig {
     /// Connections carried at once, all sandboxes together (from the open-file limit):
     /// each sandbox also has its own cap, so none can take them all.
     pub max_connections: usize,
+    /// Where the store host's requests go (the gateway); `None`: nowhere.
+    pub store: Option<Arc<StoreRoute>>,
 }
 
 /// Which listener a connection came in on.
@@ -226,6 +230,11 @@ impl Proxy {
             head_len,
             meter: Arc::clone(&entry.metered),
         };
+        if connection.target.host == crate::STORE_HOST {
+            self.to_store(&entry, connection, &mut flow).await;
+            self.record(flow, started);
+            return;
+        }
         match self.admit(&entry, &connection, &mut flow).await {
             Ok((upstream, address)) => {
                 flow.address = Some(address);
@@ -245,6 +254,11 @@ impl Proxy {
                 flow.decision = decision;
             }
         }
+        self.record(flow, started);
+    }
+
+    /// Logs a connection's flow and reports it.
+    fn record(&self, mut flow: Flow, started: Instant) {
         flow.duration = started.elapsed();
         tracing::info!(
             sandbox = %flow.sandbox, host = %flow.host, port = flow.port, mode = flow.mode,

@@ -26,6 +26,8 @@ pub struct Entry {
     /// Bytes it moved through the proxy (both ways, DNS included), counted as they move:
     /// reported to the worker as a running total, metered from it.
     pub metered: Arc<AtomicU64>,
+    /// Its store credential, when it may reach the store host.
+    pub(crate) store: Option<Arc<zeroize::Zeroizing<String>>>,
 }
 
 /// A sandbox's credentials and the CA its intercepted connections are signed by; both live
@@ -81,6 +83,7 @@ impl Registry {
         policy: Policy,
         max_connections: usize,
         interception: Option<Arc<Interception>>,
+        store: Option<Arc<zeroize::Zeroizing<String>>>,
     ) {
         let (rate, burst) = self
             .connection_rate
@@ -95,6 +98,7 @@ impl Registry {
             opens: Bucket::new(rate, burst),
             queries: Bucket::new(DNS_PER_SECOND, DNS_BURST),
             metered: Arc::default(),
+            store,
         });
         self.write().insert(address, entry);
     }

@@ -17,6 +17,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use super::body::Filtered;
+use super::store::StoreAccess;
 use super::target::{Target, split_authority};
 use super::{Decision, Flow, Interception, Listener, Proxy};
 use crate::credentials::{BodyScan, Credential, Outcome};
@@ -104,8 +105,12 @@ impl Proxy {
 
     /// Serves a sandbox's HTTP connection through a session until it closes (and any
     /// upgraded connection it became has ended), then fills in its flow.
-    async fn serve_session<S>(&self, session: Arc<Session>, downstream: S, flow: &mut Flow)
-    where
+    pub(super) async fn serve_session<S>(
+        &self,
+        session: Arc<Session>,
+        downstream: S,
+        flow: &mut Flow,
+    ) where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let service = {
@@ -176,14 +181,17 @@ impl Proxy {
 /// credentials), or the proxy's own.
 type Answer = hyper::Response<Either<Either<Incoming, Filtered<Scrub>>, Full<Bytes>>>;
 /// A request body as it goes upstream: untouched, or scanned for placeholders.
-type UpstreamBody = Either<Incoming, Filtered<BodyScan>>;
+pub(super) type UpstreamBody = Either<Incoming, Filtered<BodyScan>>;
 
 /// A sandbox's HTTP connection (intercepted TLS, or plain HTTP): its upstream and what its
 /// requests used.
-struct Session {
-    sender: tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<UpstreamBody>>>,
+pub(super) struct Session {
+    pub(super) sender:
+        tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<UpstreamBody>>>,
     /// Why the upstream cannot be used (every request is answered 502 with it).
-    problem: Mutex<Option<String>>,
+    pub(super) problem: Mutex<Option<String>>,
+    /// To the store host: what each request gets instead of the sandbox's credentials.
+    store: std::sync::OnceLock<StoreAccess>,
     interception: Option<Arc<Interception>>,
     /// Over TLS: credentials bound to the host are added. In plain text none are, and any
     /// placeholder stops its request.
@@ -207,7 +215,7 @@ struct Session {
 }
 
 impl Session {
-    fn new(
+    pub(super) fn new(
         interception: Option<Arc<Interception>>,
         tls: bool,
         one_request: bool,
@@ -224,6 +232,7 @@ impl Session {
             scrub,
             sender: tokio::sync::Mutex::new(None),
             problem: Mutex::new(None),
+            store: std::sync::OnceLock::new(),
             interception,
             tls,
             one_request,
@@ -240,6 +249,19 @@ impl Session {
         })
     }
 
+    /// Makes this a session to the store host.
+    pub(super) fn grant_store(&self, access: StoreAccess) {
+        let _ = self.store.set(access);
+    }
+
+    /// Records a credential added to a request, for the flow log.
+    pub(super) fn note_injected(&self, name: &str) {
+        let mut injected = self.injected.lock().unwrap_or_else(|p| p.into_inner());
+        if !injected.contains(name) {
+            injected.insert(name.to_owned());
+        }
+    }
+
     fn credentials(&self) -> &[Credential] {
         self.interception
             .as_deref()
@@ -248,7 +270,7 @@ impl Session {
 }
 
 /// An HTTP/1.1 client connection over `io` (upgrades allowed), driven by a task of its own.
-async fn upstream_http<I>(
+pub(super) async fn upstream_http<I>(
     io: I,
     host: &str,
 ) -> Result<hyper::client::conn::http1::SendRequest<UpstreamBody>, String>
@@ -429,6 +451,9 @@ impl Session {
     /// Over TLS, the credentials bound to the host are added (a placeholder bound elsewhere
     /// stops the request); in plain text none are, and any placeholder stops it.
     fn inject(&self, parts: &mut http::request::Parts) -> Result<(), Refusal> {
+        if let Some(access) = self.store.get() {
+            return self.inject_store(access, parts);
+        }
         let outcome = if self.tls {
             crate::credentials::apply(self.credentials(), &self.host, self.port, parts)
         } else {
@@ -625,7 +650,7 @@ impl Session {
 
 /// Why a phase refused a request: an answer of the proxy's, or a placeholder on its way to
 /// a host it is not for.
-enum Refusal {
+pub(super) enum Refusal {
     Answer(u16, String),
     Leak(String),
 }

@@ -17,6 +17,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
+mod store;
+
 /// Sends `request` through the proxy and reads until the proxy closes.
 async fn exchange(proxy: std::net::SocketAddr, request: &str) -> String {
     let mut stream = TcpStream::connect(proxy).await.unwrap();
@@ -78,6 +80,7 @@ async fn the_proxy_lets_through_only_what_the_policy_allows_and_refuses_internal
         Policy::parse(&allow, &[]).unwrap(),
         8,
         None,
+        None,
     );
     let (flows_tx, mut flows) = mpsc::channel::<Flow>(100);
     let proxy = Proxy::new(
@@ -91,6 +94,7 @@ async fn the_proxy_lets_through_only_what_the_policy_allows_and_refuses_internal
             idle_timeout: Duration::from_secs(30),
             upstream_tls: sandbase_egress::tls::upstream_config(None).unwrap(),
             max_connections: 256,
+            store: None,
         },
         flows_tx,
     );
@@ -406,6 +410,7 @@ async fn plain_http_is_checked_request_by_request_and_upgrades_pass_through() {
         policy.clone(),
         8,
         None,
+        None,
     );
     // A second sandbox holds a placeholder bound to allowed.test.example.
     let placeholder = "ghp_PLACEHOLDER00000000000000000".to_owned();
@@ -431,6 +436,7 @@ async fn plain_http_is_checked_request_by_request_and_upgrades_pass_through() {
             )],
             authority,
         })),
+        None,
     );
     let (flows_tx, mut flows) = mpsc::channel::<Flow>(100);
     let proxy = Proxy::new(
@@ -445,6 +451,7 @@ async fn plain_http_is_checked_request_by_request_and_upgrades_pass_through() {
             upstream_tls: sandbase_egress::tls::upstream_config(Some(upstream.ca_pem.as_bytes()))
                 .unwrap(),
             max_connections: 256,
+            store: None,
         },
         flows_tx,
     );

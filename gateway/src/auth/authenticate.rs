@@ -40,21 +40,9 @@ pub async fn authenticate(
 
 async fn authenticate_api_key(token: &str, state: &AppState) -> Result<Principal, ApiError> {
     let token = ApiKeyToken::parse(token).ok_or(ApiError::InvalidApiKey { team_id: None })?;
-    let record = match state.keys.get(&token.public_id) {
-        Lookup::Known(record) => record,
-        Lookup::Unknown => return Err(ApiError::InvalidApiKey { team_id: None }),
-        Lookup::Miss => {
-            let epoch = state.keys.epoch();
-            state.keys.note_lookup();
-            match KeyRecord::load(&state.db, &token.public_id).await? {
-                Some(record) => state.keys.insert(epoch, Arc::new(record)),
-                None => {
-                    state.keys.insert_unknown(epoch, &token.public_id);
-                    return Err(ApiError::InvalidApiKey { team_id: None });
-                }
-            }
-        }
-    };
+    let record = key_record(state, &token.public_id)
+        .await?
+        .ok_or(ApiError::InvalidApiKey { team_id: None })?;
     // Check the secret before saying anything about the key's state, so a guessed
     // public id learns nothing.
     if !token.matches(&record.secret_hash) {
@@ -62,6 +50,36 @@ async fn authenticate_api_key(token: &str, state: &AppState) -> Result<Principal
             team_id: Some(record.team_id),
         });
     }
+    key_principal(record, state)
+}
+
+/// A key's cached record (loaded on a miss), or `None` for a key that does not exist.
+pub(crate) async fn key_record(
+    state: &AppState,
+    public_id: &str,
+) -> Result<Option<Arc<KeyRecord>>, ApiError> {
+    Ok(match state.keys.get(public_id) {
+        Lookup::Known(record) => Some(record),
+        Lookup::Unknown => None,
+        Lookup::Miss => {
+            let epoch = state.keys.epoch();
+            state.keys.note_lookup();
+            match KeyRecord::load(&state.db, public_id).await? {
+                Some(record) => Some(state.keys.insert(epoch, Arc::new(record))),
+                None => {
+                    state.keys.insert_unknown(epoch, public_id);
+                    None
+                }
+            }
+        }
+    })
+}
+
+/// The caller a key makes, unless it is revoked or expired (its use recorded).
+pub(crate) fn key_principal(
+    record: Arc<KeyRecord>,
+    state: &AppState,
+) -> Result<Principal, ApiError> {
     if record.revoked {
         return Err(ApiError::ApiKeyRevoked {
             team_id: record.team_id,
@@ -87,28 +105,41 @@ async fn authenticate_api_key(token: &str, state: &AppState) -> Result<Principal
 
 async fn authenticate_session(token: &str, state: &AppState) -> Result<Principal, ApiError> {
     let claims = state.sessions.verify(token, Utc::now())?;
-    // Sessions are checked against the membership on every request, so a removed member
-    // or a changed role takes effect at once. Dashboard traffic is light; API keys are the
-    // hot path and are cached.
+    member_principal(state, claims.team, claims.sub)
+        .await?
+        .ok_or(ApiError::InvalidSession)
+}
+
+/// A member of a team as the caller, with the role they hold now (`None`: not a member).
+/// Sessions are checked against the membership on every request, so a removed member or a
+/// changed role takes effect at once. Dashboard traffic is light; API keys are the hot path
+/// and are cached.
+pub(crate) async fn member_principal(
+    state: &AppState,
+    team_id: uuid::Uuid,
+    user_id: uuid::Uuid,
+) -> Result<Option<Principal>, ApiError> {
     let row: Option<(String, Option<i32>, Option<i32>)> = sqlx::query_as(
         "SELECT m.role, t.rate_limit_per_sec, t.rate_limit_burst \
          FROM team_members m JOIN teams t ON t.id = m.team_id \
          WHERE m.team_id = $1 AND m.user_id = $2",
     )
-    .bind(claims.team)
-    .bind(claims.sub)
+    .bind(team_id)
+    .bind(user_id)
     .fetch_optional(&state.db)
     .await?;
-    let (role, rate, burst) = row.ok_or(ApiError::InvalidSession)?;
+    let Some((role, rate, burst)) = row else {
+        return Ok(None);
+    };
     let role: Role = role
         .parse()
         .map_err(|error: String| ApiError::Internal(anyhow::anyhow!(error)))?;
-    Ok(Principal {
-        team_id: claims.team,
+    Ok(Some(Principal {
+        team_id,
         role,
-        actor: Actor::User { id: claims.sub },
+        actor: Actor::User { id: user_id },
         rate_limit: api_key::team_rate_limit(rate, burst),
-    })
+    }))
 }
 
 /// Counts a request against the caller's rate limit, then against its team's ceiling (so a

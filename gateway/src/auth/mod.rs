@@ -8,6 +8,7 @@ pub mod authenticate;
 pub mod key_cache;
 pub mod password;
 pub mod session;
+pub mod store_token;
 
 use std::sync::Arc;
 

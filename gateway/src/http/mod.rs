@@ -74,7 +74,10 @@ impl Routes {
 /// reports), the operator's template operations and `/metrics`.
 pub fn internal_router(state: AppState) -> Router {
     let body_limit = state.settings.server.body_limit_bytes;
+    // The store's routes too: sandboxes reach them from their node (their egress proxy
+    // adds the sandbox's store credential).
     internal::router()
+        .merge(store::router())
         .route("/metrics", axum::routing::get(api::health::metrics))
         .route_layer(from_fn(metrics::middleware))
         .fallback(api::fallback)

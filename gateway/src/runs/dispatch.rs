@@ -248,6 +248,8 @@ async fn carry_out(
         isolation: Isolation::parse(&claimed.isolation).unwrap_or_default(),
         auto_pause_after_idle_secs: None,
         snapshot: None,
+        // Its variables are in `env` already.
+        store: claimed.store,
     };
     let created = placement::create(state, owner, None, sandbox).await;
     // Placed (and counted in the workers' snapshot), or not placed at all.

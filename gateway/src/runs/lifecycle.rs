@@ -36,8 +36,8 @@ pub async fn insert_queued(
     sqlx::query_as(&format!(
         "INSERT INTO runs (id, team_id, api_key_id, user_id, template, argv, env, outputs, timeout_secs, \
            cpu_millis, memory_mb, disk_mb, pids, has_inputs, egress, credentials, state, inputs_size, \
-           isolation) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) \
+           isolation, store) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) \
          RETURNING {RUN_COLUMNS}"
     ))
     .bind(new.id)
@@ -59,6 +59,7 @@ pub async fn insert_queued(
     .bind(RunState::Queued)
     .bind(new.inputs_size.map(|size| size as i64))
     .bind(sandbox.isolation.as_str())
+    .bind(sandbox.store)
     .fetch_one(connection)
     .await
 }
@@ -82,6 +83,7 @@ pub struct Claimed {
     pub egress: Option<sqlx::types::Json<EgressPolicy>>,
     pub credentials: Vec<String>,
     pub isolation: String,
+    pub store: bool,
 }
 
 /// `queued` → `running` with a lease; `None` when another gateway took it (or it is no
@@ -94,7 +96,8 @@ pub async fn claim(
         "UPDATE runs SET state = $3, started_at = now(), lease_until = now() + make_interval(secs => $2) \
          WHERE id = $1 AND state = $4 \
          RETURNING team_id, api_key_id, user_id, template, argv, env, outputs, timeout_secs, \
-                   cpu_millis, memory_mb, disk_mb, pids, has_inputs, egress, credentials, isolation",
+                   cpu_millis, memory_mb, disk_mb, pids, has_inputs, egress, credentials, isolation, \
+                   store",
     )
     .bind(run)
     .bind(LEASE_SECS)

@@ -36,7 +36,7 @@ impl RunState {
 
 pub const RUN_COLUMNS: &str = "id, template, argv, state, outputs, timeout_secs, cpu_millis, \
      memory_mb, disk_mb, pids, exit_code, timed_out, stdout, stderr, error, artifact_size, \
-     created_at, started_at, finished_at, egress, credentials, artifact_deleted_at";
+     created_at, started_at, finished_at, egress, credentials, artifact_deleted_at, store";
 
 #[derive(sqlx::FromRow)]
 pub struct RunRow {
@@ -63,6 +63,7 @@ pub struct RunRow {
     pub finished_at: Option<DateTime<Utc>>,
     pub egress: Option<sqlx::types::Json<EgressPolicy>>,
     pub credentials: Vec<String>,
+    pub store: bool,
 }
 
 impl RunRow {
@@ -88,6 +89,7 @@ impl RunRow {
             artifact_size: self.artifact_size.map(|size| size as u64),
             egress: self.egress.as_ref().map(|policy| policy.0.clone()),
             credentials: self.credentials.clone(),
+            store: self.store,
             created_at: self.created_at,
             started_at: self.started_at,
             finished_at: self.finished_at,

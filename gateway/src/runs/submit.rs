@@ -95,6 +95,7 @@ pub async fn submit(
             isolation: request.isolation,
             auto_pause_after_idle_secs: None,
             snapshot: None,
+            store: request.store,
         },
         &state.settings.sandboxes,
     )?;
@@ -167,7 +168,8 @@ async fn affordable(
         return Ok(());
     }
     let owner = Owner::of(principal);
-    let keys = crate::keys::with_ancestors(&state.db, owner.api_key_id).await?;
+    let keys =
+        crate::credits::Cap::keys(&crate::keys::with_ancestors(&state.db, owner.api_key_id).await?);
     let probe = Uuid::now_v7();
     placement::reserve(state, owner.team_id, &keys, probe, first_minute, 1).await?;
     let _ = state

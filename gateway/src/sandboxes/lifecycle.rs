@@ -171,6 +171,8 @@ pub struct NewRow<'a> {
     pub id: Uuid,
     pub owner: Owner,
     pub sandbox: &'a NewSandbox,
+    /// The hash of its store credential, when it has store access.
+    pub store_token_hash: Option<Vec<u8>>,
 }
 
 /// The row of a sandbox about to be placed: `creating`, on no worker yet.
@@ -183,9 +185,9 @@ pub async fn insert_creating(
     sqlx::query(
         "INSERT INTO sandboxes (id, team_id, api_key_id, user_id, template, state, worker_id, cwd, \
            cpu_millis, memory_mb, disk_mb, pids, metadata, expires_at, mounts, max_credits, egress, \
-           credentials, isolation, auto_pause_secs) \
+           credentials, isolation, auto_pause_secs, store_token_hash) \
          VALUES ($1, $2, $3, $4, $5, $17, NULL, $6, $7, $8, $9, $10, $11, \
-           now() + make_interval(secs => $12), $13, $14, $15, $16, $18, $19)",
+           now() + make_interval(secs => $12), $13, $14, $15, $16, $18, $19, $20)",
     )
     .bind(new.id)
     .bind(new.owner.team_id)
@@ -206,6 +208,7 @@ pub async fn insert_creating(
     .bind(SandboxState::Creating)
     .bind(sandbox.isolation.as_str())
     .bind(sandbox.auto_pause_after_idle_secs.map(|secs| secs as i32))
+    .bind(new.store_token_hash.as_deref())
     .execute(connection)
     .await?;
     Ok(())

@@ -42,7 +42,8 @@ pub async fn create(
         .max_credits
         .map_or(first_minute, |cap| first_minute.min(cap));
     // What the key spends counts against its ancestors' caps too.
-    let keys = crate::keys::with_ancestors(&state.db, owner.api_key_id).await?;
+    let keys =
+        crate::credits::Cap::keys(&crate::keys::with_ancestors(&state.db, owner.api_key_id).await?);
     if first_minute > 0 {
         reserve(state, owner.team_id, &keys, id, first_minute, 60_000).await?;
     }
@@ -72,7 +73,7 @@ pub fn placement_of(sandbox: &NewSandbox, owner: Owner) -> crate::workers::regis
 pub async fn reserve(
     state: &AppState,
     team_id: Uuid,
-    keys: &[Uuid],
+    keys: &[crate::credits::Cap],
     id: Uuid,
     amount: i64,
     ttl_ms: u64,
@@ -85,7 +86,7 @@ pub async fn reserve(
     match admitted {
         Admitted::Yes => Ok(()),
         Admitted::InsufficientCredits => Err(ApiError::InsufficientCredits),
-        Admitted::KeyCapReached => Err(ApiError::SpendCapReached),
+        Admitted::KeyCapReached | Admitted::SandboxCapReached => Err(ApiError::SpendCapReached),
     }
 }
 
@@ -100,8 +101,8 @@ async fn place(
         .workers
         .candidates(&placement_of(&sandbox, owner))
         .await?;
-    // Credentials travel to a worker only over TLS.
-    if !sandbox.credentials.is_empty() {
+    // Credentials (and store credentials) travel to a worker only over TLS.
+    if !sandbox.credentials.is_empty() || sandbox.store {
         candidates.retain(|worker| worker.url.starts_with("https://"));
         if candidates.is_empty() {
             return Err(ApiError::NoSecureWorker);
@@ -113,6 +114,9 @@ async fn place(
         crate::secrets::unseal_for_sandbox(state, owner.team_id, &sandbox.credentials).await?;
     // The row is written only while the team is under its quota (counted and written under
     // the team's lock, so concurrent creates cannot all slip under it).
+    let store_token = sandbox
+        .store
+        .then(crate::auth::store_token::StoreToken::generate);
     let mut transaction = state.db.begin().await?;
     let quota = lifecycle::lock_team_quota(
         &mut transaction,
@@ -129,6 +133,7 @@ async fn place(
             id,
             owner,
             sandbox: &sandbox,
+            store_token_hash: store_token.as_ref().map(|token| token.hash()),
         },
     )
     .await?;
@@ -145,6 +150,9 @@ async fn place(
         egress: sandbox.egress,
         credentials,
         auto_pause_after_idle_secs: sandbox.auto_pause_after_idle_secs,
+        store_token: store_token
+            .as_ref()
+            .map(|token| sandbase_api::internal::StoreToken(token.0.clone())),
     };
     let placed = send_create(
         state,
@@ -157,6 +165,9 @@ async fn place(
     .await;
     for credential in &mut request.credentials {
         zeroize::Zeroize::zeroize(&mut credential.value);
+    }
+    if let Some(token) = &mut request.store_token {
+        zeroize::Zeroize::zeroize(&mut token.0);
     }
     placed
 }

@@ -50,7 +50,8 @@ impl SandboxState {
 }
 
 pub const SANDBOX_COLUMNS: &str = "id, template, state, stop_reason, cwd, cpu_millis, memory_mb, \
-     disk_mb, pids, metadata, mounts, created_at, expires_at, stopped_at, spent_micro, max_credits, egress, credentials, isolation, auto_pause_secs";
+     disk_mb, pids, metadata, mounts, created_at, expires_at, stopped_at, spent_micro, max_credits, egress, credentials, isolation, auto_pause_secs, \
+     store_token_hash IS NOT NULL AS store";
 
 #[derive(sqlx::FromRow)]
 pub struct SandboxRow {
@@ -74,6 +75,7 @@ pub struct SandboxRow {
     pub credentials: Vec<String>,
     pub isolation: String,
     pub auto_pause_secs: Option<i32>,
+    pub store: bool,
 }
 
 impl SandboxRow {
@@ -102,6 +104,7 @@ impl SandboxRow {
             egress: self.egress.as_ref().map(|policy| policy.0.clone()),
             credentials: self.credentials.clone(),
             auto_pause_after_idle_secs: self.auto_pause_secs.map(|secs| secs as u64),
+            store: self.store,
         }
     }
 }

@@ -26,6 +26,8 @@ pub struct NewSandbox {
     /// Vault credentials (names) for the egress proxy.
     pub credentials: Vec<String>,
     pub isolation: Isolation,
+    /// Access to the store from inside (its variables are in `env`).
+    pub store: bool,
     /// Seconds without a call after which it pauses by itself.
     pub auto_pause_after_idle_secs: Option<u64>,
     /// The snapshot it starts from (found by the caller: `parse` sees only its id).
@@ -98,8 +100,14 @@ impl NewSandbox {
         let max_credits = parse_cap("max_credits", request.max_credits.as_deref())?;
         let egress = match request.egress {
             Some(policy) if !policy.allow.is_empty() => Some(normalize_egress(&policy)?),
+            // The store is reached through the node's proxy: a link that allows nothing else.
+            _ if request.store => Some(EgressPolicy::default()),
             _ => None,
         };
+        let mut env = request.env;
+        if request.store {
+            with_store_env(&mut env);
+        }
         let mut credentials = request.credentials;
         credentials.sort();
         credentials.dedup();
@@ -123,7 +131,7 @@ impl NewSandbox {
             auto_pause_after_idle_secs: validate_auto_pause(request.auto_pause_after_idle_secs)?,
             isolation,
             template,
-            env: request.env,
+            env,
             cwd,
             timeout_secs,
             resources,
@@ -132,9 +140,29 @@ impl NewSandbox {
             max_credits,
             egress,
             credentials,
+            store: request.store,
         })
     }
 }
+
+/// The variables of a sandbox with store access (those the caller set are kept): the
+/// official SDKs read their base URLs and keys from them. The keys are placeholders; the
+/// node's proxy puts the sandbox's store credential in their place.
+pub fn with_store_env(env: &mut BTreeMap<String, String>) {
+    let url = format!("http://{}", sandbase_egress::STORE_HOST);
+    for (name, value) in [
+        ("SANDBASE_STORE_URL", url.clone()),
+        ("OPENAI_BASE_URL", format!("{url}/openai/v1")),
+        ("ANTHROPIC_BASE_URL", format!("{url}/anthropic")),
+        ("OPENAI_API_KEY", STORE_PLACEHOLDER.to_owned()),
+        ("ANTHROPIC_API_KEY", STORE_PLACEHOLDER.to_owned()),
+    ] {
+        env.entry(name.to_owned()).or_insert(value);
+    }
+}
+
+/// What the SDKs in a sandbox with store access send as their key (the proxy replaces it).
+pub const STORE_PLACEHOLDER: &str = "sandbase-store-placeholder";
 
 /// `auto_pause_after_idle_secs`: from a second to a day.
 fn validate_auto_pause(seconds: Option<u64>) -> ApiResult<Option<u64>> {

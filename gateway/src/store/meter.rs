@@ -14,7 +14,7 @@ use super::Model;
 use super::usage::TokenUsage;
 use crate::auth::Principal;
 use crate::config::TokenPrices;
-use crate::credits::Admitted;
+use crate::credits::{Admitted, Cap};
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 
@@ -42,8 +42,10 @@ pub struct Call {
     pub api_key_id: Option<Uuid>,
     /// Who called, for the audit log: (`api_key` or `user`, id).
     actor: (&'static str, String),
-    /// The key and its ancestors: the caps it counts against.
-    keys: Vec<Uuid>,
+    /// The sandbox calling from inside, if one is.
+    pub sandbox: Option<Uuid>,
+    /// The key and its ancestors, and the sandbox: the caps it counts against.
+    caps: Vec<Cap>,
     pub reserved: i64,
     pub started: Instant,
     pub name: String,
@@ -91,6 +93,8 @@ pub struct Asked<'a> {
     pub streamed: bool,
     /// How long the call may take (the reservation outlives it).
     pub hold_for: Duration,
+    /// The sandbox calling from inside (its spend cap applies too).
+    pub sandbox: Option<Uuid>,
 }
 
 /// Reserves `worst` for a call of `principal`; refused calls are 403 `model_not_allowed`
@@ -107,17 +111,20 @@ pub async fn admit(
         endpoint,
         streamed,
         hold_for,
+        sandbox,
     } = asked;
     let api_key_id = principal.api_key_id();
     let keys = match kind {
         Kind::Model => super::allowed::lineage_allowing(state, api_key_id, name).await?,
         Kind::Api => crate::keys::with_ancestors(&state.db, api_key_id).await?,
     };
+    let mut caps: Vec<Cap> = keys.into_iter().map(Cap::Key).collect();
+    caps.extend(sandbox.map(Cap::Sandbox));
     let id = Uuid::now_v7();
     let ttl_ms = (hold_for + state.store.drain + Duration::from_secs(60)).as_millis() as u64;
     let admitted = state
         .admission
-        .reserve(&state.db, principal.team_id, &keys, id, worst, ttl_ms)
+        .reserve(&state.db, principal.team_id, &caps, id, worst, ttl_ms)
         .await?;
     match admitted {
         Admitted::Yes => Ok(Call {
@@ -126,7 +133,8 @@ pub async fn admit(
             team_id: principal.team_id,
             api_key_id,
             actor: (principal.actor_type(), principal.actor_id()),
-            keys,
+            sandbox,
+            caps,
             reserved: worst,
             started: Instant::now(),
             name: name.to_owned(),
@@ -134,7 +142,7 @@ pub async fn admit(
             streamed,
         }),
         Admitted::InsufficientCredits => Err(ApiError::InsufficientCredits),
-        Admitted::KeyCapReached => Err(ApiError::SpendCapReached),
+        Admitted::KeyCapReached | Admitted::SandboxCapReached => Err(ApiError::SpendCapReached),
     }
 }
 
@@ -188,26 +196,7 @@ pub async fn book(state: &AppState, call: Call, settled: Settled) -> anyhow::Res
     } = settled;
     let mut transaction = state.db.begin().await?;
     let debit = if cost > 0 {
-        let details = match call.kind {
-            Kind::Model => serde_json::json!({
-                "kind": "model",
-                "model": call.name,
-                "key": call.api_key_id,
-                "request": call.id,
-                "input_tokens": usage.input,
-                "cached_input_tokens": usage.cached_input,
-                "cache_write_tokens": usage.cache_write,
-                "output_tokens": usage.output,
-                "estimated": estimated,
-            }),
-            Kind::Api => serde_json::json!({
-                "kind": "api",
-                "api": call.name,
-                "key": call.api_key_id,
-                "request": call.id,
-                "bytes": bytes,
-            }),
-        };
+        let details = details(&call, &usage, estimated, bytes);
         sandbase_billing::debit(
             &mut transaction,
             Debit {
@@ -227,8 +216,8 @@ pub async fn book(state: &AppState, call: Call, settled: Settled) -> anyhow::Res
     sqlx::query(
         "INSERT INTO store_requests (id, team_id, api_key_id, kind, name, endpoint, streamed, status, \
            input_tokens, cached_input_tokens, cache_write_tokens, output_tokens, cost_micro, estimated, \
-           latency_ms, first_byte_ms, transaction_id) \
-         VALUES ($1, $2, $3, $17, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+           latency_ms, first_byte_ms, transaction_id, sandbox_id) \
+         VALUES ($1, $2, $3, $17, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $18)",
     )
     .bind(call.id)
     .bind(call.team_id)
@@ -247,10 +236,18 @@ pub async fn book(state: &AppState, call: Call, settled: Settled) -> anyhow::Res
     .bind(first_byte.map(|at| at.as_millis() as i64))
     .bind(debit)
     .bind(call.kind.as_str())
+    .bind(call.sandbox)
     .execute(&mut *transaction)
     .await?;
     if debit.is_some() {
         crate::usage::charge::add_key_spend(&mut transaction, call.api_key_id, cost).await?;
+        if let Some(sandbox) = call.sandbox {
+            sqlx::query("UPDATE sandboxes SET spent_micro = spent_micro + $2 WHERE id = $1")
+                .bind(sandbox)
+                .bind(cost)
+                .execute(&mut *transaction)
+                .await?;
+        }
     }
     if estimated {
         let entry = crate::audit::Entry {
@@ -269,18 +266,44 @@ pub async fn book(state: &AppState, call: Call, settled: Settled) -> anyhow::Res
     if debit.is_some() {
         state
             .admission
-            .charged(call.team_id, &call.keys, cost)
+            .charged(call.team_id, &call.caps, cost)
             .await?;
     }
     release(state, &call).await;
     Ok(cost)
 }
 
+/// What the ledger's debit of a call says about it (never a prompt or a completion).
+fn details(call: &Call, usage: &TokenUsage, estimated: bool, bytes: u64) -> serde_json::Value {
+    match call.kind {
+        Kind::Model => serde_json::json!({
+            "kind": "model",
+            "model": call.name,
+            "key": call.api_key_id,
+            "sandbox": call.sandbox,
+            "request": call.id,
+            "input_tokens": usage.input,
+            "cached_input_tokens": usage.cached_input,
+            "cache_write_tokens": usage.cache_write,
+            "output_tokens": usage.output,
+            "estimated": estimated,
+        }),
+        Kind::Api => serde_json::json!({
+            "kind": "api",
+            "api": call.name,
+            "key": call.api_key_id,
+            "sandbox": call.sandbox,
+            "request": call.id,
+            "bytes": bytes,
+        }),
+    }
+}
+
 /// Gives a call's reservation back (a call that was refused upstream costs nothing).
 pub async fn release(state: &AppState, call: &Call) {
     if let Err(error) = state
         .admission
-        .release(call.team_id, &call.keys, call.id, call.reserved)
+        .release(call.team_id, &call.caps, call.id, call.reserved)
         .await
     {
         tracing::warn!(

@@ -19,7 +19,7 @@ const CHARGE_BATCH: i64 = 20_000;
 
 /// What one charging pass booked: (team, the API key charged and its ancestors, amount) per
 /// debit, for the admission cache to follow once the pass has committed.
-pub type Charged = Vec<(Uuid, Vec<Uuid>, i64)>;
+pub type Charged = Vec<(Uuid, Vec<crate::credits::Cap>, i64)>;
 
 /// A sandbox's cumulative counters.
 #[derive(Debug, Clone, Copy)]
@@ -165,7 +165,9 @@ async fn charge_runtime(
         .await?;
         let keys = add_key_spend(&mut *transaction, row.api_key_id, booked_amount).await?;
         if booked_amount > 0 {
-            charged.push((row.team_id, keys, booked_amount));
+            let mut caps = crate::credits::Cap::keys(&keys);
+            caps.push(crate::credits::Cap::Sandbox(row.id));
+            charged.push((row.team_id, caps, booked_amount));
         }
     }
     Ok(())
@@ -268,7 +270,9 @@ async fn charge_events(
         if let Some((amount, keys)) =
             charge_group(&mut *transaction, billing, &group, quantity, &ids).await?
         {
-            charged.push((group.team_id, keys, amount));
+            let mut caps = crate::credits::Cap::keys(&keys);
+            caps.extend(group.sandbox.map(crate::credits::Cap::Sandbox));
+            charged.push((group.team_id, caps, amount));
         }
     }
     Ok(taken)

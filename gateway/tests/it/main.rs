@@ -35,6 +35,7 @@ mod sessions;
 mod snapshots;
 mod store;
 mod store_budgets;
+mod store_sandbox;
 mod store_upstream;
 mod stripe;
 mod templates;

@@ -111,6 +111,7 @@ async fn sandboxes_mount_only_the_volumes_they_ask_for() {
             },
             isolation: Default::default(),
             auto_pause_after_idle_secs: None,
+            store_token: None,
             env: Default::default(),
             cwd: "/work".to_owned(),
             mounts: vec![sandbase_api::sandboxes::Mount {

@@ -43,8 +43,16 @@ fn provider(name: &str, kind: ProviderKind, base_url: String, secret: &str) -> P
 }
 
 pub async fn store_app() -> (TestApp, Seen) {
+    store_app_with(|_| {}).await
+}
+
+/// A gateway whose store leads to the stand-in, configured further by `configure`.
+pub async fn store_app_with(
+    configure: impl FnOnce(&mut sandbase_gateway::Settings),
+) -> (TestApp, Seen) {
     let (upstream, seen) = store_upstream::start().await;
     let app = spawn_app_with(|settings| {
+        configure(settings);
         let store = &mut settings.store;
         store.providers = vec![
             provider(

@@ -267,7 +267,11 @@ async fn node_addresses_now() -> Vec<IpAddr> {
 
 impl Network {
     /// Installs the firewall table and starts the proxy on the pool's addresses.
-    pub async fn start(config: EgressConfig) -> anyhow::Result<Arc<Network>> {
+    /// `store`: where sandboxes with store access reach the store (the gateway).
+    pub async fn start(
+        config: EgressConfig,
+        store: Option<sandbase_egress::process::StoreUpstream>,
+    ) -> anyhow::Result<Arc<Network>> {
         firewall::install(&firewall::ruleset(config.pool, config.proxy_port)).await?;
         let (sender, receiver) = mpsc::channel::<Flow>(4096);
         let mut node_addresses = config.node_addresses.clone();
@@ -291,6 +295,7 @@ impl Network {
             head_timeout_ms: 30_000,
             idle_timeout_ms: 120_000,
             user: config.proxy_user,
+            store,
         };
         // A predecessor's proxy (its worker killed) leaves once it sees its input close;
         // until then its ports are taken.
@@ -352,6 +357,7 @@ impl Network {
         pid: u32,
         policy: Policy,
         credentials: Vec<sandbase_api::internal::SandboxCredential>,
+        store: Option<sandbase_egress::process::StoreToken>,
     ) -> anyhow::Result<Attached> {
         let mut placeholders = Vec::new();
         let interception = if credentials.is_empty() {
@@ -400,6 +406,7 @@ impl Network {
             policy,
             max_connections: self.config.max_connections,
             interception,
+            store,
         };
         let done = {
             let mut registrations = self.registrations.lock().unwrap_or_else(|p| p.into_inner());

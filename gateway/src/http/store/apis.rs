@@ -50,7 +50,7 @@ pub async fn forward(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let principal = caller(&state, &headers).await?;
+    let caller = caller(&state, &headers).await?;
     let api = state
         .store
         .api(&name)
@@ -71,8 +71,9 @@ pub async fn forward(
         endpoint: format!("{method} /{}", path.chars().take(200).collect::<String>()),
         streamed: false,
         hold_for: std::time::Duration::from_secs(api.settings.timeout_secs),
+        sandbox: caller.sandbox,
     };
-    let call = meter::admit(&state, &principal, asked, worst).await?;
+    let call = meter::admit(&state, &caller.principal, asked, worst).await?;
     let request = upstream_request(api, &method, url, &headers, body);
     let answer = match request.send().await {
         Ok(answer) => answer,

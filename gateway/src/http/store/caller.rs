@@ -1,15 +1,24 @@
-//! Who calls the store: the SandBase key as `Authorization: Bearer` or as `x-api-key`.
+//! Who calls the store: the SandBase key as `Authorization: Bearer` or as `x-api-key`, or a
+//! sandbox's store credential (added by its node's egress proxy).
 
 use axum::http::{HeaderMap, HeaderValue};
+use uuid::Uuid;
 
 use crate::auth::Principal;
 use crate::auth::authenticate::{authenticate, rate_limit};
+use crate::auth::store_token;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// The caller, from `Authorization: Bearer KEY` or `x-api-key: KEY`, counted against its
-/// rate limit.
-pub async fn caller(state: &AppState, headers: &HeaderMap) -> Result<Principal, ApiError> {
+/// A store caller: who, and the sandbox calling from inside when it is one.
+pub struct Caller {
+    pub principal: Principal,
+    pub sandbox: Option<Uuid>,
+}
+
+/// The caller, from `Authorization: Bearer TOKEN` or `x-api-key: TOKEN`, counted against
+/// its rate limit.
+pub async fn caller(state: &AppState, headers: &HeaderMap) -> Result<Caller, ApiError> {
     let from_x_api_key = headers
         .get("x-api-key")
         .and_then(|value| value.to_str().ok())
@@ -18,7 +27,19 @@ pub async fn caller(state: &AppState, headers: &HeaderMap) -> Result<Principal, 
         .get(axum::http::header::AUTHORIZATION)
         .cloned()
         .or(from_x_api_key);
-    let principal = authenticate(header.as_ref(), state).await?;
+    let sandbox_token = header
+        .as_ref()
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|token| token.starts_with(store_token::PREFIX));
+    let (principal, sandbox) = match sandbox_token {
+        Some(token) => {
+            let (principal, sandbox) = store_token::authenticate(state, token).await?;
+            (principal, Some(sandbox))
+        }
+        None => (authenticate(header.as_ref(), state).await?, None),
+    };
     rate_limit(&principal, state).await?;
-    Ok(principal)
+    Ok(Caller { principal, sandbox })
 }

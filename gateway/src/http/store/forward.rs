@@ -212,7 +212,7 @@ async fn admitted(
     body: &Bytes,
     endpoint: Endpoint,
 ) -> Result<Prepared, ApiError> {
-    let principal = caller(state, headers).await?;
+    let caller = caller(state, headers).await?;
     let (mut json, model_id) = parse(body)?;
     let (model, provider) = state
         .store
@@ -235,8 +235,9 @@ async fn admitted(
         endpoint: endpoint.path.to_owned(),
         streamed: stream,
         hold_for,
+        sandbox: caller.sandbox,
     };
-    let call = meter::admit(state, &principal, asked, worst).await?;
+    let call = meter::admit(state, &caller.principal, asked, worst).await?;
     json["model"] = Value::String(model.settings.upstream.clone());
     let mut hide_usage = false;
     if stream && endpoint.path == CHAT.path {
