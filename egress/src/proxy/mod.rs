@@ -34,6 +34,7 @@ mod flow;
 mod registry;
 mod session;
 mod store;
+mod store_rules;
 mod target;
 
 use target::{Target, parse_target, read_head, read_hello};

@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use super::body::Filtered;
-use super::store::StoreAccess;
+use super::store_rules::{STORE_CREDENTIAL, StoreAccess};
 use super::target::{Target, split_authority};
 use super::{Decision, Flow, Interception, Listener, Proxy};
 use crate::credentials::{BodyScan, Credential, Outcome};
@@ -254,14 +254,6 @@ impl Session {
         let _ = self.store.set(access);
     }
 
-    /// Records a credential added to a request, for the flow log.
-    pub(super) fn note_injected(&self, name: &str) {
-        let mut injected = self.injected.lock().unwrap_or_else(|p| p.into_inner());
-        if !injected.contains(name) {
-            injected.insert(name.to_owned());
-        }
-    }
-
     fn credentials(&self) -> &[Credential] {
         self.interception
             .as_deref()
@@ -452,7 +444,12 @@ impl Session {
     /// stops the request); in plain text none are, and any placeholder stops it.
     fn inject(&self, parts: &mut http::request::Parts) -> Result<(), Refusal> {
         if let Some(access) = self.store.get() {
-            return self.inject_store(access, parts);
+            access
+                .prepare(parts)
+                .map_err(|(status, why)| Refusal::Answer(status, why))?;
+            let mut injected = self.injected.lock().unwrap_or_else(|p| p.into_inner());
+            injected.insert(STORE_CREDENTIAL.to_owned());
+            return Ok(());
         }
         let outcome = if self.tls {
             crate::credentials::apply(self.credentials(), &self.host, self.port, parts)
@@ -650,7 +647,7 @@ impl Session {
 
 /// Why a phase refused a request: an answer of the proxy's, or a placeholder on its way to
 /// a host it is not for.
-pub(super) enum Refusal {
+enum Refusal {
     Answer(u16, String),
     Leak(String),
 }

@@ -12,16 +12,11 @@ use std::time::Duration;
 use http::HeaderValue;
 use tokio::net::TcpStream;
 
-use super::session::{Refusal, Session, upstream_http};
+use super::session::{Session, upstream_http};
+use super::store_rules::StoreAccess;
 use super::{Connection, Decision, Entry, Flow, Listener, Proxy, deny};
 use crate::process::StoreUpstream;
 use crate::stream::Tap;
-
-/// The routes of the gateway a sandbox may reach through the store host.
-const STORE_PATHS: [&str; 3] = ["/openai/", "/anthropic/", "/store/apis/"];
-
-/// The flow log's name for the credential the proxy adds.
-const STORE_CREDENTIAL: &str = "sandbase-store";
 
 /// Where the store host's requests go: the gateway's address, its name for TLS, and the
 /// trust for it (the internal channel's CA alone).
@@ -101,12 +96,6 @@ impl StoreRoute {
     }
 }
 
-/// What a store session adds to each request.
-pub(super) struct StoreAccess {
-    authorization: HeaderValue,
-    authority: HeaderValue,
-}
-
 impl Proxy {
     /// A connection to the store host: refused unless the sandbox has store access and it
     /// is plain HTTP; otherwise served request by request towards the gateway.
@@ -165,56 +154,11 @@ impl Proxy {
             Arc::clone(&tap.counters),
             self,
         );
-        session.grant_store(StoreAccess {
-            authorization,
-            authority: route.authority.clone(),
-        });
+        session.grant_store(StoreAccess::new(authorization, route.authority.clone()));
         match route.connect(self.config.connect_timeout).await {
             Ok(sender) => *session.sender.lock().await = Some(sender),
             Err(why) => *session.problem.lock().unwrap_or_else(|p| p.into_inner()) = Some(why),
         }
         self.serve_session(session, tap, flow).await;
-    }
-}
-
-impl Session {
-    /// A request to the store: one of its routes, no credential of the sandbox's, the
-    /// sandbox's store credential added and the gateway's name as `Host`.
-    pub(super) fn inject_store(
-        &self,
-        access: &StoreAccess,
-        parts: &mut http::request::Parts,
-    ) -> Result<(), Refusal> {
-        let path = parts.uri.path();
-        let dotted = path.split('/').any(|segment| {
-            segment == "." || segment == ".." || segment.to_ascii_lowercase().contains("%2e")
-        });
-        if dotted || !STORE_PATHS.iter().any(|prefix| path.starts_with(prefix)) {
-            return Err(Refusal::Answer(
-                404,
-                format!("the store serves {}; not {path}", STORE_PATHS.join(", ")),
-            ));
-        }
-        let theirs: Vec<http::HeaderName> = parts
-            .headers
-            .keys()
-            .filter(|name| {
-                let name = name.as_str();
-                matches!(name, "authorization" | "x-api-key" | "api-key" | "cookie")
-                    || name.starts_with("x-sandbase-")
-            })
-            .cloned()
-            .collect();
-        for name in theirs {
-            parts.headers.remove(name);
-        }
-        parts
-            .headers
-            .insert(http::header::AUTHORIZATION, access.authorization.clone());
-        parts
-            .headers
-            .insert(http::header::HOST, access.authority.clone());
-        self.note_injected(STORE_CREDENTIAL);
-        Ok(())
     }
 }
