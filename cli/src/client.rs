@@ -129,6 +129,30 @@ impl Client {
         check(response).await
     }
 
+    /// A request whose answer, error or not, is the caller's to read (the MCP server's
+    /// tools report refusals themselves). `path` carries its query.
+    pub async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<(&'static str, Vec<u8>)>,
+    ) -> anyhow::Result<reqwest::Response> {
+        let url = format!("{}{path}", self.base_url);
+        let mut request = self.http.request(method, &url);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        if let Some((content_type, bytes)) = body {
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, content_type)
+                .body(bytes);
+        }
+        request
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the SandBase API at {}", self.base_url))
+    }
+
     /// An operator call on the internal listener, with the operator token instead of an API
     /// key.
     pub async fn operator(

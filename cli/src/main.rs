@@ -7,6 +7,7 @@ mod commands;
 mod credentials;
 mod dev_store;
 mod egress_default;
+mod mcp;
 mod output;
 mod preview;
 mod replay;
@@ -113,6 +114,9 @@ enum ClientCommand {
     /// Models through the gateway with one key: what is offered, and the team's calls.
     #[command(subcommand)]
     Store(store::StoreCommand),
+    /// SandBase's MCP server over stdio, for MCP clients that start local servers (the same
+    /// tools as the gateway's `/mcp`, with this CLI's key).
+    Mcp,
     /// Play a terminal session's recording (`sandbase sandbox shell` sessions are recorded).
     Replay(replay::ReplayArgs),
     /// Credentials for sandboxes' outbound requests: set (value from stdin), ls, rm.
@@ -179,6 +183,7 @@ fn run_client(global: GlobalArgs, command: ClientCommand) -> anyhow::Result<Exit
             ClientCommand::Usage(args) => billing::usage(&global, args).await,
             ClientCommand::Replay(args) => replay::replay(&global, args).await,
             ClientCommand::Store(command) => store::run(&global, command).await,
+            ClientCommand::Mcp => mcp::serve(&global).await,
             ClientCommand::Secret(command) => secret::run(&global, command).await,
             ClientCommand::EgressDefault { command } => egress_default::run(&global, command).await,
         }?;

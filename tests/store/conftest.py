@@ -143,9 +143,11 @@ def gateway():
         "SANDBASE_SERVER__INTERNAL_LISTEN": f"127.0.0.1:{free_port()}",
         "SANDBASE_RUNS__ARTIFACTS_DIR": os.path.join(workdir, "artifacts"),
     }
+    # The log goes to a file: a pipe nobody reads fills up, and the gateway blocks on it.
+    log = os.path.join(workdir, "gateway.log")
     process = subprocess.Popen(
         [BINARY, "server", "--config", config, "--listen", f"127.0.0.1:{port}"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env=env, stdout=subprocess.DEVNULL, stderr=open(log, "w"),
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
@@ -157,7 +159,7 @@ def gateway():
         except OSError:
             pass
         if process.poll() is not None or time.time() > deadline:
-            raise RuntimeError(process.stderr.read().decode())
+            raise RuntimeError(open(log).read()[-4000:])
         time.sleep(0.1)
     yield Gateway(url, seen)
     process.terminate()

@@ -73,6 +73,7 @@ impl Default for Settings {
                 max_connections_per_ip: 256,
                 requests_per_ip_per_second: 200,
                 requests_per_ip_burst: 400,
+                public_url: None,
             },
             database: DatabaseSettings {
                 url: None,

@@ -291,6 +291,11 @@ pub struct ServerSettings {
     pub requests_per_ip_per_second: u32,
     /// Requests one address may make at once above that rate.
     pub requests_per_ip_burst: u32,
+    /// The URL clients reach the gateway at (`https://sandbase.example.com`). `/mcp` then
+    /// accepts requests for its host only, and browser `Origin`s of it only; unset, any host
+    /// (every MCP request is authenticated by its key) and no browser `Origin` at all.
+    #[serde(default)]
+    pub public_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

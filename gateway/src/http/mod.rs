@@ -11,6 +11,7 @@ pub mod error;
 pub mod extract;
 pub mod internal;
 pub mod ip_limit;
+mod mcp;
 pub mod metrics;
 pub mod node_token;
 pub mod preview;
@@ -55,14 +56,21 @@ impl Routes {
     /// metrics (route layer) → audit (route layer, API routes only) → handlers.
     pub fn into_router(self, state: AppState) -> Router {
         let body_limit = state.settings.server.body_limit_bytes;
-        self.api
+        let app = self
+            .api
             .route_layer(from_fn_with_state(state.clone(), audit::middleware))
             .merge(self.operations)
             .merge(store::router())
             .route_layer(from_fn(metrics::middleware))
             .fallback(api::fallback)
             .method_not_allowed_fallback(api::method_not_allowed)
-            .with_state(state.clone())
+            .with_state(state.clone());
+        // MCP's tools call the API in process: the router as it is before `/mcp` joins it.
+        let with_mcp = app.clone().merge(mcp::router(
+            app.layer(DefaultBodyLimit::max(body_limit)),
+            state.clone(),
+        ));
+        with_mcp
             .layer(DefaultBodyLimit::max(body_limit))
             .layer(from_fn_with_state(state.clone(), preview::middleware))
             .layer(from_fn_with_state(state, ip_limit::middleware))

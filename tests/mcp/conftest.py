@@ -1,0 +1,153 @@
+"""Two real gateways (`sandbase server`, one database, one Redis prefix) and a real worker
+(`sandbase worker` on SandBase's containerd, its own namespace, the `base` template), for
+the MCP tests. The second gateway gives new teams no starter credits."""
+
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+
+DATABASE_URL = os.environ.get(
+    "SANDBASE_TEST_DATABASE_URL", "postgres://sandbase:sandbase@127.0.0.1:5432/sandbase"
+)
+REDIS_URL = os.environ.get("SANDBASE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+BINARY = os.path.abspath(os.environ.get("SANDBASE_BINARY", "target/debug/sandbase"))
+SOCKET = os.environ.get("SANDBASE_CONTAINERD_SOCKET", "/run/sandbase/containerd.sock")
+TEMPLATES = os.path.dirname(
+    os.environ.get("SANDBASE_BASE_TARBALL", "/var/lib/sandbase/templates/base.tar")
+)
+NODE_TOKEN = "mcp-test-node-token-0123456789"
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def psql(sql):
+    subprocess.run(["psql", DATABASE_URL, "-qAt", "-c", sql], check=True, capture_output=True)
+
+
+def call(url, method, path, token=None, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"content-type": "application/json"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(f"{url}{path}", data=data, method=method, headers=headers)
+    with urllib.request.urlopen(request) as answer:
+        return json.loads(answer.read() or b"null")
+
+
+class Cluster:
+    def __init__(self, urls, namespace):
+        self.urls = urls
+        self.namespace = namespace
+
+    def signup(self, gateway=0):
+        body = {"email": f"mcp-{uuid.uuid4().hex}@example.com",
+                "password": "a long enough password", "team_name": "MCP"}
+        return call(self.urls[gateway], "POST", "/v1/auth/signup", body=body)["api_key"]["token"]
+
+    def containers(self):
+        listed = subprocess.run(
+            ["ctr", "--address", SOCKET, "-n", self.namespace, "containers", "ls", "-q"],
+            capture_output=True, text=True, check=True)
+        return listed.stdout.split()
+
+
+def start_gateway(env, port, log, config=None):
+    # The log goes to a file: a pipe nobody reads fills up, and the gateway blocks on it.
+    process = subprocess.Popen(
+        [BINARY, "server", "--listen", f"127.0.0.1:{port}"]
+        + (["--config", config] if config else []),
+        env=env, stdout=subprocess.DEVNULL, stderr=open(log, "w"),
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/readyz") as answer:
+                if answer.status == 200:
+                    return process, url
+        except OSError:
+            pass
+        if process.poll() is not None or time.time() > deadline:
+            raise RuntimeError(open(log).read()[-4000:])
+        time.sleep(0.1)
+
+
+def start_worker(internal, unique, workdir):
+    worker_id = f"mcp-{unique}"
+    minted = subprocess.run(
+        [BINARY, "admin", "worker-credential", "--worker-id", worker_id],
+        env={"PATH": os.environ.get("PATH", ""), "SANDBASE_WORKERS__NODE_TOKEN": NODE_TOKEN},
+        capture_output=True, text=True, check=True)
+    slot = int(unique[:4], 16) % 1000
+    namespace = f"sandbase-test-mcp-{unique}"
+    process = subprocess.Popen(
+        [BINARY, "worker", "--gateway", internal,
+         "--worker-listen", f"127.0.0.1:{free_port()}", "--egress-pool", "none",
+         "--worker-id", worker_id, "--namespace", namespace, "--containerd-socket", SOCKET,
+         "--run-dir", os.path.join(workdir, "run"), "--id-base", str(4_000_000 + slot * 65_536),
+         "--pool", "busybox=0", "--templates-dir", TEMPLATES],
+        env={"PATH": os.environ.get("PATH", ""),
+             "SANDBASE_WORKER_CREDENTIAL": minted.stdout.strip(),
+             "SANDBASE_AGENT_BINARY": os.environ.get("SANDBASE_AGENT_BINARY", "")},
+        stdout=subprocess.DEVNULL, stderr=open(os.path.join(workdir, "worker.log"), "w"),
+    )
+    return process, namespace
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    workdir = tempfile.mkdtemp(prefix="sandbase-mcp-")
+    database = f"sandbase_test_mcp_{uuid.uuid4().hex}"
+    psql(f'CREATE DATABASE "{database}"')
+    base = DATABASE_URL.rsplit("/", 1)[0]
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "DATABASE_URL": f"{base}/{database}",
+        "REDIS_URL": REDIS_URL,
+        "SANDBASE_REDIS__KEY_PREFIX": f"sandbase-mcp-test:{uuid.uuid4().hex}:",
+        "SANDBASE_AUTH__JWT_SECRET": uuid.uuid4().hex + uuid.uuid4().hex,
+        "SANDBASE_AUTH__SIGNUPS_PER_HOUR": "1000000",
+        "SANDBASE_WORKERS__NODE_TOKEN": NODE_TOKEN,
+        "SANDBASE_SANDBOXES__DEFAULT_TEMPLATE": "base",
+        "SANDBASE_RUNS__ARTIFACTS_DIR": os.path.join(workdir, "artifacts"),
+    }
+    internal = f"127.0.0.1:{free_port()}"
+    first, url = start_gateway({**env, "SANDBASE_SERVER__INTERNAL_LISTEN": internal}, free_port(),
+                               os.path.join(workdir, "gateway-1.log"))
+    broke = os.path.join(workdir, "broke.toml")
+    with open(broke, "w") as handle:
+        handle.write('[billing]\nstarter_credits = "0"\n')
+    second, url2 = start_gateway(
+        {**env, "SANDBASE_SERVER__INTERNAL_LISTEN": f"127.0.0.1:{free_port()}"},
+        free_port(), os.path.join(workdir, "gateway-2.log"), broke)
+    unique = uuid.uuid4().hex
+    worker, namespace = start_worker(f"http://{internal}", unique, workdir)
+    cluster = Cluster([url, url2], namespace)
+    probe = cluster.signup()
+    deadline = time.time() + 180
+    while True:
+        templates = call(url, "GET", "/v1/templates", probe)
+        if any(t["name"] == "base" for t in templates["templates"]):
+            break
+        if worker.poll() is not None or time.time() > deadline:
+            raise RuntimeError(open(os.path.join(workdir, "worker.log")).read()[-4000:])
+        time.sleep(0.5)
+    yield cluster
+    worker.terminate()
+    worker.wait(timeout=60)
+    for process in (first, second):
+        process.terminate()
+        process.wait(timeout=30)
+    psql(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
