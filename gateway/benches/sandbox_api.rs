@@ -6,7 +6,8 @@
 //! - exec: `POST /v1/sandboxes/{id}/exec` of `true`, BENCH_EXECS (1000) in a row, against
 //!   `ctr task exec` of `true` in the same container.
 //! - previews: an HTTP GET through a preview URL vs a connection made inside the sandbox's
-//!   network namespace by the benchmark itself; terminals and snapshots (their own files).
+//!   network namespace by the benchmark itself; terminals and snapshots (their own files);
+//!   `tools/call exec` over `/mcp` vs the REST exec it wraps (`sandbox_api/mcp.rs`).
 //! - density: idle sandboxes started until BENCH_DENSITY (300) run; host memory per idle
 //!   sandbox from MemAvailable before and after (container, shim, agent, kernel).
 //!
@@ -26,6 +27,8 @@ use sandbase_worker::spec::Limits;
 use serde_json::{Value, json};
 
 const NODE_TOKEN: &str = "bench-node-token-0123456789";
+#[path = "sandbox_api/mcp.rs"]
+mod mcp;
 #[path = "sandbox_api/preview.rs"]
 mod preview;
 #[path = "sandbox_api/terminal.rs"]
@@ -320,6 +323,7 @@ fn main() -> anyhow::Result<()> {
             .clone();
         let terminals = terminal::terminal_samples(&api, &id, &agent, (execs / 2).max(50)).await;
         let previews = preview::preview_samples(&api, worker.node(), &id, (execs / 2).max(50)).await;
+        let mcp = mcp::mcp_samples(&api, &id, (execs / 2).max(50)).await;
         api.delete(&format!("/v1/sandboxes/{id}")).await;
 
         // Density: idle sandboxes until `density` run.
@@ -400,6 +404,7 @@ fn main() -> anyhow::Result<()> {
         snapshots.print();
         terminals.print();
         previews.print();
+        mcp.print();
         println!(
             "\ndensity: {reached} idle sandboxes started in {density_secs:.1} s; host memory per idle sandbox {per_sandbox_mib:.1} MiB (MemAvailable {} → {} MiB)",
             before / 1024,
