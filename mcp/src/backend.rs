@@ -78,4 +78,22 @@ pub trait Backend: Send + Sync + 'static {
         caller: Option<&http::request::Parts>,
         request: ApiRequest,
     ) -> impl Future<Output = Result<ApiAnswer, String>> + Send;
+
+    /// Tools besides SandBase's own (the operator's MCP servers', named `server.tool`).
+    fn extra_tools(
+        &self,
+        _caller: Option<&http::request::Parts>,
+    ) -> impl Future<Output = Vec<rmcp::model::Tool>> + Send {
+        async { Vec::new() }
+    }
+
+    /// Calls one of the [`Backend::extra_tools`]; `None` when `name` is not one.
+    fn call_extra(
+        &self,
+        _caller: Option<&http::request::Parts>,
+        _name: &str,
+        _arguments: Option<rmcp::model::JsonObject>,
+    ) -> impl Future<Output = Option<rmcp::model::CallToolResult>> + Send {
+        async { None }
+    }
 }

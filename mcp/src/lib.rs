@@ -16,6 +16,7 @@ mod output;
 mod tools;
 
 pub use backend::{ApiAnswer, ApiBody, ApiRequest, Backend};
+pub use output::tool_error;
 pub use tools::Sandbase;
 
 /// What the server tells clients about itself (fixed text: nothing from a sandbox).

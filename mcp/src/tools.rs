@@ -675,6 +675,8 @@ impl<B: Backend> ServerHandler for Sandbase<B> {
         if !offered {
             tools.retain(|tool| tool.name != "store_models");
         }
+        let parts = context.extensions.get::<http::request::Parts>();
+        tools.extend(self.backend.extra_tools(parts).await);
         Ok(ListToolsResult::with_all_items(tools))
     }
 
@@ -683,6 +685,21 @@ impl<B: Backend> ServerHandler for Sandbase<B> {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        // The operator's servers' tools are named `server.tool`; SandBase's own have no dot.
+        if request.name.contains('.') {
+            let parts = context.extensions.get::<http::request::Parts>();
+            let arguments = request.arguments.clone();
+            if let Some(mut result) = self
+                .backend
+                .call_extra(parts, &request.name, arguments)
+                .await
+            {
+                // An upstream of an older revision sends no result type; this one is complete
+                // (the handler drops the field again for clients of older revisions).
+                result.result_type = Some(rmcp::model::ResultType::COMPLETE);
+                return Ok(CallToolResponse::Complete(result));
+            }
+        }
         let context = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
         self.tool_router.call(context).await
     }

@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -24,6 +25,28 @@ TEMPLATES = os.path.dirname(
     os.environ.get("SANDBASE_BASE_TARBALL", "/var/lib/sandbase/templates/base.tar")
 )
 NODE_TOKEN = "mcp-test-node-token-0123456789"
+
+# The operator's MCP server: 0.05 credits a call, 2 s at most.
+MCP_SERVERS = """
+[store]
+[[store.mcp_servers]]
+name = "upstream"
+url = "http://127.0.0.1:{port}/mcp"
+credential_file = "{secret}"
+price_per_call = "0.05"
+timeout_secs = 2
+"""
+
+
+def wait_for_port(port):
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on {port}")
 
 
 def free_port():
@@ -123,9 +146,24 @@ def cluster():
         "SANDBASE_SANDBOXES__DEFAULT_TEMPLATE": "base",
         "SANDBASE_RUNS__ARTIFACTS_DIR": os.path.join(workdir, "artifacts"),
     }
+    # The operator's MCP server, and the first gateway's store offering it.
+    upstream_port = free_port()
+    counter = os.path.join(workdir, "upstream-calls")
+    open(counter, "w").close()
+    upstream = subprocess.Popen(
+        [sys.executable, os.path.join(os.path.dirname(__file__), "upstream.py"),
+         str(upstream_port), counter],
+        stdout=subprocess.DEVNULL, stderr=open(os.path.join(workdir, "upstream.log"), "w"))
+    wait_for_port(upstream_port)
+    secret = os.path.join(workdir, "upstream-secret")
+    with open(secret, "w") as handle:
+        handle.write("upstream-mcp-secret\n")
+    offering = os.path.join(workdir, "offering.toml")
+    with open(offering, "w") as handle:
+        handle.write(MCP_SERVERS.format(port=upstream_port, secret=secret))
     internal = f"127.0.0.1:{free_port()}"
     first, url = start_gateway({**env, "SANDBASE_SERVER__INTERNAL_LISTEN": internal}, free_port(),
-                               os.path.join(workdir, "gateway-1.log"))
+                               os.path.join(workdir, "gateway-1.log"), offering)
     broke = os.path.join(workdir, "broke.toml")
     with open(broke, "w") as handle:
         handle.write('[billing]\nstarter_credits = "0"\n')
@@ -135,6 +173,7 @@ def cluster():
     unique = uuid.uuid4().hex
     worker, namespace = start_worker(f"http://{internal}", unique, workdir)
     cluster = Cluster([url, url2], namespace)
+    cluster.upstream_calls = counter
     probe = cluster.signup()
     deadline = time.time() + 180
     while True:
@@ -147,7 +186,7 @@ def cluster():
     yield cluster
     worker.terminate()
     worker.wait(timeout=60)
-    for process in (first, second):
+    for process in (first, second, upstream):
         process.terminate()
         process.wait(timeout=30)
     psql(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')

@@ -214,3 +214,34 @@ def test_two_gateways_serve_one_conversation(cluster, mode):
 
     anyio.run(scenario)
     assert len(set(transport.seen)) == 2, transport.seen
+
+
+def test_the_operators_mcp_server_is_reached_with_its_credential_and_billed_once(cluster):
+    token = cluster.signup()
+    before = call(cluster.urls[0], "GET", "/v1/billing/balance", token)["available_micro"]
+
+    async def scenario():
+        async with client(cluster.urls[0], token, "2026-07-28") as session:
+            names = {tool.name for tool in (await session.list_tools()).tools}
+            assert {"upstream.echo", "upstream.nap"} <= names, names
+            # The team sends its SandBase key only; the upstream requires its own credential.
+            result = await session.call_tool("upstream.echo", {"text": "hello"})
+            assert not result.is_error, result
+            assert result.content[0].text == "upstream heard: hello"
+            # Slower than the server's 2 s: a tool error, not a hung client, and not billed.
+            started = anyio.current_time()
+            slow = await session.call_tool("upstream.nap", {"seconds": 5})
+            assert slow.is_error
+            assert slow.structured_content["error"]["code"] == "upstream_timeout"
+            assert anyio.current_time() - started < 4.5
+
+    anyio.run(scenario)
+    with open(cluster.upstream_calls) as handle:
+        assert handle.read().splitlines() == ["echo"]
+    after = call(cluster.urls[0], "GET", "/v1/billing/balance", token)["available_micro"]
+    assert before - after == 50_000, (before, after)
+    requests = call(cluster.urls[0], "GET", "/v1/store/requests", token)
+    assert [(r["name"], r["credits_micro"]) for r in requests["requests"]] == [("upstream", 50_000)]
+    audit = call(cluster.urls[0], "GET", "/v1/audit?action=mcp.tool_call", token)
+    outcomes = sorted(event["outcome"] for event in audit["items"])
+    assert outcomes == ["failure", "success"], audit

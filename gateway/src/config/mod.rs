@@ -18,7 +18,8 @@ mod store;
 
 pub use cidr::Cidr;
 pub use store::{
-    ApiSettings, ModelSettings, ProviderKind, ProviderSettings, StoreSettings, TokenPrices,
+    ApiSettings, McpServerSettings, ModelSettings, ProviderKind, ProviderSettings, StoreSettings,
+    TokenPrices,
 };
 
 pub use sections::{

@@ -14,6 +14,8 @@ pub struct StoreSettings {
     pub providers: Vec<ProviderSettings>,
     pub models: Vec<ModelSettings>,
     pub apis: Vec<ApiSettings>,
+    /// MCP servers whose tools `/mcp` offers, namespaced `{name}.{tool}`.
+    pub mcp_servers: Vec<McpServerSettings>,
     /// After a client went away mid-stream, how long the upstream is still read for its
     /// usage (the call is billed for what it really used).
     pub drain_secs: u64,
@@ -25,6 +27,7 @@ impl Default for StoreSettings {
             providers: Vec::new(),
             models: Vec::new(),
             apis: Vec::new(),
+            mcp_servers: Vec::new(),
             drain_secs: 120,
         }
     }
@@ -130,6 +133,28 @@ pub struct ApiSettings {
     pub timeout_secs: u64,
 }
 
+/// An operator's MCP server (Streamable HTTP): its tools are offered on `/mcp` as
+/// `{name}.{tool}`, each call forwarded with the operator's credential and priced per call.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerSettings {
+    pub name: String,
+    /// Its Streamable HTTP endpoint (`https://mcp.example.com/mcp`).
+    pub url: String,
+    #[serde(default)]
+    pub credential_env: Option<String>,
+    #[serde(default)]
+    pub credential_file: Option<std::path::PathBuf>,
+    /// Where the credential goes: `bearer` or `header:NAME`.
+    #[serde(default = "default_inject")]
+    pub inject: String,
+    /// Credits per tool call (decimal string).
+    pub price_per_call: String,
+    /// How long a call (or listing its tools) may take; a slower one is a tool error.
+    #[serde(default = "default_timeout_secs")]
+    pub timeout_secs: u64,
+}
+
 fn default_inject() -> String {
     "bearer".to_owned()
 }
@@ -208,7 +233,8 @@ impl StoreSettings {
             }
         }
         self.validate_models()?;
-        self.validate_apis()
+        self.validate_apis()?;
+        self.validate_mcp_servers()
     }
 
     fn validate_models(&self) -> Result<(), ConfigError> {
@@ -285,6 +311,45 @@ impl StoreSettings {
             }
             price(format!("{key}.price_per_call"), &api.price_per_call)?;
             price(format!("{key}.price_per_mib"), &api.price_per_mib)?;
+        }
+        Ok(())
+    }
+
+    fn validate_mcp_servers(&self) -> Result<(), ConfigError> {
+        let mut names = HashSet::new();
+        for (index, server) in self.mcp_servers.iter().enumerate() {
+            let key = format!("store.mcp_servers[{index}]");
+            if !valid_name(&server.name) || !names.insert(server.name.as_str()) {
+                return Err(ConfigError(format!(
+                    "key `{key}.name` must be a unique lowercase name, not `{}`",
+                    server.name
+                )));
+            }
+            if !valid_url(&server.url) {
+                return Err(ConfigError(format!(
+                    "key `{key}.url` must be an http:// or https:// URL"
+                )));
+            }
+            if server.credential_env.is_some() && server.credential_file.is_some() {
+                return Err(ConfigError(format!(
+                    "keys `{key}.credential_env` and `{key}.credential_file`: set one, not both"
+                )));
+            }
+            let header_ok = server
+                .inject
+                .strip_prefix("header:")
+                .is_some_and(|name| http::HeaderName::from_bytes(name.as_bytes()).is_ok());
+            if server.inject != "bearer" && !header_ok {
+                return Err(ConfigError(format!(
+                    "key `{key}.inject` must be `bearer` or `header:NAME`"
+                )));
+            }
+            if server.timeout_secs == 0 {
+                return Err(ConfigError(format!(
+                    "key `{key}.timeout_secs` must be at least 1"
+                )));
+            }
+            price(format!("{key}.price_per_call"), &server.price_per_call)?;
         }
         Ok(())
     }

@@ -14,18 +14,23 @@ use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt as _;
+use rmcp::model::{CallToolResult, JsonObject, Tool};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-use sandbase_mcp::{ApiAnswer, ApiBody, ApiRequest, Backend, Sandbase};
+use sandbase_mcp::{ApiAnswer, ApiBody, ApiRequest, Backend, Sandbase, tool_error};
 use tower::ServiceExt as _;
 
 use super::request_id::RequestId;
 use crate::auth::authenticate::{authenticate, rate_limit};
+use crate::error::ApiError;
 use crate::state::AppState;
+use crate::store::mcp_calls::{self, Refused};
+use crate::store::mcp_servers::McpFailure;
 
-/// The public API, called in process.
+/// The public API, called in process, and the operator's MCP servers.
 struct InProcess {
     api: Router,
+    state: AppState,
 }
 
 impl Backend for InProcess {
@@ -82,6 +87,68 @@ impl Backend for InProcess {
             body,
         })
     }
+
+    async fn extra_tools(&self, _caller: Option<&http::request::Parts>) -> Vec<Tool> {
+        let mut tools = Vec::new();
+        for server in &self.state.store.mcp_servers {
+            match server.tools().await {
+                Ok(listed) => tools.extend(listed.into_iter().map(|mut tool| {
+                    tool.name = format!("{}.{}", server.settings.name, tool.name).into();
+                    tool
+                })),
+                Err(error) => tracing::warn!(
+                    server = %server.settings.name, error = ?error,
+                    "an MCP server's tools could not be listed"
+                ),
+            }
+        }
+        tools
+    }
+
+    async fn call_extra(
+        &self,
+        caller: Option<&http::request::Parts>,
+        name: &str,
+        arguments: Option<JsonObject>,
+    ) -> Option<CallToolResult> {
+        let (server, tool) = name.split_once('.')?;
+        let server = self
+            .state
+            .store
+            .mcp_servers
+            .iter()
+            .find(|candidate| candidate.settings.name == server)?;
+        let authorization = caller.and_then(|parts| parts.headers.get(AUTHORIZATION));
+        let principal = match authenticate(authorization, &self.state).await {
+            Ok(principal) => principal,
+            Err(error) => return Some(refusal(&error)),
+        };
+        let called = mcp_calls::call(&self.state, &principal, server, tool, arguments).await;
+        Some(match called {
+            Ok(result) => result,
+            Err(Refused::Api(error)) => refusal(&error),
+            Err(Refused::Upstream(McpFailure::Timeout)) => tool_error(
+                504,
+                "upstream_timeout",
+                &format!(
+                    "{} did not answer within {} s (not billed)",
+                    server.settings.name, server.settings.timeout_secs
+                ),
+            ),
+            Err(Refused::Upstream(McpFailure::Failed(why))) => {
+                tool_error(502, "upstream_failed", &format!("{why} (not billed)"))
+            }
+        })
+    }
+}
+
+/// An API error as a tool error with SandBase's code.
+fn refusal(error: &ApiError) -> CallToolResult {
+    tool_error(
+        error.status_code().as_u16(),
+        error.code(),
+        &error.to_string(),
+    )
 }
 
 /// The transport's checks: the public URL's host and browser origin when one is set;
@@ -105,7 +172,10 @@ fn transport_config(public_url: Option<&str>) -> StreamableHttpServerConfig {
 
 /// `/mcp` for the public router; `api` is that router without `/mcp` (tools call it).
 pub fn router(api: Router, state: AppState) -> Router {
-    let backend = Arc::new(InProcess { api });
+    let backend = Arc::new(InProcess {
+        api,
+        state: state.clone(),
+    });
     let service: StreamableHttpService<Sandbase<InProcess>, LocalSessionManager> =
         StreamableHttpService::new(
             move || Ok(Sandbase::new(Arc::clone(&backend))),

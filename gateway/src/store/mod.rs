@@ -6,6 +6,8 @@
 
 pub mod allowed;
 pub mod lineages;
+pub mod mcp_calls;
+pub mod mcp_servers;
 pub mod meter;
 pub mod requests;
 pub mod sse;
@@ -39,6 +41,8 @@ pub struct Store {
     providers: HashMap<String, Provider>,
     models: Vec<Model>,
     apis: Vec<PaidApi>,
+    /// The operator's MCP servers, in the configuration's order.
+    pub mcp_servers: Vec<mcp_servers::McpServer>,
     pub drain: Duration,
     /// Calling keys' lineages and model lists, read once.
     pub lineages: lineages::Lineages,
@@ -129,10 +133,25 @@ impl Store {
             })
             .collect();
         let apis = paid_apis(settings)?;
+        let mcp_servers = settings
+            .mcp_servers
+            .iter()
+            .enumerate()
+            .map(|(index, server)| {
+                let key = format!("store.mcp_servers[{index}]");
+                let credential = credential(
+                    &key,
+                    server.credential_env.as_ref(),
+                    server.credential_file.as_ref(),
+                )?;
+                mcp_servers::McpServer::new(&key, server, credential)
+            })
+            .collect::<anyhow::Result<_>>()?;
         Ok(Store {
             providers,
             models,
             apis,
+            mcp_servers,
             drain: Duration::from_secs(settings.drain_secs),
             lineages: lineages::Lineages::default(),
         })

@@ -1,0 +1,135 @@
+//! The operator's MCP servers: their tools, offered on `/mcp` as `{server}.{tool}`, and
+//! calls of them with the operator's credential (the team never holds it). Each use opens a
+//! client session of its own (initialize, the request, close), bounded by the server's
+//! `timeout_secs`; a server's tool list is kept a minute.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use rmcp::ServiceExt as _;
+use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject, Tool};
+use rmcp::service::{RoleClient, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use secrecy::ExposeSecret as _;
+
+use crate::config::McpServerSettings;
+
+/// How long a server's tool list is reused.
+const TOOLS_TTL: Duration = Duration::from_secs(60);
+
+/// An operator's MCP server with its credential (in its client's default headers) and price.
+pub struct McpServer {
+    pub settings: McpServerSettings,
+    /// Micro-credits per call.
+    pub per_call: i64,
+    client: reqwest::Client,
+    tools: Mutex<Option<(Instant, Vec<Tool>)>>,
+}
+
+/// Why a call did not come back.
+#[derive(Debug)]
+pub enum McpFailure {
+    /// Not within the server's `timeout_secs`.
+    Timeout,
+    /// Unreachable, or it answered something else than a result.
+    Failed(String),
+}
+
+impl McpServer {
+    /// `key` names it in the configuration, for errors.
+    pub fn new(
+        key: &str,
+        settings: &McpServerSettings,
+        credential: Option<secrecy::SecretString>,
+    ) -> anyhow::Result<McpServer> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(credential) = credential {
+            let (name, value) = match settings.inject.strip_prefix("header:") {
+                Some(name) => (name.to_owned(), credential.expose_secret().to_owned()),
+                None => (
+                    "authorization".to_owned(),
+                    format!("Bearer {}", credential.expose_secret()),
+                ),
+            };
+            let mut value = reqwest::header::HeaderValue::from_str(&value)
+                .with_context(|| format!("key `{key}`: the credential is not a header value"))?;
+            value.set_sensitive(true);
+            headers.insert(
+                reqwest::header::HeaderName::from_bytes(name.as_bytes())
+                    .with_context(|| format!("key `{key}.inject`: not a header name"))?,
+                value,
+            );
+        }
+        let client = reqwest::Client::builder()
+            .default_headers(headers)
+            .connect_timeout(Duration::from_secs(10))
+            .tcp_nodelay(true)
+            .build()
+            .context("building an MCP server's HTTP client")?;
+        Ok(McpServer {
+            per_call: sandbase_billing::Credits::parse(&settings.price_per_call)
+                .map_or(0, |credits| credits.0),
+            settings: settings.clone(),
+            client,
+            tools: Mutex::new(None),
+        })
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(self.settings.timeout_secs)
+    }
+
+    async fn session(&self) -> Result<RunningService<RoleClient, ()>, String> {
+        let transport = StreamableHttpClientTransport::with_client(
+            self.client.clone(),
+            StreamableHttpClientTransportConfig::with_uri(self.settings.url.clone()),
+        );
+        ().serve(transport)
+            .await
+            .map_err(|error| format!("{}: {error}", self.settings.name))
+    }
+
+    /// Its tools (from the last minute's listing when there is one).
+    pub async fn tools(&self) -> Result<Vec<Tool>, McpFailure> {
+        if let Some((at, tools)) = &*self.tools.lock().unwrap_or_else(|p| p.into_inner())
+            && at.elapsed() < TOOLS_TTL
+        {
+            return Ok(tools.clone());
+        }
+        let listed = tokio::time::timeout(self.timeout(), async {
+            let session = self.session().await?;
+            let tools = session.peer().list_all_tools().await;
+            let _ = session.cancel().await;
+            tools.map_err(|error| format!("{}: {error}", self.settings.name))
+        })
+        .await
+        .map_err(|_| McpFailure::Timeout)?
+        .map_err(McpFailure::Failed)?;
+        *self.tools.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((Instant::now(), listed.clone()));
+        Ok(listed)
+    }
+
+    /// Calls `tool` with `arguments`.
+    pub async fn call(
+        &self,
+        tool: &str,
+        arguments: Option<JsonObject>,
+    ) -> Result<CallToolResult, McpFailure> {
+        let mut request = CallToolRequestParams::new(tool.to_owned());
+        if let Some(arguments) = arguments {
+            request = request.with_arguments(arguments);
+        }
+        tokio::time::timeout(self.timeout(), async {
+            let session = self.session().await?;
+            let result = session.peer().call_tool(request).await;
+            let _ = session.cancel().await;
+            result.map_err(|error| format!("{}: {error}", self.settings.name))
+        })
+        .await
+        .map_err(|_| McpFailure::Timeout)?
+        .map_err(McpFailure::Failed)
+    }
+}

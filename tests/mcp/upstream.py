@@ -1,0 +1,48 @@
+"""A stand-in for an operator's MCP server, written with the `mcp` package's server side
+(stateful Streamable HTTP, as its default): it refuses any request without its own
+credential, and counts the calls it serves in a file."""
+
+import sys
+
+import anyio
+import uvicorn
+from mcp.server.mcpserver import MCPServer
+
+SECRET = "upstream-mcp-secret"
+port, counter = int(sys.argv[1]), sys.argv[2]
+
+server = MCPServer("upstream")
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Says the text back."""
+    with open(counter, "a") as handle:
+        handle.write("echo\n")
+    return f"upstream heard: {text}"
+
+
+@server.tool()
+async def nap(seconds: float) -> str:
+    """Sleeps, then answers."""
+    await anyio.sleep(seconds)
+    return "rested"
+
+
+class RequireCredential:
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            if headers.get(b"authorization") != f"Bearer {SECRET}".encode():
+                await send({"type": "http.response.start", "status": 401,
+                            "headers": [(b"content-type", b"text/plain")]})
+                await send({"type": "http.response.body", "body": b"no credential"})
+                return
+        await self.app(scope, receive, send)
+
+
+uvicorn.run(RequireCredential(server.streamable_http_app()), host="127.0.0.1", port=port,
+            log_level="warning")
