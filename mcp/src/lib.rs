@@ -5,7 +5,8 @@
 //! API router itself, in process, with the MCP request's own `Authorization` (so each tool
 //! call is authenticated, rate-limited, admitted and audited exactly like the REST call it
 //! is); in `sandbase mcp` (stdio) the gateway over HTTP with the CLI's key. `backend.rs`:
-//! the trait and the API's answers; `tools.rs`: the tools and their parameters;
+//! the trait and the API's answers; `server.rs`: the server, the calls its tools share and
+//! the MCP handler; `tools.rs`: the tools; `params.rs`: their parameters and checks;
 //! `output.rs`: what a tool answers (sandbox output capped, errors as tool errors).
 //!
 //! Output of a sandbox is data from a hostile program: it is only ever a tool result's
@@ -13,11 +14,13 @@
 
 mod backend;
 mod output;
+mod params;
+mod server;
 mod tools;
 
 pub use backend::{ApiAnswer, ApiBody, ApiRequest, Backend};
 pub use output::tool_error;
-pub use tools::Sandbase;
+pub use server::Sandbase;
 
 /// What the server tells clients about itself (fixed text: nothing from a sandbox).
 pub const INSTRUCTIONS: &str = "SandBase runs code in disposable, isolated sandboxes. Create one \

@@ -9,17 +9,15 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
 import uuid
 
 import pytest
 
-DATABASE_URL = os.environ.get(
-    "SANDBASE_TEST_DATABASE_URL", "postgres://sandbase:sandbase@127.0.0.1:5432/sandbase"
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from gateways import (  # noqa: E402
+    BINARY, REDIS_URL, drop_database, free_port, fresh_database, start_gateway,
 )
-REDIS_URL = os.environ.get("SANDBASE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
-BINARY = os.path.abspath(os.environ.get("SANDBASE_BINARY", "target/debug/sandbase"))
 SOCKET = os.environ.get("SANDBASE_CONTAINERD_SOCKET", "/run/sandbase/containerd.sock")
 TEMPLATES = os.path.dirname(
     os.environ.get("SANDBASE_BASE_TARBALL", "/var/lib/sandbase/templates/base.tar")
@@ -49,16 +47,6 @@ def wait_for_port(port):
     raise RuntimeError(f"nothing listens on {port}")
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def psql(sql):
-    subprocess.run(["psql", DATABASE_URL, "-qAt", "-c", sql], check=True, capture_output=True)
-
-
 def call(url, method, path, token=None, body=None):
     data = json.dumps(body).encode() if body is not None else None
     headers = {"content-type": "application/json"}
@@ -86,27 +74,6 @@ class Cluster:
         return listed.stdout.split()
 
 
-def start_gateway(env, port, log, config=None):
-    # The log goes to a file: a pipe nobody reads fills up, and the gateway blocks on it.
-    process = subprocess.Popen(
-        [BINARY, "server", "--listen", f"127.0.0.1:{port}"]
-        + (["--config", config] if config else []),
-        env=env, stdout=subprocess.DEVNULL, stderr=open(log, "w"),
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/readyz") as answer:
-                if answer.status == 200:
-                    return process, url
-        except OSError:
-            pass
-        if process.poll() is not None or time.time() > deadline:
-            raise RuntimeError(open(log).read()[-4000:])
-        time.sleep(0.1)
-
-
 def start_worker(internal, unique, workdir):
     worker_id = f"mcp-{unique}"
     minted = subprocess.run(
@@ -132,12 +99,10 @@ def start_worker(internal, unique, workdir):
 @pytest.fixture(scope="session")
 def cluster():
     workdir = tempfile.mkdtemp(prefix="sandbase-mcp-")
-    database = f"sandbase_test_mcp_{uuid.uuid4().hex}"
-    psql(f'CREATE DATABASE "{database}"')
-    base = DATABASE_URL.rsplit("/", 1)[0]
+    database, database_url = fresh_database("sandbase_test_mcp")
     env = {
         "PATH": os.environ.get("PATH", ""),
-        "DATABASE_URL": f"{base}/{database}",
+        "DATABASE_URL": database_url,
         "REDIS_URL": REDIS_URL,
         "SANDBASE_REDIS__KEY_PREFIX": f"sandbase-mcp-test:{uuid.uuid4().hex}:",
         "SANDBASE_AUTH__JWT_SECRET": uuid.uuid4().hex + uuid.uuid4().hex,
@@ -189,4 +154,4 @@ def cluster():
     for process in (first, second, upstream):
         process.terminate()
         process.wait(timeout=30)
-    psql(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    drop_database(database)

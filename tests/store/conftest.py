@@ -3,8 +3,7 @@ configured with the local stand-in providers, and a fresh team per test."""
 
 import json
 import os
-import socket
-import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -14,11 +13,8 @@ import pytest
 
 import standin
 
-DATABASE_URL = os.environ.get(
-    "SANDBASE_TEST_DATABASE_URL", "postgres://sandbase:sandbase@127.0.0.1:5432/sandbase"
-)
-REDIS_URL = os.environ.get("SANDBASE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
-BINARY = os.environ.get("SANDBASE_BINARY", "target/debug/sandbase")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from gateways import REDIS_URL, drop_database, free_port, fresh_database, start_gateway  # noqa: E402
 
 CONFIG = """
 [store]
@@ -64,17 +60,6 @@ max_output = 100000
 input = "1"
 output = "1000"
 """
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def psql(sql):
-    subprocess.run(["psql", DATABASE_URL, "-qAt", "-c", sql], check=True,
-                   capture_output=True)
 
 
 class Gateway:
@@ -129,13 +114,11 @@ def gateway():
     config = os.path.join(workdir, "sandbase.toml")
     with open(config, "w") as handle:
         handle.write(CONFIG.format(upstream=upstream, **files))
-    database = f"sandbase_test_sdk_{uuid.uuid4().hex}"
-    psql(f'CREATE DATABASE "{database}"')
-    base = DATABASE_URL.rsplit("/", 1)[0]
+    database, database_url = fresh_database("sandbase_test_sdk")
     port = free_port()
     env = {
         "PATH": os.environ.get("PATH", ""),
-        "DATABASE_URL": f"{base}/{database}",
+        "DATABASE_URL": database_url,
         "REDIS_URL": REDIS_URL,
         "SANDBASE_REDIS__KEY_PREFIX": f"sandbase-sdk-test:{uuid.uuid4().hex}:",
         "SANDBASE_AUTH__JWT_SECRET": uuid.uuid4().hex + uuid.uuid4().hex,
@@ -143,28 +126,11 @@ def gateway():
         "SANDBASE_SERVER__INTERNAL_LISTEN": f"127.0.0.1:{free_port()}",
         "SANDBASE_RUNS__ARTIFACTS_DIR": os.path.join(workdir, "artifacts"),
     }
-    # The log goes to a file: a pipe nobody reads fills up, and the gateway blocks on it.
-    log = os.path.join(workdir, "gateway.log")
-    process = subprocess.Popen(
-        [BINARY, "server", "--config", config, "--listen", f"127.0.0.1:{port}"],
-        env=env, stdout=subprocess.DEVNULL, stderr=open(log, "w"),
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/readyz") as answer:
-                if answer.status == 200:
-                    break
-        except OSError:
-            pass
-        if process.poll() is not None or time.time() > deadline:
-            raise RuntimeError(open(log).read()[-4000:])
-        time.sleep(0.1)
+    process, url = start_gateway(env, port, os.path.join(workdir, "gateway.log"), config)
     yield Gateway(url, seen)
     process.terminate()
     process.wait(timeout=30)
-    psql(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    drop_database(database)
 
 
 @pytest.fixture

@@ -100,11 +100,11 @@ fn protect_from_the_oom_killer() {
 
 /// Where the node's proxy sends sandboxes' store requests: the gateway, as this worker
 /// reaches it (the internal channel's CA trusted alone when it has TLS).
-fn store_route(config: &ServiceConfig) -> Option<sandbase_egress::process::StoreUpstream> {
-    Some(sandbase_egress::process::StoreUpstream {
+fn store_route(config: &ServiceConfig) -> sandbase_egress::process::StoreUpstream {
+    sandbase_egress::process::StoreUpstream {
         url: config.gateway_url.trim_end_matches('/').to_owned(),
         ca_pem: config.tls.as_ref().map(|tls| tls.ca_pem.clone()),
-    })
+    }
 }
 
 pub async fn start(config: ServiceConfig) -> anyhow::Result<RunningService> {
@@ -130,7 +130,7 @@ pub async fn start(config: ServiceConfig) -> anyhow::Result<RunningService> {
     // sandboxes with loopback only, and refuses those that ask for egress.
     let network = match &config.node.egress {
         Some(egress) => {
-            match crate::network::Network::start(egress.clone(), store_route(&config)).await {
+            match crate::network::Network::start(egress.clone(), Some(store_route(&config))).await {
                 Ok(network) => Some(network),
                 Err(error) => {
                     tracing::error!(

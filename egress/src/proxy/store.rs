@@ -107,41 +107,40 @@ impl Proxy {
             buffer,
             ..
         } = connection;
-        let refusal = match (&self.config.store, &entry.store) {
-            (None, _) => Some(Decision::Failed(
-                "this node has no route to the store".to_owned(),
-            )),
-            (_, None) => Some(Decision::Denied(
+        let allowed = match (&self.config.store, &entry.store) {
+            (None, _) => Err((502, "this node has no route to the store".to_owned())),
+            (_, None) => Err((
+                403,
                 "this sandbox was not created with store access (`\"store\": true`)".to_owned(),
             )),
-            _ if !target.plain || target.port != 80 => Some(Decision::Denied(format!(
-                "the store is reached at http://{} (the node encrypts the rest of the way)",
-                crate::STORE_HOST
-            ))),
-            _ => None,
+            _ if !target.plain || target.port != 80 => Err((
+                403,
+                format!(
+                    "the store is reached at http://{} (the node encrypts the rest of the way)",
+                    crate::STORE_HOST
+                ),
+            )),
+            (Some(route), Some(token)) => Ok((route, token)),
         };
-        let (Some(route), Some(token), None) = (&self.config.store, &entry.store, &refusal) else {
-            let decision = refusal.unwrap_or(Decision::Allowed);
-            if kind != Listener::TransparentTls {
-                let status = if matches!(decision, Decision::Denied(_)) {
-                    403
+        let (route, token) = match allowed {
+            Ok(allowed) => allowed,
+            Err((status, why)) => {
+                if kind != Listener::TransparentTls {
+                    let _ = deny(&mut stream, status, &why).await;
+                }
+                flow.decision = if status == 403 {
+                    Decision::Denied(why)
                 } else {
-                    502
+                    Decision::Failed(why)
                 };
-                let why = match &decision {
-                    Decision::Denied(why) | Decision::Failed(why) => why.as_str(),
-                    Decision::Allowed => "",
-                };
-                let _ = deny(&mut stream, status, why).await;
+                return;
             }
-            flow.decision = decision;
-            return;
         };
-        let Ok(authorization) = HeaderValue::from_str(&format!("Bearer {}", token.as_str())) else {
+        let Ok(mut authorization) = HeaderValue::from_str(&format!("Bearer {}", token.as_str()))
+        else {
             flow.decision = Decision::Failed("the store credential is malformed".to_owned());
             return;
         };
-        let mut authorization = authorization;
         authorization.set_sensitive(true);
         // Not the sandbox's meter: these bytes are billed by the store.
         let tap = Tap::new(stream, buffer, Arc::default());

@@ -184,6 +184,37 @@ impl ModelSettings {
     }
 }
 
+fn not_unique(key: &str, name: &str) -> ConfigError {
+    ConfigError(format!(
+        "key `{key}.name` must be a unique lowercase name, not `{name}`"
+    ))
+}
+
+/// What every upstream the operator names must have: a lowercase name, an http(s) URL (in
+/// the field `url.0`), and at most one source for its credential.
+fn check_upstream(
+    key: &str,
+    name: &str,
+    url: (&str, &str),
+    two_credentials: bool,
+) -> Result<(), ConfigError> {
+    if !valid_name(name) {
+        return Err(not_unique(key, name));
+    }
+    if !valid_url(url.1) {
+        return Err(ConfigError(format!(
+            "key `{key}.{}` must be an http:// or https:// URL",
+            url.0
+        )));
+    }
+    if two_credentials {
+        return Err(ConfigError(format!(
+            "keys `{key}.credential_env` and `{key}.credential_file`: set one, not both"
+        )));
+    }
+    Ok(())
+}
+
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
@@ -272,22 +303,15 @@ impl StoreSettings {
         let mut names = HashSet::new();
         for (index, api) in self.apis.iter().enumerate() {
             let key = format!("store.apis[{index}]");
-            if !valid_name(&api.name) || !names.insert(api.name.as_str()) {
-                return Err(ConfigError(format!(
-                    "key `{key}.name` must be a unique lowercase name, not `{}`",
-                    api.name
-                )));
+            if !names.insert(api.name.as_str()) {
+                return Err(not_unique(&key, &api.name));
             }
-            if !valid_url(&api.base_url) {
-                return Err(ConfigError(format!(
-                    "key `{key}.base_url` must be an http:// or https:// URL"
-                )));
-            }
-            if api.credential_env.is_some() && api.credential_file.is_some() {
-                return Err(ConfigError(format!(
-                    "keys `{key}.credential_env` and `{key}.credential_file`: set one, not both"
-                )));
-            }
+            check_upstream(
+                &key,
+                &api.name,
+                ("base_url", &api.base_url),
+                api.credential_env.is_some() && api.credential_file.is_some(),
+            )?;
             let target = api
                 .inject
                 .strip_prefix("header:")
@@ -319,22 +343,15 @@ impl StoreSettings {
         let mut names = HashSet::new();
         for (index, server) in self.mcp_servers.iter().enumerate() {
             let key = format!("store.mcp_servers[{index}]");
-            if !valid_name(&server.name) || !names.insert(server.name.as_str()) {
-                return Err(ConfigError(format!(
-                    "key `{key}.name` must be a unique lowercase name, not `{}`",
-                    server.name
-                )));
+            if !names.insert(server.name.as_str()) {
+                return Err(not_unique(&key, &server.name));
             }
-            if !valid_url(&server.url) {
-                return Err(ConfigError(format!(
-                    "key `{key}.url` must be an http:// or https:// URL"
-                )));
-            }
-            if server.credential_env.is_some() && server.credential_file.is_some() {
-                return Err(ConfigError(format!(
-                    "keys `{key}.credential_env` and `{key}.credential_file`: set one, not both"
-                )));
-            }
+            check_upstream(
+                &key,
+                &server.name,
+                ("url", &server.url),
+                server.credential_env.is_some() && server.credential_file.is_some(),
+            )?;
             let header_ok = server
                 .inject
                 .strip_prefix("header:")

@@ -271,15 +271,7 @@ async fn runs_reach_the_store(app: &crate::helpers::TestApp, token: &str) {
     assert_eq!(queued.status.as_u16(), 202, "{}", queued.body);
     assert_eq!(queued.body["store"], true);
     let run_id = queued.body["id"].as_str().unwrap().to_owned();
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    let run = loop {
-        let run = app.get(&format!("/v1/runs/{run_id}"), token).await.body;
-        if run["state"] == "completed" || run["state"] == "failed" {
-            break run;
-        }
-        assert!(std::time::Instant::now() < deadline, "the run: {run}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let run = crate::testbed::finished_run(app, token, &run_id).await;
     assert_eq!(run["exit_code"], 0, "{run}");
     let listed: Value = serde_json::from_str(run["stdout"].as_str().unwrap()).unwrap();
     assert!(

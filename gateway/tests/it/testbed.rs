@@ -310,6 +310,19 @@ impl<'a> TestSandbox<'a> {
     }
 }
 
+/// A run once it completed or failed (within 90 s).
+pub async fn finished_run(app: &TestApp, token: &str, run_id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let run = app.get(&format!("/v1/runs/{run_id}"), token).await.body;
+        if run["state"] == "completed" || run["state"] == "failed" {
+            return run;
+        }
+        assert!(Instant::now() < deadline, "the run: {run}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Every stopped sandbox's last sample is charged.
 pub async fn all_metered(app: &TestApp) -> bool {
     app.count("SELECT count(*) FROM sandboxes WHERE state = 'stopped' AND NOT metered_final")
