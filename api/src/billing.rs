@@ -94,6 +94,9 @@ pub struct UsageAnswer {
 pub struct UsagePoint {
     /// The hour or day (RFC 3339), sandbox id, kind, or API key id (`none` for sessions).
     pub key: String,
+    /// With `split_by`: the second grouping's value (sandbox id, kind, key id or model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<String>,
     pub amount: String,
     pub amount_micro: i64,
 }

@@ -150,6 +150,13 @@ pub struct LoginRequest {
     pub team_id: Option<Uuid>,
 }
 
+/// Another of the session user's teams to open a session for.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchTeamRequest {
+    pub team_id: Uuid,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct LoginResponse {
     pub user: User,
@@ -327,6 +334,11 @@ pub struct AuditEvent {
     pub outcome: String,
     #[serde(default)]
     pub status_code: Option<i32>,
+    /// What the action was about (ids, names, counts; never a secret), e.g. a terminal
+    /// session's `recording`.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub details: serde_json::Value,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -78,6 +78,8 @@ enum Command {
     /// The egress proxy process a worker starts and orders about (not for people).
     #[command(hide = true)]
     EgressProxy,
+    /// Print the public API's OpenAPI document (what `/v1/openapi.json` serves).
+    Openapi,
     #[command(flatten)]
     Client(ClientCommand),
 }
@@ -144,6 +146,7 @@ fn main() -> ExitCode {
         Command::Migrate { database_url } => serve::migrate(database_url),
         Command::Admin(command) => serve::admin(command),
         Command::Vault(command) => serve::vault(command),
+        Command::Openapi => serve::openapi(),
         Command::EgressProxy => {
             telemetry::init_proxy();
             sandbase_egress::process::run()

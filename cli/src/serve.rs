@@ -204,25 +204,15 @@ pub fn server(args: ServerArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
-    let state_dir = args.state_dir.unwrap_or_else(crate::default_state_dir);
+    let state_dir = args
+        .state_dir
+        .clone()
+        .unwrap_or_else(crate::default_state_dir);
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("creating the state directory {}", state_dir.display()))?;
     let mut state = DevState::load_or_create(&state_dir)?;
 
-    let mut defaults = Settings::default();
-    defaults.server.listen = args.listen;
-    defaults.database.url = Some(SecretString::from(DEV_DATABASE_URL));
-    defaults.redis.url = Some(SecretString::from(DEV_REDIS_URL));
-    defaults.auth.jwt_secret = Some(SecretString::from(state.jwt_secret.clone()));
-    defaults.workers.node_token = Some(SecretString::from(state.node_token.clone()));
-    defaults.auth.operator_token = Some(SecretString::from(state.operator_token.clone()));
-    defaults.internal_tls = Some(dev_channel(&state_dir)?);
-    defaults.vault.keys = vec![SecretString::from(state.vault_key.clone())];
-    // Browsers resolve every *.localhost name to loopback: previews need no DNS set-up.
-    defaults.previews.domain = Some("preview.localhost".to_owned());
-    defaults.previews.scheme = "http".to_owned();
-    defaults.previews.port = Some(args.listen.port());
-    defaults.store = crate::dev_store::from_env(|name| std::env::var(name).ok());
+    let defaults = dev_defaults(&args, &state, &state_dir)?;
     let mut settings = Settings::load_with_defaults(defaults, args.config.as_deref())?;
     settings.server.listen = args.listen;
     let _telemetry = telemetry::init(&settings.telemetry)?;
@@ -234,6 +224,7 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         .context("workers.node_token is missing")?;
 
     let models = settings.store.models.len();
+    let dashboard = settings.server.web_dir.is_some();
     runtime()?.block_on(async move {
         let application = Application::build(settings).await?;
         let address = application.local_addr();
@@ -270,6 +261,11 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         println!();
         println!("  API        {url}");
         println!("  API key    {api_key}");
+        if dashboard {
+            println!("  Dashboard  {url}/  (log in as below)");
+        } else {
+            println!("  Dashboard  not built (scripts/dev builds web/ and serves it here)");
+        }
         println!("  Login      {} / {}", state.email, state.password);
         println!("  OpenAPI    {url}/v1/openapi.json");
         println!("  Models     {}", models_line(&models, &url));
@@ -301,6 +297,40 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         gateway.await.context("the gateway task failed")?
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Prints the OpenAPI document, as the gateway renders it, without starting one.
+pub fn openapi() -> anyhow::Result<ExitCode> {
+    let routes = sandbase_gateway::http::Routes::new(&Settings::default())?;
+    println!("{}", serde_json::to_string_pretty(&routes.openapi)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The dev server's settings before its configuration file and environment: everything on
+/// this machine, secrets from the state directory.
+fn dev_defaults(args: &DevArgs, state: &DevState, state_dir: &Path) -> anyhow::Result<Settings> {
+    let mut defaults = Settings::default();
+    defaults.server.listen = args.listen;
+    defaults.database.url = Some(SecretString::from(DEV_DATABASE_URL));
+    defaults.redis.url = Some(SecretString::from(DEV_REDIS_URL));
+    defaults.auth.jwt_secret = Some(SecretString::from(state.jwt_secret.clone()));
+    defaults.workers.node_token = Some(SecretString::from(state.node_token.clone()));
+    defaults.auth.operator_token = Some(SecretString::from(state.operator_token.clone()));
+    defaults.internal_tls = Some(dev_channel(state_dir)?);
+    defaults.vault.keys = vec![SecretString::from(state.vault_key.clone())];
+    // Browsers resolve every *.localhost name to loopback: previews need no DNS set-up.
+    defaults.previews.domain = Some("preview.localhost".to_owned());
+    defaults.previews.scheme = "http".to_owned();
+    defaults.previews.port = Some(args.listen.port());
+    defaults.store = crate::dev_store::from_env(|name| std::env::var(name).ok());
+    // Checkout returns to the dashboard, which follows the balance until the credits arrive.
+    defaults.stripe.success_url = format!("http://{}/billing/success", args.listen);
+    defaults.stripe.cancel_url = format!("http://{}/billing/cancel", args.listen);
+    // The dashboard, when it has been built (scripts/dev builds it).
+    defaults.server.web_dir = Some(PathBuf::from("web/dist"))
+        .filter(|dist| dist.join("index.html").is_file())
+        .and_then(|dist| std::path::absolute(dist).ok());
+    Ok(defaults)
 }
 
 pub fn migrate(database_url: String) -> anyhow::Result<ExitCode> {

@@ -75,6 +75,7 @@ impl Default for Settings {
                 requests_per_ip_per_second: 200,
                 requests_per_ip_burst: 400,
                 public_url: None,
+                web_dir: None,
             },
             database: DatabaseSettings {
                 url: None,

@@ -296,6 +296,9 @@ pub struct ServerSettings {
     /// (every MCP request is authenticated by its key) and no browser `Origin` at all.
     #[serde(default)]
     pub public_url: Option<String>,
+    /// The built dashboard (`web/dist`), served at `/` with its assets; unset, no dashboard.
+    #[serde(default)]
+    pub web_dir: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -19,12 +19,17 @@ pub mod principal;
 pub mod request_id;
 pub mod serve;
 pub mod store;
+pub mod web;
 pub mod worker_answer;
+
+use std::sync::Arc;
 
 use anyhow::Context;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderMap, Method, Uri};
 use axum::middleware::{from_fn, from_fn_with_state};
+use axum::response::{IntoResponse, Response};
 
 use crate::config::Settings;
 use crate::state::AppState;
@@ -34,6 +39,7 @@ use crate::state::AppState;
 pub struct Routes {
     api: Router<AppState>,
     operations: Router<AppState>,
+    web: Option<Arc<web::WebAssets>>,
     pub openapi: serde_json::Value,
 }
 
@@ -44,9 +50,14 @@ impl Routes {
         let (operations, operations_document) = operations.split_for_parts();
         document.merge(operations_document);
         let openapi = serde_json::to_value(&document).context("rendering the OpenAPI document")?;
+        let web = match &settings.server.web_dir {
+            Some(root) => Some(Arc::new(web::WebAssets::load(root)?)),
+            None => None,
+        };
         Ok(Routes {
             api,
             operations,
+            web,
             openapi,
         })
     }
@@ -56,13 +67,16 @@ impl Routes {
     /// metrics (route layer) → audit (route layer, API routes only) → handlers.
     pub fn into_router(self, state: AppState) -> Router {
         let body_limit = state.settings.server.body_limit_bytes;
+        let web = self.web;
         let app = self
             .api
             .route_layer(from_fn_with_state(state.clone(), audit::middleware))
             .merge(self.operations)
             .merge(store::router())
             .route_layer(from_fn(metrics::middleware))
-            .fallback(api::fallback)
+            .fallback(move |method: Method, uri: Uri, headers: HeaderMap| {
+                fallback(web.clone(), method, uri, headers)
+            })
             .method_not_allowed_fallback(api::method_not_allowed)
             .with_state(state.clone());
         // MCP's tools call the API in process: the router as it is before `/mcp` joins it.
@@ -93,4 +107,19 @@ pub fn internal_router(state: AppState) -> Router {
         .with_state(state)
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(from_fn(request_id::middleware))
+}
+
+/// What no route answers: the dashboard's paths (when it is served), else the API's 404.
+async fn fallback(
+    web: Option<Arc<web::WebAssets>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    match web {
+        Some(web) if web::WebAssets::owns(&method, uri.path()) => {
+            web.answer(&method, &uri, &headers)
+        }
+        _ => api::fallback(uri).await.into_response(),
+    }
 }

@@ -15,6 +15,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/openapi.json"),
     ("POST", "/v1/auth/signup"),
     ("POST", "/v1/auth/login"),
+    ("POST", "/v1/auth/switch"),
     ("POST", "/v1/auth/verify"),
     ("GET", "/v1/me"),
     ("GET", "/v1/api-keys"),

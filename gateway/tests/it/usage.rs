@@ -311,6 +311,32 @@ async fn duplicate_and_out_of_order_usage_is_charged_exactly_once() {
     assert_eq!(amount_of("runtime"), Some(195));
     assert_eq!(amount_of("egress_bytes"), Some(100_000));
     assert_eq!(amount_of("api_calls"), Some(3000));
+    // Stacked: each day split by kind, the same amounts.
+    let stacked = app
+        .get("/v1/usage?group_by=day&split_by=kind", token)
+        .await
+        .body;
+    let split_of = |kind: &str| {
+        stacked["series"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|point| point["split"] == kind)
+            .map(|point| point["amount_micro"].as_i64().unwrap())
+            .sum::<i64>()
+    };
+    assert_eq!(split_of("runtime"), 195);
+    assert_eq!(split_of("egress_bytes"), 100_000);
+    assert_eq!(stacked["total_micro"], by_kind["total_micro"]);
+    for refused in [
+        "split_by=day",
+        "split_by=kind&group_by=kind",
+        "split_by=colour",
+    ] {
+        let answer = app.get(&format!("/v1/usage?{refused}"), token).await;
+        assert_eq!(answer.status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
+        assert_eq!(answer.body["error"]["code"], "invalid_request");
+    }
 
     // Refused whole: a wrong token, a sequence of 0, an unknown kind, an unpriced subject.
     let before = app.count("SELECT count(*) FROM usage_samples").await;

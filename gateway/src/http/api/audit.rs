@@ -35,6 +35,8 @@ struct AuditQuery {
     actor: Option<String>,
     /// Only events with this action, e.g. `api_key.create`; a trailing `*` matches a prefix (`member.*`).
     action: Option<String>,
+    /// Only events with this outcome: `success`, `failure` or `denied`.
+    outcome: Option<String>,
     /// `next_cursor` of the previous page.
     cursor: Option<String>,
     /// Page size, 1 to 500 (default 50).
@@ -54,6 +56,7 @@ struct AuditRow {
     request_id: Option<String>,
     outcome: String,
     status_code: Option<i32>,
+    details: serde_json::Value,
 }
 
 impl From<AuditRow> for AuditEvent {
@@ -70,12 +73,13 @@ impl From<AuditRow> for AuditEvent {
             request_id: row.request_id,
             outcome: row.outcome,
             status_code: row.status_code,
+            details: row.details,
         }
     }
 }
 
 const AUDIT_COLUMNS: &str = "id, occurred_at, team_id, actor_type, actor_id, action, target, \
-     source_ip, request_id, outcome, status_code";
+     source_ip, request_id, outcome, status_code, details";
 
 /// The team's audit log, newest first. Needs the admin role.
 #[utoipa::path(get, path = "/v1/audit", tag = "audit", security(("bearer" = [])),
@@ -87,6 +91,13 @@ async fn list_audit(
     ApiQuery(query): ApiQuery<AuditQuery>,
 ) -> ApiResult<Json<AuditPage>> {
     principal.require(Role::Admin)?;
+    if let Some(outcome) = &query.outcome
+        && !matches!(outcome.as_str(), "success" | "failure" | "denied")
+    {
+        return Err(ApiError::InvalidRequest(
+            "`outcome` is one of success, failure, denied".to_owned(),
+        ));
+    }
     let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(ApiError::InvalidRequest(format!(
@@ -116,6 +127,7 @@ async fn list_audit(
            AND ($5::text IS NULL OR action = $5) \
            AND ($6::text IS NULL OR action LIKE $6) \
            AND ($7::bigint IS NULL OR id < $7) \
+           AND ($9::text IS NULL OR outcome = $9) \
          ORDER BY id DESC LIMIT $8"
     ))
     .bind(principal.team_id)
@@ -126,6 +138,7 @@ async fn list_audit(
     .bind(action_prefix)
     .bind(before_id)
     .bind(limit + 1)
+    .bind(&query.outcome)
     .fetch_all(&state.db)
     .await?;
     let has_more = rows.len() as i64 > limit;

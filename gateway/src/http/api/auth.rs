@@ -6,14 +6,16 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use sandbase_api::{
     ErrorBody, LoginRequest, LoginResponse, Role, Session, SignupAccepted, SignupRequest,
-    SignupResponse, TeamMembership, VerifyEmailRequest,
+    SignupResponse, SwitchTeamRequest, TeamMembership, VerifyEmailRequest,
 };
 use secrecy::SecretString;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::accounts;
+use crate::audit::Audit;
 use crate::audit::RequestContext;
+use crate::auth::Actor;
 use crate::auth::abuse::{self, Attempt};
 use crate::auth::password;
 use crate::error::{ApiError, ApiResult};
@@ -27,6 +29,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(signup))
         .routes(routes!(verify_email))
         .routes(routes!(login))
+        .routes(routes!(switch_team))
 }
 
 /// A sign-up's answer: the account at once, or (verifying e-mail) that a mail went out.
@@ -150,8 +153,20 @@ async fn login(
     if !verification::is_verified(&state, user.id).await? {
         return Err(ApiError::EmailNotVerified);
     }
-    let memberships = accounts::memberships(&mut connection, user.id).await?;
-    let chosen = match request.team_id {
+    open_session(&state, &audit, &mut connection, user, request.team_id).await
+}
+
+/// A session for `user` in `team_id` (the user's oldest team when absent), audited as the
+/// user's.
+async fn open_session(
+    state: &AppState,
+    audit: &Audit,
+    connection: &mut sqlx::PgConnection,
+    user: accounts::UserRow,
+    team_id: Option<uuid::Uuid>,
+) -> ApiResult<Json<LoginResponse>> {
+    let memberships = accounts::memberships(&mut *connection, user.id).await?;
+    let chosen = match team_id {
         Some(team_id) => memberships.iter().find(|(team, _)| team.id == team_id),
         None => memberships.first(),
     }
@@ -163,7 +178,7 @@ async fn login(
         .map_err(|error: String| anyhow::anyhow!(error))?;
     audit
         .record_as(
-            &mut connection,
+            &mut *connection,
             Some(team_id),
             "user",
             Some(user.id.to_string()),
@@ -191,4 +206,31 @@ async fn login(
         session: Session { token, expires_at },
         teams,
     }))
+}
+
+#[utoipa::path(post, path = "/v1/auth/switch", tag = "auth", request_body = SwitchTeamRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "A new session, for the chosen team", body = LoginResponse),
+        (status = 401, description = "No valid session (`unauthenticated`, `session_expired`)", body = ErrorBody),
+        (status = 403, description = "API keys belong to one team (`forbidden`)", body = ErrorBody),
+        (status = 404, description = "Not a team of the user (`not_found`)", body = ErrorBody),
+    ))]
+async fn switch_team(
+    State(state): State<AppState>,
+    principal: crate::auth::Principal,
+    context: RequestContext,
+    ApiJson(request): ApiJson<SwitchTeamRequest>,
+) -> ApiResult<Json<LoginResponse>> {
+    let audit = context.action("auth.switch");
+    let Actor::User { id } = principal.actor else {
+        return Err(ApiError::Forbidden(
+            "an API key belongs to one team: log in to switch teams".to_owned(),
+        ));
+    };
+    let mut connection = state.db.acquire().await?;
+    let user = accounts::find_user(&mut connection, id)
+        .await?
+        .ok_or(ApiError::Unauthenticated)?;
+    open_session(&state, &audit, &mut connection, user, Some(request.team_id)).await
 }

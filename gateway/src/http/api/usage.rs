@@ -30,6 +30,24 @@ struct UsageQuery {
     to: Option<DateTime<Utc>>,
     /// `hour`, `day` (default), `sandbox`, `kind`, `key` or `model`.
     group_by: Option<String>,
+    /// A second grouping inside each group, for stacked charts: `sandbox`, `kind`, `key`
+    /// or `model` (each point then names its `split`).
+    split_by: Option<String>,
+}
+
+/// The SQL expression of a grouping, over the debit `t` and its sandbox `s`.
+fn expression(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "hour" => {
+            "to_char(date_trunc('hour', t.created_at AT TIME ZONE 'UTC'), 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')"
+        }
+        "day" => "to_char(date_trunc('day', t.created_at AT TIME ZONE 'UTC'), 'YYYY-MM-DD')",
+        "sandbox" => "coalesce(t.details->>'sandbox', 'none')",
+        "kind" => "coalesce(t.details->>'kind', t.description)",
+        "key" => "coalesce(t.details->>'key', s.api_key_id::text, 'none')",
+        "model" => "coalesce(t.details->>'model', 'none')",
+        _ => return None,
+    })
 }
 
 /// Credits charged to the team (grants and expiries not counted), grouped for a chart.
@@ -49,32 +67,36 @@ async fn usage(
         ));
     }
     let group_by = query.group_by.unwrap_or_else(|| "day".to_owned());
-    let group = match group_by.as_str() {
-        "hour" => {
-            "to_char(date_trunc('hour', t.created_at AT TIME ZONE 'UTC'), 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')"
-        }
-        "day" => "to_char(date_trunc('day', t.created_at AT TIME ZONE 'UTC'), 'YYYY-MM-DD')",
-        "sandbox" => "coalesce(t.details->>'sandbox', 'none')",
-        "kind" => "coalesce(t.details->>'kind', t.description)",
-        "key" => "coalesce(t.details->>'key', s.api_key_id::text, 'none')",
-        "model" => "coalesce(t.details->>'model', 'none')",
-        _ => {
+    let group = expression(&group_by).ok_or_else(|| {
+        ApiError::InvalidRequest(
+            "`group_by` is one of hour, day, sandbox, kind, key, model".to_owned(),
+        )
+    })?;
+    let split = match query.split_by.as_deref() {
+        None => "NULL::text",
+        Some(name) if !matches!(name, "hour" | "day") && name != group_by => expression(name)
+            .ok_or_else(|| {
+                ApiError::InvalidRequest(
+                    "`split_by` is one of sandbox, kind, key, model".to_owned(),
+                )
+            })?,
+        Some(_) => {
             return Err(ApiError::InvalidRequest(
-                "`group_by` is one of hour, day, sandbox, kind, key, model".to_owned(),
+                "`split_by` is one of sandbox, kind, key, model, and not the `group_by`".to_owned(),
             ));
         }
     };
     let order = if matches!(group_by.as_str(), "hour" | "day") {
-        "1"
+        "1, 3 DESC"
     } else {
-        "2 DESC"
+        "3 DESC"
     };
-    let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
-        "SELECT {group}, (-sum(e.amount))::bigint FROM ledger_transactions t \
+    let rows: Vec<(String, Option<String>, i64)> = sqlx::query_as(&format!(
+        "SELECT {group}, {split}, (-sum(e.amount))::bigint FROM ledger_transactions t \
          JOIN ledger_entries e ON e.transaction_id = t.id AND e.account = $2 \
          LEFT JOIN sandboxes s ON s.id::text = t.details->>'sandbox' AND s.team_id = t.team_id \
          WHERE t.team_id = $1 AND t.kind = 'debit' AND t.created_at >= $3 AND t.created_at < $4 \
-         GROUP BY 1 ORDER BY {order} LIMIT 1000"
+         GROUP BY 1, 2 ORDER BY {order} LIMIT 10000"
     ))
     .bind(principal.team_id)
     .bind(format!("team:{}", principal.team_id))
@@ -82,15 +104,16 @@ async fn usage(
     .bind(to)
     .fetch_all(&state.db)
     .await?;
-    let total: i64 = rows.iter().map(|(_, amount)| amount).sum();
+    let total: i64 = rows.iter().map(|(_, _, amount)| amount).sum();
     Ok(Json(UsageAnswer {
         group_by,
         from,
         to,
         series: rows
             .into_iter()
-            .map(|(key, amount)| UsagePoint {
+            .map(|(key, split, amount)| UsagePoint {
                 key,
+                split,
                 amount: Credits(amount).to_string(),
                 amount_micro: amount,
             })
