@@ -217,8 +217,8 @@ export async function page(browserInstance, errors) {
   return opened;
 }
 
-export async function shot(opened, name) {
-  await opened.screenshot({ path: join(SCREENSHOTS, `${name}.png`), fullPage: true });
+export async function shot(opened, name, fullPage = true) {
+  await opened.screenshot({ path: join(SCREENSHOTS, `${name}.png`), fullPage });
 }
 
 export function record(name, value) {

@@ -125,6 +125,11 @@ test("the walk-through: sign up to destroying a sandbox", async () => {
   const sandboxId = opened.url().split("/").pop();
   await opened.locator(".state.running").first().waitFor();
   await opened.getByTestId("files").waitFor();
+  // Files: upload one, see it listed, download it back.
+  await opened.getByLabel("Upload").setInputFiles({ name: "notes.txt", mimeType: "text/plain", buffer: Buffer.from("from the browser\n") });
+  await opened.getByTestId("files").getByText("notes.txt").waitFor();
+  const [download] = await Promise.all([opened.waitForEvent("download"), opened.getByRole("button", { name: "Download notes.txt" }).click()]);
+  assert.equal(readFileSync(await download.path(), "utf8"), "from the browser\n");
   await shot(opened, "10-sandbox");
 
   // The console: `echo hi`, the echo timed in the page, a reload re-attaches, `exit` ends it.
@@ -146,6 +151,13 @@ test("the walk-through: sign up to destroying a sandbox", async () => {
   assert.ok(echo <= 30, `keystroke → echo p50 ${echo} ms`);
   await opened.keyboard.press("Control+U");
   await shot(opened, "11-console");
+  // The terminal follows the window's size.
+  const sid = await opened.evaluate(() => window.sandbaseConsole.session);
+  const columns = async () => (await call(server, "GET", `/v1/sandboxes/${sandboxId}/pty/${sid}`, token)).body.cols;
+  const wide = await columns();
+  await opened.setViewportSize({ width: 900, height: 700 });
+  await waitFor(async () => (await columns()) < wide);
+  await opened.setViewportSize({ width: 1280, height: 860 });
   const session = await opened.evaluate(() => window.sandbaseConsole.session);
   await opened.reload();
   await opened.getByTestId("console-state").filter({ hasText: "attached" }).waitFor();
@@ -198,7 +210,18 @@ test("the walk-through: sign up to destroying a sandbox", async () => {
   await opened.locator("pre", { hasText: "sb_" }).first().waitFor();
   await shot(opened, "16-store");
 
-  for (const [label, name] of [["Secrets", "15-secrets"], ["Overview", "17-overview-after"]]) {
+  // A secret from a password field: listed by name, its value never shown.
+  await nav(opened, "Secrets");
+  await opened.getByLabel("Name", { exact: true }).fill("github");
+  await opened.getByLabel("Hosts").fill("api.github.com");
+  await opened.getByLabel("Value", { exact: true }).fill("ghp_walkthrough_secret_value");
+  await opened.getByRole("button", { name: "Save secret" }).click();
+  await opened.getByRole("cell", { name: "api.github.com" }).waitFor();
+  assert.ok(!(await opened.content()).includes("ghp_walkthrough_secret_value"));
+  await opened.getByLabel("Allow", { exact: true }).waitFor();
+  await shot(opened, "15-secrets");
+
+  for (const [label, name] of [["Overview", "17-overview-after"]]) {
     await nav(opened, label);
     await opened.waitForTimeout(300);
     await shot(opened, name);
@@ -333,9 +356,9 @@ test("targets: first render, initial JS, a 10 000-point chart", async () => {
   await opened.getByRole("heading", { name: "Overview" }).waitFor();
   assert.ok(!loaded.some((path) => /\/assets\/(console|replay)-/.test(path)), "console and replay load lazily");
 
-  // 10 000 points: 2 500 hours × 4 kinds, answered in place of the API.
+  // 10 000 points: 2 500 hours × 4 kinds (the 105 days chosen), answered in place of the API.
   const series = [];
-  const start = Date.UTC(2026, 0, 1);
+  const start = Math.floor(Date.now() / 86400_000 - 105) * 86400_000;
   for (let hour = 0; hour < 2500; hour++) {
     for (const split of ["runtime", "model_tokens", "egress", "api_calls"]) {
       series.push({ key: new Date(start + hour * 3600_000).toISOString().replace(".000", ""), split, amount: "0.1", amount_micro: 100_000 + hour });
@@ -345,8 +368,12 @@ test("targets: first render, initial JS, a 10 000-point chart", async () => {
     route.fulfill({ json: { group_by: "hour", from: new Date(start).toISOString(), to: new Date().toISOString(), series, total: "1000", total_micro: 1_000_000_000 } }),
   );
   await nav(opened, "Usage");
+  await opened.getByLabel("Group by").selectOption("hour");
+  await opened.getByLabel("From").fill(new Date(start).toISOString().slice(0, 10));
   await opened.getByTestId("usage-chart").waitFor();
-  await waitFor(async () => (await opened.evaluate(() => performance.getEntriesByName("sandbase:chart").length)) > 0);
+  await waitFor(async () =>
+    (await opened.evaluate(() => performance.getEntriesByName("sandbase:chart").filter((entry) => entry.detail.points >= 10_000).length)) > 0,
+  );
   const chart = await opened.evaluate(() =>
     performance
       .getEntriesByName("sandbase:chart")
@@ -356,7 +383,7 @@ test("targets: first render, initial JS, a 10 000-point chart", async () => {
   assert.ok(chart.length > 0, "the chart drew 10 000 points");
   record("chart_10k_ms", Number(Math.max(...chart).toFixed(1)));
   assert.ok(Math.max(...chart) <= 100, `the chart took ${chart} ms`);
-  await shot(opened, "22-usage-10k");
+  await shot(opened, "22-usage-10k", false);
   assert.deepEqual(failures(errors), []);
   await opened.context().close();
 });

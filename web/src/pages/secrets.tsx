@@ -101,7 +101,8 @@ function Rotate({ secret, onDone }: { secret: S<"Secret">; onDone: () => void })
 }
 
 function EgressDefault() {
-  const policy = useLoad(async () => ok(await api.GET("/v1/egress-policy")), []);
+  // No default yet is `null`: an empty policy (deny by default).
+  const policy = useLoad(async () => ok(await api.GET("/v1/egress-policy")) ?? { allow: [], deny: [] }, []);
   const [error, setError] = useState<unknown>(null);
   const [saved, setSaved] = useState(false);
   const admin = isAdmin();
