@@ -116,6 +116,9 @@ export async function start() {
     { env, stdio: ["ignore", openSync(output, "w"), openSync(log, "w")] },
   );
   const server = { url, work, dev, stripe, database, log, output };
+  /// A statement against the dev server's own database (test set-up only).
+  server.sql = (statement) =>
+    execFileSync("psql", [env.DATABASE_URL, "-qAt", "-c", statement], { stdio: "pipe" }).toString().trim();
   server.stop = async () => {
     dev.kill("SIGTERM");
     await new Promise((done) => {

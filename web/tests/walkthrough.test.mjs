@@ -331,6 +331,34 @@ test("hostile text from a sandbox renders as text", async () => {
   await opened.context().close();
 });
 
+test("a team whose credits ran out is told so when it creates a sandbox, with the way to top up", async () => {
+  const owner = await signup(server, "broke");
+  // Its starter credits expire (as time would have it): the expiry job books them to
+  // breakage and admission then reads the ledger's zero.
+  server.sql(`UPDATE grants SET expires_at = now() WHERE team_id = '${owner.team.id}'`);
+  await waitFor(async () => (await call(server, "GET", "/v1/billing/balance", owner.key)).body.available_micro === 0);
+  const errors = [];
+  const opened = await page(chrome, errors);
+  await opened.goto(`${server.url}/login`);
+  await opened.getByLabel("E-mail").fill(owner.email);
+  await opened.getByLabel("Password").fill(owner.password);
+  await opened.getByRole("button", { name: "Log in" }).click();
+  await opened.getByRole("heading", { name: "Overview" }).waitFor();
+  await opened.goto(`${server.url}/sandboxes?new=1`);
+  await opened.getByLabel("Template").selectOption("base");
+  await waitFor(async () => {
+    await opened.getByRole("button", { name: "Create sandbox" }).click();
+    return (await opened.getByRole("alert").filter({ hasText: "Insufficient credits" }).count()) > 0;
+  });
+  assert.match(await opened.getByRole("alert").innerText(), /insufficient_credits/);
+  await shot(opened, "23-insufficient-credits");
+  await opened.getByRole("link", { name: "Top up credits" }).click();
+  await opened.getByRole("heading", { name: "Credits", level: 1 }).waitFor();
+  assert.equal((await call(server, "GET", "/v1/sandboxes", owner.key)).body.sandboxes.length, 0);
+  assert.deepEqual(failures(errors), []);
+  await opened.context().close();
+});
+
 test("targets: first render, initial JS, a 10 000-point chart", async () => {
   // The initial load: index.html's scripts and module preloads, gzipped.
   const index = readFileSync(join(WEB, "dist/index.html"), "utf8");
