@@ -130,6 +130,10 @@ test("the walk-through: sign up to destroying a sandbox", async () => {
   await opened.getByTestId("files").getByText("notes.txt").waitFor();
   const [download] = await Promise.all([opened.waitForEvent("download"), opened.getByRole("button", { name: "Download notes.txt" }).click()]);
   assert.equal(readFileSync(await download.path(), "utf8"), "from the browser\n");
+  await opened.getByRole("button", { name: "Up", exact: true }).click();
+  await opened.getByTestId("cwd").filter({ hasText: /^\/$/ }).waitFor();
+  await opened.getByRole("button", { name: "work/" }).click();
+  await opened.getByTestId("files").getByText("notes.txt").waitFor();
   await shot(opened, "10-sandbox");
 
   // The console: `echo hi`, the echo timed in the page, a reload re-attaches, `exit` ends it.

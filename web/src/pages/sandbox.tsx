@@ -78,7 +78,7 @@ function Files({ id }: { id: string }) {
             {listing.data.entries.map((entry) => (
               <tr>
                 <td>
-                  {entry.kind === "directory" ? (
+                  {entry.kind === "dir" ? (
                     <button type="button" class="link" onClick={() => setPath(entry.path)}>
                       {entry.name}/
                     </button>
@@ -86,7 +86,7 @@ function Files({ id }: { id: string }) {
                     <span>{entry.name}</span>
                   )}
                 </td>
-                <td class="number">{entry.kind === "directory" ? "" : bytes(entry.size)}</td>
+                <td class="number">{entry.kind === "dir" ? "" : bytes(entry.size)}</td>
                 <td>{when(entry.modified)}</td>
                 <td>
                   {entry.kind === "file" ? (
