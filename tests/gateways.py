@@ -3,6 +3,7 @@ log in a file (a pipe nobody reads fills up, and the gateway then blocks on it) 
 for until it is ready."""
 
 import os
+import json
 import socket
 import subprocess
 import time
@@ -14,6 +15,10 @@ DATABASE_URL = os.environ.get(
 )
 REDIS_URL = os.environ.get("SANDBASE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 BINARY = os.path.abspath(os.environ.get("SANDBASE_BINARY", "target/debug/sandbase"))
+SOCKET = os.environ.get("SANDBASE_CONTAINERD_SOCKET", "/run/sandbase/containerd.sock")
+TEMPLATES = os.path.dirname(
+    os.environ.get("SANDBASE_BASE_TARBALL", "/var/lib/sandbase/templates/base.tar")
+)
 
 
 def free_port():
@@ -37,6 +42,23 @@ def drop_database(name):
     psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def gateway_env(database_url, prefix, workdir, **settings):
+    """A gateway's environment: the database, a Redis prefix and session secret of its own,
+    sign-ups unthrottled, artifacts under `workdir`; `settings` adds `SANDBASE_*` variables
+    (`WORKERS__NODE_TOKEN="…"`)."""
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "DATABASE_URL": database_url,
+        "REDIS_URL": REDIS_URL,
+        "SANDBASE_REDIS__KEY_PREFIX": f"sandbase-{prefix}-test:{uuid.uuid4().hex}:",
+        "SANDBASE_AUTH__JWT_SECRET": uuid.uuid4().hex + uuid.uuid4().hex,
+        "SANDBASE_AUTH__SIGNUPS_PER_HOUR": "1000000",
+        "SANDBASE_RUNS__ARTIFACTS_DIR": os.path.join(workdir, "artifacts"),
+    }
+    env.update({f"SANDBASE_{name}": value for name, value in settings.items()})
+    return env
+
+
 def start_gateway(env, port, log, config=None):
     """`sandbase server` on `port`, once its /readyz answers; its URL."""
     process = subprocess.Popen(
@@ -56,3 +78,43 @@ def start_gateway(env, port, log, config=None):
         if process.poll() is not None or time.time() > deadline:
             raise RuntimeError(open(log).read()[-4000:])
         time.sleep(0.1)
+
+
+def start_worker(internal, unique, workdir, node_token, prefix):
+    """`sandbase worker` for the gateway whose internal listener is `internal`, with a
+    credential minted from `node_token`, in a containerd namespace of its own (named so that
+    scripts/test clears it if the test dies), without egress; (process, namespace)."""
+    worker_id = f"{prefix}-{unique}"
+    minted = subprocess.run(
+        [BINARY, "admin", "worker-credential", "--worker-id", worker_id],
+        env={"PATH": os.environ.get("PATH", ""), "SANDBASE_WORKERS__NODE_TOKEN": node_token},
+        capture_output=True, text=True, check=True)
+    slot = int(unique[:4], 16) % 1000
+    namespace = f"sandbase-test-{prefix}-{unique}"
+    process = subprocess.Popen(
+        [BINARY, "worker", "--gateway", internal,
+         "--worker-listen", f"127.0.0.1:{free_port()}", "--egress-pool", "none",
+         "--worker-id", worker_id, "--namespace", namespace, "--containerd-socket", SOCKET,
+         "--run-dir", os.path.join(workdir, "run"), "--id-base", str(4_000_000 + slot * 65_536),
+         "--pool", "busybox=0", "--templates-dir", TEMPLATES],
+        env={"PATH": os.environ.get("PATH", ""),
+             "SANDBASE_WORKER_CREDENTIAL": minted.stdout.strip(),
+             "SANDBASE_AGENT_BINARY": os.environ.get("SANDBASE_AGENT_BINARY", "")},
+        stdout=subprocess.DEVNULL, stderr=open(os.path.join(workdir, "worker.log"), "w"),
+    )
+    return process, namespace
+
+
+def wait_for_base(url, token, worker, workdir):
+    """Until a worker offers the `base` template (built on its first start)."""
+    deadline = time.time() + 180
+    while True:
+        request = urllib.request.Request(
+            f"{url}/v1/templates", headers={"authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request) as answer:
+            templates = json.loads(answer.read())
+        if any(t["name"] == "base" for t in templates["templates"]):
+            return
+        if worker.poll() is not None or time.time() > deadline:
+            raise RuntimeError(open(os.path.join(workdir, "worker.log")).read()[-4000:])
+        time.sleep(0.5)

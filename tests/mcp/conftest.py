@@ -16,11 +16,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from gateways import (  # noqa: E402
-    BINARY, REDIS_URL, drop_database, free_port, fresh_database, start_gateway,
-)
-SOCKET = os.environ.get("SANDBASE_CONTAINERD_SOCKET", "/run/sandbase/containerd.sock")
-TEMPLATES = os.path.dirname(
-    os.environ.get("SANDBASE_BASE_TARBALL", "/var/lib/sandbase/templates/base.tar")
+    BINARY, SOCKET, drop_database, free_port, fresh_database, gateway_env, start_gateway,
+    start_worker, wait_for_base,
 )
 NODE_TOKEN = "mcp-test-node-token-0123456789"
 
@@ -74,43 +71,12 @@ class Cluster:
         return listed.stdout.split()
 
 
-def start_worker(internal, unique, workdir):
-    worker_id = f"mcp-{unique}"
-    minted = subprocess.run(
-        [BINARY, "admin", "worker-credential", "--worker-id", worker_id],
-        env={"PATH": os.environ.get("PATH", ""), "SANDBASE_WORKERS__NODE_TOKEN": NODE_TOKEN},
-        capture_output=True, text=True, check=True)
-    slot = int(unique[:4], 16) % 1000
-    namespace = f"sandbase-test-mcp-{unique}"
-    process = subprocess.Popen(
-        [BINARY, "worker", "--gateway", internal,
-         "--worker-listen", f"127.0.0.1:{free_port()}", "--egress-pool", "none",
-         "--worker-id", worker_id, "--namespace", namespace, "--containerd-socket", SOCKET,
-         "--run-dir", os.path.join(workdir, "run"), "--id-base", str(4_000_000 + slot * 65_536),
-         "--pool", "busybox=0", "--templates-dir", TEMPLATES],
-        env={"PATH": os.environ.get("PATH", ""),
-             "SANDBASE_WORKER_CREDENTIAL": minted.stdout.strip(),
-             "SANDBASE_AGENT_BINARY": os.environ.get("SANDBASE_AGENT_BINARY", "")},
-        stdout=subprocess.DEVNULL, stderr=open(os.path.join(workdir, "worker.log"), "w"),
-    )
-    return process, namespace
-
-
 @pytest.fixture(scope="session")
 def cluster():
     workdir = tempfile.mkdtemp(prefix="sandbase-mcp-")
     database, database_url = fresh_database("sandbase_test_mcp")
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "DATABASE_URL": database_url,
-        "REDIS_URL": REDIS_URL,
-        "SANDBASE_REDIS__KEY_PREFIX": f"sandbase-mcp-test:{uuid.uuid4().hex}:",
-        "SANDBASE_AUTH__JWT_SECRET": uuid.uuid4().hex + uuid.uuid4().hex,
-        "SANDBASE_AUTH__SIGNUPS_PER_HOUR": "1000000",
-        "SANDBASE_WORKERS__NODE_TOKEN": NODE_TOKEN,
-        "SANDBASE_SANDBOXES__DEFAULT_TEMPLATE": "base",
-        "SANDBASE_RUNS__ARTIFACTS_DIR": os.path.join(workdir, "artifacts"),
-    }
+    env = gateway_env(database_url, "mcp", workdir, WORKERS__NODE_TOKEN=NODE_TOKEN,
+                      SANDBOXES__DEFAULT_TEMPLATE="base")
     # The operator's MCP server, and the first gateway's store offering it.
     upstream_port = free_port()
     counter = os.path.join(workdir, "upstream-calls")
@@ -136,18 +102,11 @@ def cluster():
         {**env, "SANDBASE_SERVER__INTERNAL_LISTEN": f"127.0.0.1:{free_port()}"},
         free_port(), os.path.join(workdir, "gateway-2.log"), broke)
     unique = uuid.uuid4().hex
-    worker, namespace = start_worker(f"http://{internal}", unique, workdir)
+    worker, namespace = start_worker(f"http://{internal}", unique, workdir, NODE_TOKEN, "mcp")
     cluster = Cluster([url, url2], namespace)
     cluster.upstream_calls = counter
     probe = cluster.signup()
-    deadline = time.time() + 180
-    while True:
-        templates = call(url, "GET", "/v1/templates", probe)
-        if any(t["name"] == "base" for t in templates["templates"]):
-            break
-        if worker.poll() is not None or time.time() > deadline:
-            raise RuntimeError(open(os.path.join(workdir, "worker.log")).read()[-4000:])
-        time.sleep(0.5)
+    wait_for_base(url, probe, worker, workdir)
     yield cluster
     worker.terminate()
     worker.wait(timeout=60)

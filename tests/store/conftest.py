@@ -14,7 +14,7 @@ import pytest
 import standin
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from gateways import REDIS_URL, drop_database, free_port, fresh_database, start_gateway  # noqa: E402
+from gateways import drop_database, free_port, fresh_database, gateway_env, start_gateway  # noqa: E402
 
 CONFIG = """
 [store]
@@ -116,16 +116,8 @@ def gateway():
         handle.write(CONFIG.format(upstream=upstream, **files))
     database, database_url = fresh_database("sandbase_test_sdk")
     port = free_port()
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "DATABASE_URL": database_url,
-        "REDIS_URL": REDIS_URL,
-        "SANDBASE_REDIS__KEY_PREFIX": f"sandbase-sdk-test:{uuid.uuid4().hex}:",
-        "SANDBASE_AUTH__JWT_SECRET": uuid.uuid4().hex + uuid.uuid4().hex,
-        "SANDBASE_AUTH__SIGNUPS_PER_HOUR": "1000000",
-        "SANDBASE_SERVER__INTERNAL_LISTEN": f"127.0.0.1:{free_port()}",
-        "SANDBASE_RUNS__ARTIFACTS_DIR": os.path.join(workdir, "artifacts"),
-    }
+    env = gateway_env(database_url, "store", workdir,
+                      SERVER__INTERNAL_LISTEN=f"127.0.0.1:{free_port()}")
     process, url = start_gateway(env, port, os.path.join(workdir, "gateway.log"), config)
     yield Gateway(url, seen)
     process.terminate()

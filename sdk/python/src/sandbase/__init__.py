@@ -1,0 +1,28 @@
+"""SandBase's Python SDK: sandboxes for AI agents (commands, files, terminals, egress,
+snapshots) and the team's keys, members, credits, usage, audit log, secrets, runs and model
+store. `Sandbase`/`Sandbox` block; `AsyncSandbase`/`AsyncSandbox` are the same with `await`."""
+
+from . import models
+from ._async import AsyncCommands, AsyncFiles, AsyncProcess, AsyncSandbase, AsyncSandbox, AsyncTerminal
+from ._core import CommandEvent
+from ._sync import Commands, Files, Process, Sandbase, Sandbox, Terminal
+from .errors import (
+    AuthenticationError,
+    Conflict,
+    InsufficientCredits,
+    InvalidRequest,
+    NotFound,
+    PermissionDenied,
+    RateLimited,
+    SandbaseError,
+    ServiceUnavailable,
+    SpendCapReached,
+)
+
+__all__ = [
+    "AsyncCommands", "AsyncFiles", "AsyncProcess", "AsyncSandbase", "AsyncSandbox", "AsyncTerminal",
+    "AuthenticationError", "CommandEvent", "Commands", "Conflict", "Files", "InsufficientCredits",
+    "InvalidRequest", "NotFound", "PermissionDenied", "Process", "RateLimited", "Sandbase",
+    "SandbaseError", "Sandbox", "ServiceUnavailable", "SpendCapReached", "Terminal", "models",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,406 @@
+"""The synchronous client: `Sandbase` (the team's resources) and `Sandbox` (one sandbox)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from . import _core, models
+from ._core import Call, CommandEvent, Paths
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class _Http:
+    """httpx with SandBase's key, retries on 429 and 503 (honouring `Retry-After`), and
+    errors as exceptions."""
+
+    def __init__(self, settings: _core.Settings, client: httpx.Client | None = None) -> None:
+        self.settings = settings
+        self.client = client or httpx.Client(base_url=settings.base_url, timeout=settings.timeout)
+
+    def send(self, call: Call, *, stream: bool = False) -> httpx.Response:
+        attempt = 0
+        while True:
+            request = self.client.build_request(
+                call.method,
+                f"{self.settings.base_url}{call.path}",
+                params=call.params,
+                json=call.json,
+                content=call.content,
+                headers=_core.headers(self.settings, call),
+            )
+            response = self.client.send(request, stream=stream)
+            if response.is_success:
+                return response
+            body = response.read()
+            response.close()
+            if _core.should_retry(response.status_code, attempt, self.settings):
+                time.sleep(_core.backoff(attempt, _core.retry_after(response.headers.get("retry-after"))))
+                attempt += 1
+                continue
+            raise _core.error(response.status_code, body, response.headers)
+
+    def model(self, call: Call, model: type[M]) -> M:
+        return model.model_validate_json(self.send(call).content)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class Sandbase:
+    """A SandBase client: `Sandbase()` reads `SANDBASE_API_KEY` and `SANDBASE_URL`."""
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        *,
+        timeout: float = 120.0,
+        max_retries: int = 3,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        self._http = _Http(_core.settings(api_key, base_url, timeout, max_retries), http_client)
+
+    def __enter__(self) -> Sandbase:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def call(self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None) -> Any:
+        """Any route of the API; the decoded JSON answer (None for 204)."""
+        response = self._http.send(Call(method, path, params=params, json=json))
+        return response.json() if response.content else None
+
+    # The team.
+    def me(self) -> models.Me:
+        return self._http.model(Call("GET", "/v1/me"), models.Me)
+
+    def sandboxes(self, state: str | None = None, limit: int | None = None) -> list[models.Sandbox]:
+        params = _core.drop_none({"state": state, "limit": limit})
+        return self._http.model(Call("GET", "/v1/sandboxes", params=params), models.SandboxList).sandboxes
+
+    def templates(self) -> list[models.Template]:
+        return self._http.model(Call("GET", "/v1/templates"), models.TemplateList).templates
+
+    def keys(self) -> list[models.ApiKey]:
+        return self._http.model(Call("GET", "/v1/api-keys"), models.ApiKeyList).items
+
+    def create_key(self, name: str, **fields: Any) -> models.CreatedApiKey:
+        body = _core.drop_none({"name": name, **fields})
+        return self._http.model(Call("POST", "/v1/api-keys", json=body), models.CreatedApiKey)
+
+    def revoke_key(self, key_id: str) -> None:
+        self._http.send(Call("DELETE", f"/v1/api-keys/{key_id}"))
+
+    def members(self) -> list[models.Member]:
+        return self._http.model(Call("GET", "/v1/team/members"), models.MemberList).items
+
+    def invite(self, email: str, role: str = "member") -> models.Invitation:
+        call = Call("POST", "/v1/team/members", json={"email": email, "role": role})
+        return self._http.model(call, models.Invitation)
+
+    def balance(self) -> models.BalanceAnswer:
+        return self._http.model(Call("GET", "/v1/billing/balance"), models.BalanceAnswer)
+
+    def ledger(self, before: str | None = None, limit: int | None = None) -> models.LedgerPage:
+        params = _core.drop_none({"before": before, "limit": limit})
+        return self._http.model(Call("GET", "/v1/billing/ledger", params=params), models.LedgerPage)
+
+    def usage(self, group_by: str = "day", **params: Any) -> models.UsageAnswer:
+        query = _core.drop_none({"group_by": group_by, **params})
+        return self._http.model(Call("GET", "/v1/usage", params=query), models.UsageAnswer)
+
+    def audit(self, **filters: Any) -> models.AuditPage:
+        return self._http.model(Call("GET", "/v1/audit", params=_core.drop_none(filters)), models.AuditPage)
+
+    def secrets(self) -> list[models.Secret]:
+        return self._http.model(Call("GET", "/v1/secrets"), models.SecretList).secrets
+
+    def set_secret(self, name: str, value: str, hosts: list[str], header: str = "Authorization", format: str = "Bearer {value}") -> models.Secret:
+        body = {"name": name, "value": value, "hosts": hosts, "inject": {"header": header, "format": format}}
+        return self._http.model(Call("POST", "/v1/secrets", json=body), models.Secret)
+
+    def run(self, cmd: str | list[str], **fields: Any) -> models.Run:
+        body = _core.drop_none({"command" if isinstance(cmd, str) else "cmd": cmd, **fields})
+        return self._http.model(Call("POST", "/v1/runs", json=body), models.Run)
+
+    def get_run(self, run_id: str) -> models.Run:
+        return self._http.model(Call("GET", f"/v1/runs/{run_id}"), models.Run)
+
+    def store_models(self) -> list[models.StoreModel]:
+        return self._http.model(Call("GET", "/v1/store/models"), models.StoreModelList).models
+
+
+class Sandbox:
+    """A sandbox: `with Sandbox.create() as sbx:` destroys it on leaving the block."""
+
+    def __init__(self, client: Sandbase, info: models.Sandbox, owns_client: bool = False) -> None:
+        self.client = client
+        self.info = info
+        self.id = str(info.id)
+        self._paths = Paths(self.id)
+        self._owns_client = owns_client
+        self.commands = Commands(self)
+        self.files = Files(self)
+        self.egress = Egress(self)
+        self.pty = Pty(self)
+
+    @classmethod
+    def create(
+        cls,
+        template: str | None = None,
+        *,
+        egress: list[str] | None = None,
+        credentials: list[str] | None = None,
+        timeout: float | None = None,
+        cpu: float | None = None,
+        memory_mb: int | None = None,
+        env: Mapping[str, str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        store: bool = False,
+        snapshot: str | None = None,
+        client: Sandbase | None = None,
+    ) -> Sandbox:
+        """A new sandbox (`timeout` in seconds; `egress` the hosts it may reach)."""
+        owner = client or Sandbase()
+        body = _core.create_body(
+            template, egress=egress, credentials=credentials, timeout=timeout, cpu=cpu,
+            memory_mb=memory_mb, env=env, metadata=metadata, store=store, snapshot=snapshot,
+        )
+        info = owner._http.model(Call("POST", "/v1/sandboxes", json=body), models.Sandbox)
+        return cls(owner, info, owns_client=client is None)
+
+    @classmethod
+    def connect(cls, sandbox_id: str, client: Sandbase | None = None) -> Sandbox:
+        owner = client or Sandbase()
+        info = owner._http.model(Call("GET", f"/v1/sandboxes/{sandbox_id}"), models.Sandbox)
+        return cls(owner, info, owns_client=client is None)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, trace: TracebackType | None) -> None:
+        self.destroy()
+
+    def _send(self, call: Call, *, stream: bool = False) -> httpx.Response:
+        return self.client._http.send(call, stream=stream)
+
+    def _model(self, call: Call, model: type[M]) -> M:
+        return self.client._http.model(call, model)
+
+    def refresh(self) -> models.Sandbox:
+        self.info = self._model(Call("GET", self._paths.of()), models.Sandbox)
+        return self.info
+
+    def extend(self, seconds: float) -> models.Sandbox:
+        """Sets the sandbox to expire `seconds` from now."""
+        call = Call("POST", self._paths.of("/timeout"), json={"timeout_secs": int(seconds)})
+        self.info = self._model(call, models.Sandbox)
+        return self.info
+
+    def snapshot(self) -> models.Snapshot:
+        """Its `/work` and `/tmp` kept; `Sandbox.create(snapshot=…)` starts from them."""
+        return self._model(Call("POST", self._paths.of("/snapshots"), json={}), models.Snapshot)
+
+    def destroy(self) -> None:
+        try:
+            self._send(Call("DELETE", self._paths.of()))
+        finally:
+            if self._owns_client:
+                self.client.close()
+
+
+class Commands:
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+
+    def run(
+        self,
+        cmd: str | list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: str | None = None,
+        session: str | None = None,
+    ) -> models.ExecResult:
+        """Runs `cmd` (a shell line, or an argv) to its end: exit code, stdout, stderr."""
+        body = _core.exec_body(cmd, cwd=cwd, env=env, timeout=timeout, stdin=stdin, session=session)
+        return self._sandbox._model(Call("POST", self._sandbox._paths.of("/exec"), json=body), models.ExecResult)
+
+    def stream(
+        self,
+        cmd: str | list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[CommandEvent]:
+        """Runs `cmd`, yielding its output as it comes, then its exit."""
+        body = _core.exec_body(cmd, cwd=cwd, env=env, timeout=timeout, stdin=None, session=None, stream=True)
+        response = self._sandbox._send(Call("POST", self._sandbox._paths.of("/exec"), json=body), stream=True)
+        try:
+            for line in response.iter_lines():
+                if line.strip():
+                    yield _core.command_event(line)
+        finally:
+            response.close()
+
+    def start(
+        self,
+        cmd: str | list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Process:
+        """Starts `cmd` in the background: a `Process` to feed, signal and wait for."""
+        body = _core.exec_body(cmd, cwd=cwd, env=env, timeout=timeout, stdin=None, session=None, background=True)
+        started = self._sandbox._model(Call("POST", self._sandbox._paths.of("/exec"), json=body), models.BackgroundStarted)
+        return Process(self._sandbox, started.pid)
+
+    def list(self) -> list[models.Process]:
+        return self._sandbox._model(Call("GET", self._sandbox._paths.of("/processes")), models.ProcessList).processes
+
+
+class Process:
+    """A background process."""
+
+    def __init__(self, sandbox: Sandbox, pid: int) -> None:
+        self._sandbox = sandbox
+        self.pid = pid
+        self._path = sandbox._paths.of(f"/processes/{pid}")
+
+    def info(self) -> models.Process:
+        return self._sandbox._model(Call("GET", self._path), models.Process)
+
+    def send_stdin(self, data: str | bytes, *, close: bool = False) -> None:
+        content = data.encode() if isinstance(data, str) else data
+        call = Call("POST", f"{self._path}/stdin", params={"close": "true"} if close else None,
+                    content=content, content_type="application/octet-stream")
+        self._sandbox._send(call)
+
+    def signal(self, signal: str | int = "TERM") -> None:
+        self._sandbox._send(Call("POST", f"{self._path}/signal", json={"signal": signal}))
+
+    def wait(self, timeout: float = 60.0, poll: float = 0.1) -> models.Process:
+        """Its state once it has exited (polling), or TimeoutError."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.info()
+            if not info.running:
+                return info
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"process {self.pid} still running after {timeout} s")
+            time.sleep(poll)
+
+
+class Files:
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+        self._path = sandbox._paths.of("/files")
+
+    def read(self, path: str) -> bytes:
+        return self._sandbox._send(Call("GET", self._path, params={"path": path})).content
+
+    def read_text(self, path: str) -> str:
+        return self.read(path).decode()
+
+    def write(self, path: str, data: str | bytes) -> models.FileInfo:
+        content = data.encode() if isinstance(data, str) else data
+        call = Call("PUT", self._path, params={"path": path}, content=content, content_type="application/octet-stream")
+        return self._sandbox._model(call, models.FileInfo)
+
+    def list(self, path: str = "/work") -> list[models.FileInfo]:
+        return self._sandbox._model(Call("GET", self._path, params={"path": path}), models.DirectoryListing).entries
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        self._sandbox._send(Call("DELETE", self._path, params={"path": path, "recursive": str(recursive).lower()}))
+
+    def upload(self, local: str | Path, path: str) -> models.FileInfo:
+        return self.write(path, Path(local).read_bytes())
+
+    def download(self, path: str, local: str | Path) -> Path:
+        target = Path(local)
+        target.write_bytes(self.read(path))
+        return target
+
+    def archive(self, path: str = "/work") -> bytes:
+        """`path` as a tar archive."""
+        return self._sandbox._send(Call("GET", self._sandbox._paths.of("/archive"), params={"path": path})).content
+
+    def extract(self, path: str, tar: bytes) -> None:
+        """Unpacks a tar archive into `path`."""
+        call = Call("PUT", self._sandbox._paths.of("/archive"), params={"path": path}, content=tar, content_type="application/x-tar")
+        self._sandbox._send(call)
+
+
+class Egress:
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+
+    def policy(self) -> models.EgressPolicy:
+        return self._sandbox._model(Call("GET", self._sandbox._paths.of("/egress-policy")), models.EgressPolicy)
+
+    def set_policy(self, allow: list[str], deny: list[str] | None = None) -> models.EgressPolicy:
+        call = Call("PUT", self._sandbox._paths.of("/egress-policy"), json={"allow": allow, "deny": deny or []})
+        return self._sandbox._model(call, models.EgressPolicy)
+
+    def flows(self) -> list[models.EgressFlow]:
+        return self._sandbox._model(Call("GET", self._sandbox._paths.of("/egress")), models.EgressFlowList).flows
+
+
+class Pty:
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+
+    def create(self, *, cols: int = 80, rows: int = 24, cmd: list[str] | None = None, record: bool = True) -> Terminal:
+        body = _core.drop_none({"cols": cols, "rows": rows, "cmd": cmd, "record": record})
+        info = self._sandbox._model(Call("POST", self._sandbox._paths.of("/pty"), json=body), models.Terminal)
+        return Terminal(self._sandbox, info)
+
+    def list(self) -> list[models.Terminal]:
+        return self._sandbox._model(Call("GET", self._sandbox._paths.of("/pty")), models.TerminalList).terminals
+
+
+class Terminal:
+    """A terminal session: type into it, resize it, read (attach to) its output."""
+
+    def __init__(self, sandbox: Sandbox, info: models.Terminal) -> None:
+        self._sandbox = sandbox
+        self.info = info
+        self.session_id = info.session_id
+        self._path = sandbox._paths.of(f"/pty/{info.session_id}")
+
+    def send(self, data: str | bytes) -> None:
+        content = data.encode() if isinstance(data, str) else data
+        self._sandbox._send(Call("POST", f"{self._path}/input", content=content, content_type="application/octet-stream"))
+
+    def resize(self, cols: int, rows: int) -> None:
+        self._sandbox._send(Call("POST", f"{self._path}/resize", json={"cols": cols, "rows": rows}))
+
+    def attach(self, since: int = 0) -> Iterator[bytes]:
+        """Its output from offset `since` as it comes, until the session ends."""
+        response = self._sandbox._send(Call("GET", f"{self._path}/output", params={"since": since}), stream=True)
+        try:
+            yield from response.iter_bytes()
+        finally:
+            response.close()
+
+    def refresh(self) -> models.Terminal:
+        self.info = self._sandbox._model(Call("GET", self._path), models.Terminal)
+        return self.info
+
+    def close(self) -> None:
+        self._sandbox._send(Call("DELETE", self._path))

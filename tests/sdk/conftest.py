@@ -1,0 +1,74 @@
+"""Two real gateways on one database (`sandbase server`) and a real worker with the `base`
+template, for the Python SDK's scenarios. The second gateway gives new teams no starter
+credits and each key one request a second, for the SDK's 402 and 429 handling."""
+
+import base64
+import json
+import os
+import sys
+import tempfile
+import urllib.request
+import uuid
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from gateways import (  # noqa: E402
+    drop_database, free_port, fresh_database, gateway_env, start_gateway, start_worker,
+    wait_for_base,
+)
+
+NODE_TOKEN = "sdk-test-node-token-0123456789"
+
+
+def signup(url):
+    body = json.dumps({"email": f"sdk-{uuid.uuid4().hex}@example.com",
+                       "password": "a long enough password", "team_name": "SDK"}).encode()
+    request = urllib.request.Request(f"{url}/v1/auth/signup", data=body, method="POST",
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request) as answer:
+        return json.loads(answer.read())["api_key"]["token"]
+
+
+class Cluster:
+    def __init__(self, url, strict_url):
+        self.url = url
+        self.strict_url = strict_url
+
+    def key(self):
+        """A new team's key, with starter credits."""
+        return signup(self.url)
+
+    def strict_key(self):
+        """A new team's key from the strict gateway: no credits, one request a second."""
+        return signup(self.strict_url)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    workdir = tempfile.mkdtemp(prefix="sandbase-sdk-")
+    database, database_url = fresh_database("sandbase_test_sdk")
+    env = gateway_env(database_url, "sdk", workdir, WORKERS__NODE_TOKEN=NODE_TOKEN,
+                      SANDBOXES__DEFAULT_TEMPLATE="base")
+    keys = os.path.join(workdir, "vault.keys")
+    with open(keys, "w") as handle:
+        handle.write(f"1:{base64.b64encode(os.urandom(32)).decode()}\n")
+    env["SANDBASE_VAULT__KEY_FILE"] = keys
+    internal = f"127.0.0.1:{free_port()}"
+    first, url = start_gateway({**env, "SANDBASE_SERVER__INTERNAL_LISTEN": internal}, free_port(),
+                               os.path.join(workdir, "gateway-1.log"))
+    strict = os.path.join(workdir, "strict.toml")
+    with open(strict, "w") as handle:
+        handle.write('[billing]\nstarter_credits = "0"\n[rate_limit]\nper_second = 1\nburst = 1\n')
+    second, strict_url = start_gateway(
+        {**env, "SANDBASE_SERVER__INTERNAL_LISTEN": f"127.0.0.1:{free_port()}"},
+        free_port(), os.path.join(workdir, "gateway-2.log"), strict)
+    worker, _ = start_worker(f"http://{internal}", uuid.uuid4().hex, workdir, NODE_TOKEN, "sdk")
+    wait_for_base(url, signup(url), worker, workdir)
+    yield Cluster(url, strict_url)
+    worker.terminate()
+    worker.wait(timeout=60)
+    for process in (first, second):
+        process.terminate()
+        process.wait(timeout=30)
+    drop_database(database)
