@@ -235,3 +235,13 @@ export function record(name, value) {
   saved[name] = value;
   writeFileSync(file, JSON.stringify(saved, null, 2));
 }
+
+/// Polls `check` until it holds, or fails after `timeout` ms.
+export async function waitFor(check, timeout = 15_000) {
+  const deadline = Date.now() + timeout;
+  while (Date.now() < deadline) {
+    if (await check()) return;
+    await new Promise((done) => setTimeout(done, 250));
+  }
+  throw new Error(`timed out: ${check}`);
+}

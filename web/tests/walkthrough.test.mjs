@@ -7,7 +7,7 @@ import { after, before, test } from "node:test";
 import { gzipSync } from "node:zlib";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { WEB, browser, call, deliverPaid, page, record, shot, signup, start } from "./harness.mjs";
+import { WEB, browser, call, deliverPaid, page, record, shot, signup, start, waitFor } from "./harness.mjs";
 
 let server;
 let chrome;
@@ -419,12 +419,3 @@ test("targets: first render, initial JS, a 10 000-point chart", async () => {
   assert.deepEqual(failures(errors), []);
   await opened.context().close();
 });
-
-async function waitFor(check, timeout = 15_000) {
-  const deadline = Date.now() + timeout;
-  while (Date.now() < deadline) {
-    if (await check()) return;
-    await new Promise((done) => setTimeout(done, 250));
-  }
-  throw new Error(`timed out: ${check}`);
-}
