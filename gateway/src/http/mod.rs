@@ -49,7 +49,9 @@ impl Routes {
         let (api, mut document) = api.split_for_parts();
         let (operations, operations_document) = operations.split_for_parts();
         document.merge(operations_document);
-        let openapi = serde_json::to_value(&document).context("rendering the OpenAPI document")?;
+        let mut openapi =
+            serde_json::to_value(&document).context("rendering the OpenAPI document")?;
+        api::common_answers::document(&mut openapi);
         let web = match &settings.server.web_dir {
             Some(root) => Some(Arc::new(web::WebAssets::load(root)?)),
             None => None,

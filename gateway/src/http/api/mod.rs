@@ -6,6 +6,7 @@ mod api_keys;
 mod audit;
 mod auth;
 mod billing;
+pub mod common_answers;
 mod egress;
 pub mod health;
 mod me;
