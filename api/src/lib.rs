@@ -111,9 +111,20 @@ pub struct TeamMembership {
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct SignupRequest {
+    #[schema(
+        min_length = 3,
+        max_length = 254,
+        pattern = "^[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+@[A-Za-z0-9-]+(\\.[A-Za-z0-9-]+)+$"
+    )]
     pub email: String,
-    /// At least 10 characters.
+    /// 10 to 256 characters.
+    #[schema(min_length = 10, max_length = 256)]
     pub password: String,
+    #[schema(
+        min_length = 1,
+        max_length = 100,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*\\S[^\\x00-\\x1f\\x7f-\\x9f]*$"
+    )]
     pub team_name: String,
 }
 
@@ -235,6 +246,11 @@ pub struct CreatedApiKey {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateApiKeyRequest {
+    #[schema(
+        min_length = 1,
+        max_length = 100,
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*\\S[^\\x00-\\x1f\\x7f-\\x9f]*$"
+    )]
     pub name: String,
     /// Role of the key; at most the creator's role. Defaults to the creator's role.
     #[serde(default)]
@@ -244,6 +260,7 @@ pub struct CreateApiKeyRequest {
     pub expires_at: Option<DateTime<Utc>>,
     /// Expiry relative to now, in seconds. Exclusive with `expires_at`.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 315360000)]
     pub expires_in_secs: Option<u64>,
     /// Spend cap in credits (a decimal, e.g. "20"): the key's sandboxes and calls may cost
     /// this much in all.
@@ -296,6 +313,11 @@ pub struct InvitationList {
 #[serde(deny_unknown_fields)]
 pub struct AddMemberRequest {
     /// E-mail of the person to invite (whether or not they have an account yet).
+    #[schema(
+        min_length = 3,
+        max_length = 254,
+        pattern = "^[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+@[A-Za-z0-9-]+(\\.[A-Za-z0-9-]+)+$"
+    )]
     pub email: String,
     #[serde(default = "default_member_role")]
     pub role: Role,

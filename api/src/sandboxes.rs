@@ -271,7 +271,9 @@ pub struct SandboxList {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExtendTimeoutRequest {
-    /// New lifetime from now, in seconds.
+    /// New lifetime from now, in seconds (at most `sandboxes.max_timeout_secs`, a day by
+    /// default).
+    #[schema(minimum = 1)]
     pub timeout_secs: u64,
 }
 

@@ -108,11 +108,14 @@ pub struct BasicAuth {
 #[serde(deny_unknown_fields)]
 pub struct CreateSecretRequest {
     /// 1 to 64 letters, digits, `_`, `.` or `-`, starting with a letter or digit.
+    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
     pub name: String,
     /// The secret (at most 64 KiB). Never shown again.
+    #[schema(min_length = 1, max_length = 16384)]
     pub value: String,
     /// Hosts it is added to requests for: `api.github.com`, `*.example.org` (subdomains, not
     /// the apex), `host:8443` (ports 80 and 443 unless one is named).
+    #[schema(min_items = 1, max_items = 32)]
     pub hosts: Vec<String>,
     pub inject: Injection,
     /// Who may attach it to a sandbox or run (default `admin`).

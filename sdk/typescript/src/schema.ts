@@ -1638,7 +1638,8 @@ export interface components {
         ExtendTimeoutRequest: {
             /**
              * Format: int64
-             * @description New lifetime from now, in seconds.
+             * @description New lifetime from now, in seconds (at most `sandboxes.max_timeout_secs`, a day by
+             *     default).
              */
             timeout_secs: number;
         };
@@ -2142,7 +2143,7 @@ export interface components {
         };
         SignupRequest: {
             email: string;
-            /** @description At least 10 characters. */
+            /** @description 10 to 256 characters. */
             password: string;
             team_name: string;
         };

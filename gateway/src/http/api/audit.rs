@@ -36,10 +36,13 @@ struct AuditQuery {
     /// Only events with this action, e.g. `api_key.create`; a trailing `*` matches a prefix (`member.*`).
     action: Option<String>,
     /// Only events with this outcome: `success`, `failure` or `denied`.
+    #[param(pattern = "^(success|failure|denied)$")]
     outcome: Option<String>,
     /// `next_cursor` of the previous page.
+    #[param(pattern = "^[1-9][0-9]{0,18}$")]
     cursor: Option<String>,
     /// Page size, 1 to 500 (default 50).
+    #[param(minimum = 1, maximum = 500)]
     limit: Option<i64>,
 }
 

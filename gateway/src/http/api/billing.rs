@@ -228,6 +228,7 @@ struct LedgerQuery {
     /// `next_cursor` of the previous page.
     before: Option<Uuid>,
     /// Page size, 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
     limit: Option<i64>,
 }
 

@@ -106,8 +106,10 @@ async fn create_sandbox(
 #[into_params(parameter_in = Query)]
 struct ListQuery {
     /// `creating`, `running`, `paused` or `stopped`.
+    #[param(pattern = "^(creating|running|paused|stopped)$")]
     state: Option<String>,
     /// Most sandboxes returned, newest first (1 to 500, default 100).
+    #[param(minimum = 1, maximum = 500)]
     limit: Option<i64>,
     /// Filter on metadata: `metadata.KEY=VALUE`, repeatable (all must match).
     #[serde(flatten)]

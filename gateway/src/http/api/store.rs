@@ -76,6 +76,7 @@ async fn apis(State(state): State<AppState>, _principal: Principal) -> Json<Stor
 #[into_params(parameter_in = Query)]
 struct ListQuery {
     /// At most this many (1–500, default 100).
+    #[param(minimum = 1, maximum = 500)]
     limit: Option<i64>,
     /// Only calls made before this time (RFC 3339), to page back.
     before: Option<DateTime<Utc>>,

@@ -29,9 +29,11 @@ struct UsageQuery {
     /// End (RFC 3339; default: now).
     to: Option<DateTime<Utc>>,
     /// `hour`, `day` (default), `sandbox`, `kind`, `key` or `model`.
+    #[param(pattern = "^(hour|day|sandbox|kind|key|model)$")]
     group_by: Option<String>,
     /// A second grouping inside each group, for stacked charts: `sandbox`, `kind`, `key`
     /// or `model` (each point then names its `split`).
+    #[param(pattern = "^(sandbox|kind|key|model)$")]
     split_by: Option<String>,
 }
 

@@ -278,7 +278,11 @@ class ExtendTimeoutRequest(BaseModel):
         extra='forbid',
     )
     timeout_secs: Annotated[
-        int, Field(description='New lifetime from now, in seconds.', ge=0)
+        int,
+        Field(
+            description='New lifetime from now, in seconds (at most `sandboxes.max_timeout_secs`, a day by\ndefault).',
+            ge=1,
+        ),
     ]
 
 
@@ -630,9 +634,25 @@ class SignupAccepted(BaseModel):
 
 
 class SignupRequest(BaseModel):
-    email: str
-    password: Annotated[str, Field(description='At least 10 characters.')]
-    team_name: str
+    email: Annotated[
+        str,
+        Field(
+            max_length=254,
+            min_length=3,
+            pattern="^[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+@[A-Za-z0-9-]+(\\.[A-Za-z0-9-]+)+$",
+        ),
+    ]
+    password: Annotated[
+        str, Field(description='10 to 256 characters.', max_length=256, min_length=10)
+    ]
+    team_name: Annotated[
+        str,
+        Field(
+            max_length=100,
+            min_length=1,
+            pattern='^[^\\x00-\\x1f\\x7f-\\x9f]*\\S[^\\x00-\\x1f\\x7f-\\x9f]*$',
+        ),
+    ]
 
 
 class Snapshot(BaseModel):
@@ -828,7 +848,10 @@ class AddMemberRequest(BaseModel):
     email: Annotated[
         str,
         Field(
-            description='E-mail of the person to invite (whether or not they have an account yet).'
+            description='E-mail of the person to invite (whether or not they have an account yet).',
+            max_length=254,
+            min_length=3,
+            pattern="^[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+@[A-Za-z0-9-]+(\\.[A-Za-z0-9-]+)+$",
         ),
     ]
     role: Role | None = None
@@ -910,7 +933,8 @@ class CreateApiKeyRequest(BaseModel):
         int | None,
         Field(
             description='Expiry relative to now, in seconds. Exclusive with `expires_at`.',
-            ge=0,
+            ge=1,
+            le=315360000,
         ),
     ] = None
     max_credits: Annotated[
@@ -919,7 +943,14 @@ class CreateApiKeyRequest(BaseModel):
             description='Spend cap in credits (a decimal, e.g. "20"): the key\'s sandboxes and calls may cost\nthis much in all.'
         ),
     ] = None
-    name: str
+    name: Annotated[
+        str,
+        Field(
+            max_length=100,
+            min_length=1,
+            pattern='^[^\\x00-\\x1f\\x7f-\\x9f]*\\S[^\\x00-\\x1f\\x7f-\\x9f]*$',
+        ),
+    ]
     role: Role | None = None
 
 
@@ -1504,14 +1535,17 @@ class CreateSecretRequest(BaseModel):
     hosts: Annotated[
         list[str],
         Field(
-            description='Hosts it is added to requests for: `api.github.com`, `*.example.org` (subdomains, not\nthe apex), `host:8443` (ports 80 and 443 unless one is named).'
+            description='Hosts it is added to requests for: `api.github.com`, `*.example.org` (subdomains, not\nthe apex), `host:8443` (ports 80 and 443 unless one is named).',
+            max_length=32,
+            min_length=1,
         ),
     ]
     inject: Injection
     name: Annotated[
         str,
         Field(
-            description='1 to 64 letters, digits, `_`, `.` or `-`, starting with a letter or digit.'
+            description='1 to 64 letters, digits, `_`, `.` or `-`, starting with a letter or digit.',
+            pattern='^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$',
         ),
     ]
     usable_by: Annotated[
@@ -1519,5 +1553,10 @@ class CreateSecretRequest(BaseModel):
         Field(description='Who may attach it to a sandbox or run (default `admin`).'),
     ] = None
     value: Annotated[
-        str, Field(description='The secret (at most 64 KiB). Never shown again.')
+        str,
+        Field(
+            description='The secret (at most 64 KiB). Never shown again.',
+            max_length=16384,
+            min_length=1,
+        ),
     ]
