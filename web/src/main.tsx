@@ -7,8 +7,8 @@ import "./styles.css";
 import { api, ok } from "./api/client";
 import { follow, match, navigate, useLocation } from "./router";
 import { isAdmin, onSession, session, setSession } from "./session";
-import { ErrorNote } from "./ui";
-import { Login, Signup } from "./pages/login";
+import { ErrorNote, useAction } from "./ui";
+import { Login, Signup, openSession } from "./pages/login";
 import { Overview } from "./pages/overview";
 import { Keys } from "./pages/keys";
 import { Members } from "./pages/members";
@@ -41,22 +41,19 @@ function useSession() {
 
 function TeamSwitch() {
   const current = session()!;
-  const [error, setError] = useState<unknown>(null);
+  const { error, run } = useAction();
   if (current.teams.length < 2) return <span class="team">{current.team.name}</span>;
   return (
     <label class="team">
       <span class="sr-only">Team</span>
       <select
         value={current.team.id}
-        onChange={async (event) => {
+        onChange={(event) => {
           const team_id = (event.target as HTMLSelectElement).value;
-          try {
-            const next = ok(await api.POST("/v1/auth/switch", { body: { team_id } }));
-            setSession({ ...next.session, user: next.user, team: next.team, role: next.role, teams: next.teams });
+          return run(async () => {
+            openSession(ok(await api.POST("/v1/auth/switch", { body: { team_id } })));
             navigate("/");
-          } catch (failure) {
-            setError(failure);
-          }
+          });
         }}
       >
         {current.teams.map((membership) => (

@@ -39,6 +39,77 @@ export function useLoad<T>(load: () => Promise<T>, deps: unknown[], everyMs?: nu
   return { data, error, reload };
 }
 
+/// A form's or a button's action: `run` carries it out, keeping its refusal in `error` (for
+/// `ErrorNote`) and `busy` while it runs; it answers whether the action succeeded.
+export function useAction() {
+  const [error, setError] = useState<unknown>(null);
+  const [busy, setBusy] = useState(false);
+  const run = useCallback(async (action: () => Promise<unknown>): Promise<boolean> => {
+    setBusy(true);
+    try {
+      await action();
+      setError(null);
+      return true;
+    } catch (failure) {
+      setError(failure);
+      return false;
+    } finally {
+      setBusy(false);
+    }
+  }, []);
+  return { error, busy, run };
+}
+
+/// A form's fields by name, from its submit event (whose default it prevents).
+export function fields(event: Event): { form: HTMLFormElement; get: (name: string) => string; all: (name: string) => string[] } {
+  event.preventDefault();
+  const form = event.target as HTMLFormElement;
+  const data = new FormData(form);
+  return { form, get: (name) => String(data.get(name) ?? ""), all: (name) => data.getAll(name).map(String) };
+}
+
+/// A list typed into a field: items separated by commas, spaces or new lines.
+export function words(value: string): string[] {
+  return value
+    .split(/[\s,]+/)
+    .map((word) => word.trim())
+    .filter(Boolean);
+}
+
+/// Cursor paging, newest first: the cursor of the page shown, and the way back and on.
+export function usePages() {
+  const [cursors, setCursors] = useState<(string | undefined)[]>([undefined]);
+  return {
+    cursor: cursors[cursors.length - 1],
+    first: cursors.length < 2,
+    newer: () => setCursors(cursors.slice(0, -1)),
+    older: (next: string) => setCursors([...cursors, next]),
+    reset: () => setCursors([undefined]),
+  };
+}
+
+export function Pager({ pages, next }: { pages: ReturnType<typeof usePages>; next?: string | null }) {
+  return (
+    <div class="pager">
+      <button type="button" class="secondary" disabled={pages.first} onClick={pages.newer}>
+        Newer
+      </button>
+      <button type="button" class="secondary" disabled={!next} onClick={() => next && pages.older(next)}>
+        Older
+      </button>
+    </div>
+  );
+}
+
+/// The header of a table's column of buttons (named for screen readers only).
+export function ActionsHead() {
+  return (
+    <th>
+      <span class="sr-only">Actions</span>
+    </th>
+  );
+}
+
 /// An API refusal: its code and message; running out of credits links to the top-up.
 export function ErrorNote({ error }: { error: unknown }) {
   if (!error) return null;

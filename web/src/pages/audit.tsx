@@ -4,7 +4,7 @@
 import { useState } from "preact/hooks";
 import { api, ok, type S } from "../api/client";
 import { Lazy } from "../lazy";
-import { ErrorNote, Field, Loading, Page, useLoad, when } from "../ui";
+import { ActionsHead, ErrorNote, Field, Loading, Page, Pager, useLoad, usePages, when } from "../ui";
 
 type Filters = { action: string; actor: string; outcome: string; from: string; to: string };
 
@@ -63,9 +63,9 @@ function Detail({ event }: { event: S<"AuditEvent"> }) {
 
 export function Audit() {
   const [filters, setFilters] = useState<Filters>({ action: "", actor: "", outcome: "", from: "", to: "" });
-  const [cursors, setCursors] = useState<(string | undefined)[]>([undefined]);
+  const pages = usePages();
   const [open, setOpen] = useState<S<"AuditEvent"> | null>(null);
-  const cursor = cursors[cursors.length - 1];
+  const cursor = pages.cursor;
   const audit = useLoad(
     async () =>
       ok(
@@ -96,7 +96,7 @@ export function Audit() {
       from: String(form.get("from") ?? ""),
       to: String(form.get("to") ?? ""),
     });
-    setCursors([undefined]);
+    pages.reset();
   }
   return (
     <Page title="Audit log">
@@ -137,9 +137,7 @@ export function Audit() {
                 <th>Actor</th>
                 <th>Target</th>
                 <th>Outcome</th>
-                <th>
-                  <span class="sr-only">Actions</span>
-                </th>
+                <ActionsHead />
               </tr>
             </thead>
             <tbody>
@@ -161,14 +159,7 @@ export function Audit() {
               ))}
             </tbody>
           </table>
-          <div class="pager">
-            <button type="button" class="secondary" disabled={cursors.length < 2} onClick={() => setCursors(cursors.slice(0, -1))}>
-              Newer
-            </button>
-            <button type="button" class="secondary" disabled={!page.next_cursor} onClick={() => setCursors([...cursors, page.next_cursor!])}>
-              Older
-            </button>
-          </div>
+          <Pager pages={pages} next={page.next_cursor} />
         </>
       )}
     </Page>

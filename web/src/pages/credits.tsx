@@ -3,26 +3,20 @@
 // follows the balance until the webhook's credits arrive.
 import { useEffect, useState } from "preact/hooks";
 import { api, ok } from "../api/client";
-import { ErrorNote, Field, Loading, Page, credits, useLoad, when } from "../ui";
+import { ErrorNote, Field, Loading, Page, Pager, credits, fields, useAction, useLoad, usePages, when } from "../ui";
 
 const PENDING = "sandbase.checkout";
 
 function TopUp({ before }: { before: number | undefined }) {
-  const [error, setError] = useState<unknown>(null);
-  const [busy, setBusy] = useState(false);
-  async function submit(event: Event) {
-    event.preventDefault();
-    const form = new FormData(event.target as HTMLFormElement);
-    setBusy(true);
-    try {
-      const answer = ok(await api.POST("/v1/billing/checkout", { body: { credits: Number(form.get("credits")) } }));
+  const { error, busy, run } = useAction();
+  const submit = (event: Event) => {
+    const { get } = fields(event);
+    return run(async () => {
+      const answer = ok(await api.POST("/v1/billing/checkout", { body: { credits: Number(get("credits")) } }));
       sessionStorage.setItem(PENDING, JSON.stringify({ session_id: answer.session_id, before: before ?? 0 }));
       location.assign(answer.url);
-    } catch (failure) {
-      setError(failure);
-      setBusy(false);
-    }
-  }
+    });
+  };
   return (
     <form class="panel form-grid" onSubmit={submit} aria-label="Buy credits">
       <h2>Buy credits</h2>
@@ -38,8 +32,8 @@ function TopUp({ before }: { before: number | undefined }) {
 }
 
 function Ledger() {
-  const [cursors, setCursors] = useState<(string | undefined)[]>([undefined]);
-  const before = cursors[cursors.length - 1];
+  const pages = usePages();
+  const before = pages.cursor;
   const page = useLoad(async () => ok(await api.GET("/v1/billing/ledger", { params: { query: { before, limit: 20 } } })), [before]);
   return (
     <div class="panel">
@@ -69,19 +63,7 @@ function Ledger() {
               ))}
             </tbody>
           </table>
-          <div class="pager">
-            <button type="button" class="secondary" disabled={cursors.length < 2} onClick={() => setCursors(cursors.slice(0, -1))}>
-              Newer
-            </button>
-            <button
-              type="button"
-              class="secondary"
-              disabled={!page.data.next_cursor}
-              onClick={() => setCursors([...cursors, page.data!.next_cursor!])}
-            >
-              Older
-            </button>
-          </div>
+          <Pager pages={pages} next={page.data.next_cursor} />
         </>
       )}
     </div>

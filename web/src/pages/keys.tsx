@@ -13,33 +13,29 @@ function mayRevoke(key: S<"ApiKey">): boolean {
   if (key.created_by === me.user.id) return true;
   return RANK[me.role] >= RANK.admin && RANK[me.role] >= RANK[key.role];
 }
-import { CopyButton, ErrorNote, Field, Loading, Page, credits, useLoad, when } from "../ui";
+import { ActionsHead, CopyButton, ErrorNote, Field, Loading, Page, credits, fields, useAction, useLoad, when } from "../ui";
 
 function NewKey({ onMade }: { onMade: (key: S<"CreatedApiKey">) => void }) {
-  const [error, setError] = useState<unknown>(null);
-  async function submit(event: Event) {
-    event.preventDefault();
-    const form = new FormData(event.target as HTMLFormElement);
-    const days = Number(form.get("days") || 0);
-    const cap = String(form.get("max_credits") || "").trim();
-    const models = String(form.get("models") || "")
+  const { error, run } = useAction();
+  const submit = (event: Event) => {
+    const { form, get } = fields(event);
+    const days = Number(get("days") || 0);
+    const cap = get("max_credits").trim();
+    const models = get("models")
       .split(/[\s,]+/)
       .filter(Boolean);
     const body: S<"CreateApiKeyRequest"> = {
-      name: String(form.get("name")),
-      role: String(form.get("role")) as S<"Role">,
+      name: get("name"),
+      role: get("role") as S<"Role">,
       expires_in_secs: days > 0 ? days * 86400 : null,
       max_credits: cap || null,
       allowed_models: models.length ? models : null,
     };
-    try {
+    return run(async () => {
       onMade(ok(await api.POST("/v1/api-keys", { body })));
-      (event.target as HTMLFormElement).reset();
-      setError(null);
-    } catch (failure) {
-      setError(failure);
-    }
-  }
+      form.reset();
+    });
+  };
   return (
     <form class="panel form-grid" onSubmit={submit} aria-label="New API key">
       <h2>New key</h2>
@@ -107,17 +103,13 @@ function Made({ made, onDone }: { made: S<"CreatedApiKey">; onDone: () => void }
 export function Keys() {
   const keys = useLoad(async () => ok(await api.GET("/v1/api-keys")), []);
   const [made, setMade] = useState<S<"CreatedApiKey"> | null>(null);
-  const [error, setError] = useState<unknown>(null);
-  async function revoke(key: S<"ApiKey">) {
-    if (!confirm(`Revoke “${key.name}”? Clients using it stop working at once.`)) return;
-    try {
+  const { error, run } = useAction();
+  const revoke = (key: S<"ApiKey">) =>
+    confirm(`Revoke “${key.name}”? Clients using it stop working at once.`) &&
+    run(async () => {
       ok(await api.DELETE("/v1/api-keys/{id}", { params: { path: { id: key.id } } }));
-      setError(null);
       keys.reload();
-    } catch (failure) {
-      setError(failure);
-    }
-  }
+    });
   return (
     <Page title="API keys">
       {made ? <Made made={made} onDone={() => setMade(null)} /> : null}
@@ -142,9 +134,7 @@ export function Keys() {
               <th>Expires</th>
               <th>Spent / cap</th>
               <th>Models</th>
-              <th>
-                <span class="sr-only">Actions</span>
-              </th>
+              <ActionsHead />
             </tr>
           </thead>
           <tbody>

@@ -3,7 +3,7 @@
 import { useState } from "preact/hooks";
 import { api, ok, type S } from "../api/client";
 import { setSession } from "../session";
-import { ErrorNote, Field } from "../ui";
+import { ErrorNote, Field, fields, useAction } from "../ui";
 
 /// The key a sign-up just made, shown once by the overview.
 export let freshKey: string | null = null;
@@ -13,7 +13,8 @@ export function takeFreshKey(): string | null {
   return key;
 }
 
-function open(answer: S<"LoginResponse">) {
+/// A session from a login's (or a team switch's) answer.
+export function openSession(answer: S<"LoginResponse">) {
   setSession({ ...answer.session, user: answer.user, team: answer.team, role: answer.role, teams: answer.teams });
 }
 
@@ -30,20 +31,11 @@ function Card({ title, children }: { title: string; children: preact.ComponentCh
 }
 
 export function Login() {
-  const [error, setError] = useState<unknown>(null);
-  const [busy, setBusy] = useState(false);
-  async function submit(event: Event) {
-    event.preventDefault();
-    const form = new FormData(event.target as HTMLFormElement);
-    setBusy(true);
-    try {
-      open(ok(await api.POST("/v1/auth/login", { body: { email: String(form.get("email")), password: String(form.get("password")) } })));
-    } catch (failure) {
-      setError(failure);
-    } finally {
-      setBusy(false);
-    }
-  }
+  const { error, busy, run } = useAction();
+  const submit = (event: Event) => {
+    const { get } = fields(event);
+    return run(async () => openSession(ok(await api.POST("/v1/auth/login", { body: { email: get("email"), password: get("password") } }))));
+  };
   return (
     <Card title="Log in">
       <form onSubmit={submit}>
@@ -66,15 +58,12 @@ export function Login() {
 }
 
 export function Signup() {
-  const [error, setError] = useState<unknown>(null);
+  const { error, busy, run } = useAction();
   const [sent, setSent] = useState<string | null>(null);
-  const [busy, setBusy] = useState(false);
-  async function submit(event: Event) {
-    event.preventDefault();
-    const form = new FormData(event.target as HTMLFormElement);
-    const body = { email: String(form.get("email")), password: String(form.get("password")), team_name: String(form.get("team")) };
-    setBusy(true);
-    try {
+  const submit = (event: Event) => {
+    const { get } = fields(event);
+    const body = { email: get("email"), password: get("password"), team_name: get("team") };
+    return run(async () => {
       const answer = await api.POST("/v1/auth/signup", { body });
       if (answer.response.status === 202) {
         setSent(body.email);
@@ -83,12 +72,8 @@ export function Signup() {
       const created = ok(answer) as S<"SignupResponse">;
       freshKey = created.api_key.token;
       setSession({ ...created.session, user: created.user, team: created.team, role: "owner", teams: [{ team: created.team, role: "owner" }] });
-    } catch (failure) {
-      setError(failure);
-    } finally {
-      setBusy(false);
-    }
-  }
+    });
+  };
   if (sent) {
     return (
       <Card title="Check your mail">

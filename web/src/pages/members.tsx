@@ -5,7 +5,7 @@
 import { useState } from "preact/hooks";
 import { ApiFailure, api, ok, type S } from "../api/client";
 import { isAdmin, session } from "../session";
-import { ErrorNote, Field, Loading, Page, useLoad, when } from "../ui";
+import { ActionsHead, ErrorNote, Field, Loading, Page, fields, useAction, useLoad, when } from "../ui";
 
 function explain(failure: unknown): unknown {
   if (failure instanceof ApiFailure && failure.code === "last_owner") {
@@ -15,23 +15,17 @@ function explain(failure: unknown): unknown {
 }
 
 function Invite({ onDone }: { onDone: () => void }) {
-  const [error, setError] = useState<unknown>(null);
+  const { error, run } = useAction();
   const [sent, setSent] = useState<string | null>(null);
-  async function submit(event: Event) {
-    event.preventDefault();
-    const form = new FormData(event.target as HTMLFormElement);
-    try {
-      const invitation = ok(
-        await api.POST("/v1/team/members", { body: { email: String(form.get("email")), role: String(form.get("role")) as S<"Role"> } }),
-      );
+  const submit = (event: Event) => {
+    const { form, get } = fields(event);
+    return run(async () => {
+      const invitation = ok(await api.POST("/v1/team/members", { body: { email: get("email"), role: get("role") as S<"Role"> } }));
       setSent(invitation.email);
-      setError(null);
-      (event.target as HTMLFormElement).reset();
+      form.reset();
       onDone();
-    } catch (failure) {
-      setError(failure);
-    }
-  }
+    });
+  };
   return (
     <form class="panel form-grid" onSubmit={submit} aria-label="Invite a member">
       <h2>Invite</h2>
@@ -54,7 +48,7 @@ function Invite({ onDone }: { onDone: () => void }) {
 
 function MyInvitations() {
   const mine = useLoad(async () => ok(await api.GET("/v1/invitations")), []);
-  const [error, setError] = useState<unknown>(null);
+  const { error, run } = useAction();
   const items = mine.data?.items ?? [];
   if (!items.length) return null;
   return (
@@ -67,14 +61,12 @@ function MyInvitations() {
             {invitation.team.name} as {invitation.role}{" "}
             <button
               type="button"
-              onClick={async () => {
-                try {
+              onClick={() =>
+                run(async () => {
                   ok(await api.POST("/v1/invitations/{id}/accept", { params: { path: { id: invitation.id } } }));
                   mine.reload();
-                } catch (failure) {
-                  setError(failure);
-                }
-              }}
+                })
+              }
             >
               Accept
             </button>
@@ -89,22 +81,18 @@ function MyInvitations() {
 export function Members() {
   const members = useLoad(async () => ok(await api.GET("/v1/team/members")), []);
   const invitations = useLoad(async () => (isAdmin() ? ok(await api.GET("/v1/team/invitations")) : { items: [] }), []);
-  const [error, setError] = useState<unknown>(null);
+  const { error, run } = useAction();
   const admin = isAdmin();
-  async function act(call: () => Promise<unknown>) {
-    try {
+  const act = (call: () => Promise<unknown>) =>
+    run(async () => {
       await call();
-      setError(null);
       members.reload();
-    } catch (failure) {
-      setError(explain(failure));
-    }
-  }
+    });
   return (
     <Page title="Members">
       <MyInvitations />
       {admin ? <Invite onDone={invitations.reload} /> : <p class="muted">Only owners and admins invite, change roles and remove members.</p>}
-      <ErrorNote error={members.error || error} />
+      <ErrorNote error={members.error || explain(error)} />
       {!members.data ? (
         <Loading what="members" />
       ) : (
@@ -114,11 +102,7 @@ export function Members() {
               <th>E-mail</th>
               <th>Role</th>
               <th>Joined</th>
-              {admin ? (
-                <th>
-                  <span class="sr-only">Actions</span>
-                </th>
-              ) : null}
+              {admin ? <ActionsHead /> : null}
             </tr>
           </thead>
           <tbody>

@@ -4,31 +4,28 @@
 import { useState } from "preact/hooks";
 import { api, ok, raw, type S } from "../api/client";
 import { navigate } from "../router";
-import { ErrorNote, Loading, Page, age, bytes, credits, useLoad, when } from "../ui";
+import { ActionsHead, ErrorNote, Loading, Page, age, bytes, credits, useAction, useLoad, when } from "../ui";
 import { egressLine, size } from "./sandboxes";
 
 function Files({ id }: { id: string }) {
   const [path, setPath] = useState("/work");
-  const [error, setError] = useState<unknown>(null);
+  const { error, run } = useAction();
   const listing = useLoad(async () => {
     const answer = await raw(`/v1/sandboxes/${id}/files?path=${encodeURIComponent(path)}`, { headers: { accept: "application/json" } });
     return (await answer.json()) as S<"DirectoryListing">;
   }, [id, path]);
-  async function download(entry: S<"FileInfo">) {
-    try {
+  const download = (entry: S<"FileInfo">) =>
+    run(async () => {
       const answer = await raw(`/v1/sandboxes/${id}/files?path=${encodeURIComponent(entry.path)}`);
       const link = document.createElement("a");
       link.href = URL.createObjectURL(await answer.blob());
       link.download = entry.name;
       link.click();
       setTimeout(() => URL.revokeObjectURL(link.href), 10_000);
-    } catch (failure) {
-      setError(failure);
-    }
-  }
-  async function upload(event: Event) {
+    });
+  const upload = (event: Event) => {
     const input = event.target as HTMLInputElement;
-    try {
+    return run(async () => {
       for (const file of Array.from(input.files ?? [])) {
         await raw(`/v1/sandboxes/${id}/files?path=${encodeURIComponent(`${path.replace(/\/$/, "")}/${file.name}`)}`, {
           method: "PUT",
@@ -37,12 +34,9 @@ function Files({ id }: { id: string }) {
         });
       }
       input.value = "";
-      setError(null);
       listing.reload();
-    } catch (failure) {
-      setError(failure);
-    }
-  }
+    });
+  };
   const parent = path.replace(/\/[^/]*\/?$/, "") || "/";
   return (
     <div class="panel">
@@ -69,9 +63,7 @@ function Files({ id }: { id: string }) {
               <th>Name</th>
               <th class="number">Size</th>
               <th>Modified</th>
-              <th>
-                <span class="sr-only">Actions</span>
-              </th>
+              <ActionsHead />
             </tr>
           </thead>
           <tbody>
@@ -184,16 +176,12 @@ function Flows({ id }: { id: string }) {
 
 export function SandboxDetail({ id }: { id: string }) {
   const sandbox = useLoad(async () => ok(await api.GET("/v1/sandboxes/{id}", { params: { path: { id } } })), [id], 5000);
-  const [error, setError] = useState<unknown>(null);
-  async function act(call: () => Promise<unknown>) {
-    try {
+  const { error, run } = useAction();
+  const act = (call: () => Promise<unknown>) =>
+    run(async () => {
       await call();
-      setError(null);
       sandbox.reload();
-    } catch (failure) {
-      setError(failure);
-    }
-  }
+    });
   const data = sandbox.data;
   const live = data && data.state !== "stopped";
   return (

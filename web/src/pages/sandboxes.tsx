@@ -3,7 +3,7 @@
 import { useState } from "preact/hooks";
 import { api, ok, type S } from "../api/client";
 import { navigate } from "../router";
-import { ErrorNote, Field, Loading, Page, age, credits, useLoad } from "../ui";
+import { ErrorNote, Field, Loading, Page, age, credits, fields, useAction, useLoad, words } from "../ui";
 
 export const SIZES: Record<string, { cpu: number; memory_mb: number; label: string }> = {
   small: { cpu: 0.5, memory_mb: 512, label: "small — 0.5 CPU, 512 MiB" },
@@ -20,41 +20,24 @@ export function egressLine(egress?: S<"EgressPolicy"> | null): string {
   return egress.allow.join(", ");
 }
 
-function lines(value: FormDataEntryValue | null): string[] {
-  return String(value ?? "")
-    .split(/[\s,]+/)
-    .map((line) => line.trim())
-    .filter(Boolean);
-}
-
 function Create({ onMade }: { onMade: (sandbox: S<"Sandbox">) => void }) {
   const templates = useLoad(async () => ok(await api.GET("/v1/templates")), []);
   const secrets = useLoad(async () => ok(await api.GET("/v1/secrets")), []);
-  const [error, setError] = useState<unknown>(null);
-  const [busy, setBusy] = useState(false);
-  async function submit(event: Event) {
-    event.preventDefault();
-    const form = new FormData(event.target as HTMLFormElement);
-    const chosen = SIZES[String(form.get("size"))];
-    const allow = lines(form.get("allow"));
+  const { error, busy, run } = useAction();
+  const submit = (event: Event) => {
+    const { get, all } = fields(event);
+    const chosen = SIZES[get("size")];
+    const allow = words(get("allow"));
     const body: S<"CreateSandboxRequest"> = {
-      template: String(form.get("template")),
+      template: get("template"),
       resources: { cpu: chosen.cpu, memory_mb: chosen.memory_mb },
-      timeout_secs: Number(form.get("timeout")) * 60,
+      timeout_secs: Number(get("timeout")) * 60,
       egress: allow.length ? { allow } : null,
-      credentials: form.getAll("credentials").map(String),
-      store: form.get("store") === "on",
+      credentials: all("credentials"),
+      store: get("store") === "on",
     };
-    setBusy(true);
-    try {
-      onMade(ok(await api.POST("/v1/sandboxes", { body })));
-      setError(null);
-    } catch (failure) {
-      setError(failure);
-    } finally {
-      setBusy(false);
-    }
-  }
+    return run(async () => onMade(ok(await api.POST("/v1/sandboxes", { body }))));
+  };
   return (
     <form class="panel form-grid" onSubmit={submit} aria-label="New sandbox">
       <h2>New sandbox</h2>

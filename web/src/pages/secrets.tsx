@@ -4,13 +4,7 @@
 import { useState } from "preact/hooks";
 import { api, ok, type S } from "../api/client";
 import { isAdmin } from "../session";
-import { ErrorNote, Field, Loading, Page, useLoad, when } from "../ui";
-
-function words(value: FormDataEntryValue | null): string[] {
-  return String(value ?? "")
-    .split(/[\s,]+/)
-    .filter(Boolean);
-}
+import { ActionsHead, ErrorNote, Field, Loading, Page, fields, useAction, useLoad, when, words } from "../ui";
 
 export function injection(inject: S<"Injection">): string {
   if (inject.header) return `header ${inject.header}: ${inject.format ?? "{value}"}`;
@@ -21,27 +15,22 @@ export function injection(inject: S<"Injection">): string {
 }
 
 function NewSecret({ onDone }: { onDone: () => void }) {
-  const [error, setError] = useState<unknown>(null);
-  async function submit(event: Event) {
-    event.preventDefault();
-    const element = event.target as HTMLFormElement;
-    const form = new FormData(element);
+  const { error, run } = useAction();
+  const submit = (event: Event) => {
+    const { form, get } = fields(event);
     const body: S<"CreateSecretRequest"> = {
-      name: String(form.get("name")),
-      hosts: words(form.get("hosts")),
-      inject: { header: String(form.get("header")), format: String(form.get("format")) || null },
-      value: String(form.get("value")),
-      usable_by: String(form.get("usable_by")) as S<"UsableBy">,
+      name: get("name"),
+      hosts: words(get("hosts")),
+      inject: { header: get("header"), format: get("format") || null },
+      value: get("value"),
+      usable_by: get("usable_by") as S<"UsableBy">,
     };
-    try {
+    return run(async () => {
       ok(await api.POST("/v1/secrets", { body }));
-      element.reset();
-      setError(null);
+      form.reset();
       onDone();
-    } catch (failure) {
-      setError(failure);
-    }
-  }
+    });
+  };
   return (
     <form class="panel form-grid" onSubmit={submit} aria-label="New secret">
       <h2>New secret</h2>
@@ -73,19 +62,15 @@ function NewSecret({ onDone }: { onDone: () => void }) {
 }
 
 function Rotate({ secret, onDone }: { secret: S<"Secret">; onDone: () => void }) {
-  const [error, setError] = useState<unknown>(null);
-  async function submit(event: Event) {
-    event.preventDefault();
-    const element = event.target as HTMLFormElement;
-    const value = String(new FormData(element).get("value"));
-    try {
-      ok(await api.PUT("/v1/secrets/{name}", { params: { path: { name: secret.name } }, body: { value } }));
-      element.reset();
+  const { error, run } = useAction();
+  const submit = (event: Event) => {
+    const { form, get } = fields(event);
+    return run(async () => {
+      ok(await api.PUT("/v1/secrets/{name}", { params: { path: { name: secret.name } }, body: { value: get("value") } }));
+      form.reset();
       onDone();
-    } catch (failure) {
-      setError(failure);
-    }
-  }
+    });
+  };
   return (
     <form class="inline" onSubmit={submit} aria-label={`New value for ${secret.name}`}>
       <label>
@@ -103,21 +88,17 @@ function Rotate({ secret, onDone }: { secret: S<"Secret">; onDone: () => void })
 function EgressDefault() {
   // No default yet is `null`: an empty policy (deny by default).
   const policy = useLoad(async () => ok(await api.GET("/v1/egress-policy")) ?? { allow: [], deny: [] }, []);
-  const [error, setError] = useState<unknown>(null);
+  const { error, run } = useAction();
   const [saved, setSaved] = useState(false);
   const admin = isAdmin();
-  async function submit(event: Event) {
-    event.preventDefault();
-    const form = new FormData(event.target as HTMLFormElement);
-    try {
-      ok(await api.PUT("/v1/egress-policy", { body: { allow: words(form.get("allow")), deny: words(form.get("deny")) } }));
+  const submit = (event: Event) => {
+    const { get } = fields(event);
+    return run(async () => {
+      ok(await api.PUT("/v1/egress-policy", { body: { allow: words(get("allow")), deny: words(get("deny")) } }));
       setSaved(true);
-      setError(null);
       policy.reload();
-    } catch (failure) {
-      setError(failure);
-    }
-  }
+    });
+  };
   return (
     <form class="panel form-grid" onSubmit={submit} aria-label="Default egress policy">
       <h2>Default egress policy</h2>
@@ -143,7 +124,7 @@ function EgressDefault() {
 
 export function Secrets() {
   const secrets = useLoad(async () => ok(await api.GET("/v1/secrets")), []);
-  const [error, setError] = useState<unknown>(null);
+  const { error, run } = useAction();
   const admin = isAdmin();
   return (
     <Page title="Secrets and egress">
@@ -161,11 +142,7 @@ export function Secrets() {
               <th>Version</th>
               <th>Usable by</th>
               <th>Updated</th>
-              {admin ? (
-                <th>
-                  <span class="sr-only">Actions</span>
-                </th>
-              ) : null}
+              {admin ? <ActionsHead /> : null}
             </tr>
           </thead>
           <tbody>
@@ -184,15 +161,13 @@ export function Secrets() {
                       type="button"
                       class="danger"
                       aria-label={`Delete ${secret.name}`}
-                      onClick={async () => {
-                        if (!confirm(`Delete the secret ${secret.name}?`)) return;
-                        try {
+                      onClick={() =>
+                        confirm(`Delete the secret ${secret.name}?`) &&
+                        run(async () => {
                           ok(await api.DELETE("/v1/secrets/{name}", { params: { path: { name: secret.name } } }));
                           secrets.reload();
-                        } catch (failure) {
-                          setError(failure);
-                        }
-                      }}
+                        })
+                      }
                     >
                       Delete
                     </button>

@@ -3,7 +3,7 @@
 // team's (a new one made here is put into the snippets, shown this once).
 import { useState } from "preact/hooks";
 import { api, ok } from "../api/client";
-import { CopyButton, ErrorNote, Field, Loading, Page, useLoad } from "../ui";
+import { CopyButton, ErrorNote, Field, Loading, Page, useAction, useLoad } from "../ui";
 
 /// The set-ups, with `token` written in when there is one, else read from SANDBASE_API_KEY
 /// the way each client reads the environment.
@@ -35,18 +35,15 @@ function snippets(origin: string, token: string | null, model: string): [string,
 export function Store() {
   const models = useLoad(async () => ok(await api.GET("/v1/store/models")), []);
   const [token, setToken] = useState<string | null>(null);
-  const [error, setError] = useState<unknown>(null);
+  const { error, run } = useAction();
   const list = models.data?.models ?? [];
   const [model, setModel] = useState("");
   const chosenModel = model || list[0]?.id || "MODEL";
-  async function makeKey() {
-    try {
+  const makeKey = () =>
+    run(async () => {
       const made = ok(await api.POST("/v1/api-keys", { body: { name: `store-${new Date().toISOString().slice(0, 10)}`, role: "member" } }));
       setToken(made.token);
-    } catch (failure) {
-      setError(failure);
-    }
-  }
+    });
   return (
     <Page title="Models and agent set-up">
       <ErrorNote error={models.error || error} />
