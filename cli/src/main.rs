@@ -22,6 +22,7 @@ mod store;
 mod telemetry;
 mod template;
 mod transfer;
+mod vault;
 mod worker;
 
 use std::net::SocketAddr;
@@ -74,7 +75,7 @@ enum Command {
     Admin(serve::AdminCommand),
     /// The vault's key-encryption keys: make one, rotate to the newest.
     #[command(subcommand)]
-    Vault(serve::VaultCommand),
+    Vault(vault::VaultCommand),
     /// The egress proxy process a worker starts and orders about (not for people).
     #[command(hide = true)]
     EgressProxy,
@@ -145,7 +146,7 @@ fn main() -> ExitCode {
         Command::Worker(args) => worker::run(args),
         Command::Migrate { database_url } => serve::migrate(database_url),
         Command::Admin(command) => serve::admin(command),
-        Command::Vault(command) => serve::vault(command),
+        Command::Vault(command) => vault::vault(command),
         Command::Openapi => serve::openapi(),
         Command::EgressProxy => {
             telemetry::init_proxy();

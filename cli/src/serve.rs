@@ -109,75 +109,6 @@ pub enum AdminCommand {
     },
 }
 
-#[derive(Subcommand)]
-pub enum VaultCommand {
-    /// Print a new random key-encryption key entry (`VERSION:BASE64`) for vault.keys or
-    /// the key file.
-    NewKey {
-        #[arg(long, default_value_t = 1)]
-        version: i32,
-    },
-    /// Re-wrap every team's data key under the newest configured key-encryption key (keep
-    /// the older key configured until this has finished; gateways keep working throughout).
-    RotateKek {
-        #[arg(long, env = "SANDBASE_CONFIG")]
-        config: Option<PathBuf>,
-    },
-    /// Replace a team's data key with a new one and re-encrypt its secrets under it (every
-    /// team's, without `--team`): after a suspected leak of a data key or a database backup.
-    RotateDataKeys {
-        #[arg(long)]
-        team: Option<Uuid>,
-        #[arg(long, env = "SANDBASE_CONFIG")]
-        config: Option<PathBuf>,
-    },
-}
-
-pub fn vault(command: VaultCommand) -> anyhow::Result<ExitCode> {
-    match command {
-        VaultCommand::NewKey { version } => {
-            anyhow::ensure!(version > 0, "--version must be positive");
-            println!("{}", sandbase_vault::Keyring::generate_entry(version));
-        }
-        VaultCommand::RotateKek { config } => {
-            telemetry::init_client();
-            let settings = load_operator_settings(config.as_deref())?;
-            let keyring = settings
-                .vault
-                .keyring()?
-                .context("no vault keys configured (vault.keys or vault.key_file)")?;
-            let current = keyring.current();
-            let rewrapped = runtime()?.block_on(async move {
-                let db = startup::connect_database(&settings).await?;
-                Ok::<_, anyhow::Error>(sandbase_vault::rotate(&db, &keyring).await?)
-            })?;
-            println!("re-wrapped {rewrapped} data keys under key version {current}");
-        }
-        VaultCommand::RotateDataKeys { team, config } => {
-            telemetry::init_client();
-            let settings = load_operator_settings(config.as_deref())?;
-            let keyring = settings
-                .vault
-                .keyring()?
-                .context("no vault keys configured (vault.keys or vault.key_file)")?;
-            let (teams, values) = runtime()?.block_on(async move {
-                let db = startup::connect_database(&settings).await?;
-                let teams: Vec<Uuid> = match team {
-                    Some(team) => vec![team],
-                    None => sandbase_vault::teams_with_data_keys(&db).await?,
-                };
-                let mut values = 0;
-                for team in &teams {
-                    values += sandbase_vault::rotate_data_key(&db, &keyring, *team).await?;
-                }
-                Ok::<_, anyhow::Error>((teams.len(), values))
-            })?;
-            println!("replaced {teams} data keys; {values} secret values re-encrypted");
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
 /// The dev-mode defaults: everything on this machine.
 pub const DEV_DATABASE_URL: &str = "postgres://sandbase:sandbase@127.0.0.1:5432/sandbase";
 pub const DEV_REDIS_URL: &str = "redis://127.0.0.1:6379";
@@ -189,7 +120,9 @@ pub fn server(args: ServerArgs) -> anyhow::Result<ExitCode> {
         settings.server.listen = listen;
     }
     let _telemetry = telemetry::init(&settings.telemetry)?;
+    let (_, provider_keys) = crate::dev_store::from_env(|name| std::env::var(name).ok());
     runtime()?.block_on(async move {
+        crate::dev_store::seal(&settings, &provider_keys).await?;
         let application = Application::build(settings).await?;
         tracing::info!(
             address = %application.local_addr(),
@@ -225,7 +158,9 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
 
     let models = settings.store.models.len();
     let dashboard = settings.server.web_dir.is_some();
+    let (_, provider_keys) = crate::dev_store::from_env(|name| std::env::var(name).ok());
     runtime()?.block_on(async move {
+        crate::dev_store::seal(&settings, &provider_keys).await?;
         let application = Application::build(settings).await?;
         let address = application.local_addr();
         let internal = format!("https://{}", application.internal_addr());
@@ -322,7 +257,8 @@ fn dev_defaults(args: &DevArgs, state: &DevState, state_dir: &Path) -> anyhow::R
     defaults.previews.domain = Some("preview.localhost".to_owned());
     defaults.previews.scheme = "http".to_owned();
     defaults.previews.port = Some(args.listen.port());
-    defaults.store = crate::dev_store::from_env(|name| std::env::var(name).ok());
+    // The store's providers from the keys in the environment (stored in the vault by `dev`).
+    defaults.store = crate::dev_store::from_env(|name| std::env::var(name).ok()).0;
     // Checkout returns to the dashboard, which follows the balance until the credits arrive.
     defaults.stripe.success_url = format!("http://{}/billing/success", args.listen);
     defaults.stripe.cancel_url = format!("http://{}/billing/cancel", args.listen);
@@ -495,7 +431,7 @@ fn set_rate_limit(
 }
 
 /// Operator commands need the database and Redis, not the session secret.
-fn load_operator_settings(config: Option<&Path>) -> anyhow::Result<Settings> {
+pub(crate) fn load_operator_settings(config: Option<&Path>) -> anyhow::Result<Settings> {
     let mut defaults = Settings::default();
     // A placeholder that only satisfies validation: operator commands sign nothing.
     defaults.auth.jwt_secret = Some(SecretString::from("x".repeat(32)));
@@ -522,7 +458,7 @@ fn dev_channel(state_dir: &Path) -> anyhow::Result<sandbase_egress::channel::Cha
     Ok(files)
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -184,6 +184,7 @@ fn main() -> anyhow::Result<()> {
             base_url: format!("{direct}/v1"),
             credential_env: None,
             credential_file: Some(secret_file.clone()),
+            credential_secret: None,
             timeout_secs: 120,
             connect_timeout_secs: 10,
         }];

@@ -173,6 +173,8 @@ impl Application {
             .keyring()
             .map_err(|error| anyhow::anyhow!("{error}"))?
             .map(Arc::new);
+        let operator_secrets =
+            crate::store::operator_secrets(&settings.store, &db, vault.as_deref()).await?;
         let state = AppState::new(Services {
             vault,
             db: db.clone(),
@@ -208,7 +210,10 @@ impl Application {
                 Duration::from_secs(settings.auth.failed_auth_window_secs),
             )),
             admission: Arc::new(Admission::new(redis.clone(), &settings.redis.key_prefix)),
-            store: Arc::new(crate::store::Store::new(&settings.store)?),
+            store: Arc::new(crate::store::Store::new(
+                &settings.store,
+                &operator_secrets,
+            )?),
             preview_cache: Arc::default(),
             run_queue: Arc::new(RunQueue::new(redis.clone(), &settings.redis.key_prefix)),
             artifacts: Arc::new(ArtifactStore::from_settings(&settings.runs)?),

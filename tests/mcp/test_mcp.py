@@ -107,6 +107,11 @@ def test_no_key_no_tools_and_foreign_origins_are_refused(cluster):
     assert answer.status_code == 401, answer.text
     assert "sandbox_create" not in answer.text
     assert answer.json()["error"]["code"] == "unauthenticated"
+    # No OAuth is advertised (a client that found metadata would drop its bearer header).
+    assert "resource_metadata" not in answer.headers.get("www-authenticate", "")
+    for path in ("/.well-known/oauth-protected-resource/mcp",
+                 "/.well-known/oauth-authorization-server"):
+        assert httpx2.get(f"{cluster.urls[0]}{path}").status_code == 404
     wrong = httpx2.post(f"{cluster.urls[0]}/mcp", json=initialize,
                         headers={**headers, "authorization": "Bearer sb_nope_nope"})
     assert wrong.status_code == 401

@@ -1,8 +1,11 @@
 """A real gateway (`sandbase server`, its own database and Redis prefix) whose store is
-configured with the local stand-in providers, and a fresh team per test."""
+configured with the local stand-in providers, and a fresh team per test. The OpenAI key comes
+from a file, the Anthropic key from the operator's vault (`sandbase vault secret set`)."""
 
+import base64
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -14,7 +17,8 @@ import pytest
 import standin
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from gateways import drop_database, free_port, fresh_database, gateway_env, start_gateway  # noqa: E402
+from gateways import (  # noqa: E402
+    BINARY, drop_database, free_port, fresh_database, gateway_env, start_gateway)
 
 CONFIG = """
 [store]
@@ -28,7 +32,7 @@ credential_file = "{openai_file}"
 name = "an"
 kind = "anthropic"
 base_url = "{upstream}"
-credential_file = "{anthropic_file}"
+credential_secret = "anthropic-key"
 
 [[store.models]]
 id = "openai/gpt-test"
@@ -105,19 +109,28 @@ class Gateway:
 def gateway():
     upstream, seen = standin.start()
     workdir = tempfile.mkdtemp(prefix="sandbase-sdk-")
-    files = {}
-    for name, secret in [("openai_file", standin.OPENAI_SECRET),
-                         ("anthropic_file", standin.ANTHROPIC_SECRET)]:
-        files[name] = os.path.join(workdir, name)
-        with open(files[name], "w") as handle:
-            handle.write(secret + "\n")
+    openai_file = os.path.join(workdir, "openai_file")
+    with open(openai_file, "w") as handle:
+        handle.write(standin.OPENAI_SECRET + "\n")
     config = os.path.join(workdir, "sandbase.toml")
     with open(config, "w") as handle:
-        handle.write(CONFIG.format(upstream=upstream, **files))
+        handle.write(CONFIG.format(upstream=upstream, openai_file=openai_file))
     database, database_url = fresh_database("sandbase_test_sdk")
     port = free_port()
-    env = gateway_env(database_url, "store", workdir,
+    keys = os.path.join(workdir, "vault.keys")
+    with open(keys, "w") as handle:
+        handle.write(f"1:{base64.b64encode(os.urandom(32)).decode()}\n")
+    env = gateway_env(database_url, "store", workdir, VAULT__KEY_FILE=keys,
                       SERVER__INTERNAL_LISTEN=f"127.0.0.1:{free_port()}")
+    # The operator puts the Anthropic key into the vault, as an operator would.
+    subprocess.run([BINARY, "migrate"], env=env, check=True, capture_output=True)
+    stored = subprocess.run([BINARY, "vault", "secret", "set", "anthropic-key"], env=env,
+                            input=standin.ANTHROPIC_SECRET + "\n", text=True,
+                            capture_output=True, check=True)
+    assert "stored operator secret `anthropic-key`" in stored.stdout, stored
+    listed = subprocess.run([BINARY, "vault", "secret", "ls"], env=env, text=True,
+                            capture_output=True, check=True).stdout
+    assert listed.startswith("anthropic-key\t") and standin.ANTHROPIC_SECRET not in listed
     process, url = start_gateway(env, port, os.path.join(workdir, "gateway.log"), config)
     yield Gateway(url, seen)
     process.terminate()

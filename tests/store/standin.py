@@ -3,7 +3,8 @@
 OpenAI: chat completions (whole, and streamed with ``stream_options.include_usage``),
 Responses (whole and streamed, usage in ``response.completed``) and embeddings. Anthropic:
 messages (whole, and streamed with cumulative ``message_delta`` usage) and token counting.
-It answers only to the operator's credential. The last user message steers it: ``busy``
+It answers only to the operator's credential. The last user message steers it: ``broken``
+(500), ``overloaded`` (Anthropic's 529), ``busy``
 answers 429 with ``Retry-After``.
 """
 
@@ -81,6 +82,11 @@ class Handler(BaseHTTPRequestHandler):
             allowed = self.headers.get("authorization") == f"Bearer {OPENAI_SECRET}"
         if not allowed:
             return self.send_json(401, {"error": {"message": "bad key"}})
+        if "broken" in last_text(body):
+            return self.send_json(500, {"error": {"message": "broke", "type": "server_error"}})
+        if "overloaded" in last_text(body):
+            error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+            return self.send_json(529, error, [("retry-after", "3")])
         if "busy" in last_text(body):
             error = {"error": {"message": "slow down", "type": "rate_limit_error"}}
             return self.send_json(429, error, [("retry-after", "7")])

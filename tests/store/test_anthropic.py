@@ -66,3 +66,7 @@ def test_refusals_raise_the_sdks_own_errors(gateway, key):
     with pytest.raises(anthropic.RateLimitError):
         client(gateway, key).messages.create(model="anthropic/claude-test", max_tokens=10,
                                              messages=ask("busy"))
+    with pytest.raises(anthropic.OverloadedError) as error:
+        client(gateway, key).messages.create(model="anthropic/claude-test", max_tokens=10,
+                                             messages=ask("overloaded"))
+    assert error.value.response.headers["retry-after"] == "3"

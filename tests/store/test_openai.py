@@ -87,6 +87,9 @@ def test_refusals_raise_the_sdks_own_errors(gateway, key):
     with pytest.raises(openai.RateLimitError) as error:
         sdk.chat.completions.create(model="openai/gpt-test", messages=ask("busy"))
     assert error.value.response.headers["retry-after"] == "7"
+    with pytest.raises(openai.InternalServerError) as error:
+        sdk.chat.completions.create(model="openai/gpt-test", messages=ask("broken"))
+    assert error.value.status_code == 500
     # 10 starter credits cannot cover 100 000 output tokens at 1000 credits per million.
     with pytest.raises(openai.APIStatusError) as error:
         sdk.chat.completions.create(model="openai/gpt-dear", messages=ask())

@@ -10,11 +10,19 @@
 //! names the team, the secret and the version: a ciphertext moved to another row (another
 //! team's, another secret's, another version's) fails to decrypt instead of revealing
 //! anything. Plaintext keys and values live in [`Zeroizing`] buffers, cleared on drop.
+//!
+//! The operator's own credentials (the store's upstream keys) are named operator secrets,
+//! sealed by the KEK itself and bound to their name (`operator`).
 
 mod keyring;
+mod operator;
 mod store;
 
 pub use keyring::{KEY_BYTES, Keyring};
+pub use operator::{
+    OperatorSecret, operator_secrets, remove_operator_secret, reseal_operator_secrets,
+    reveal_operator_secret, set_operator_secret,
+};
 pub use store::{DataKey, reveal, rotate, rotate_data_key, seal_secret, teams_with_data_keys};
 pub use zeroize::Zeroizing;
 

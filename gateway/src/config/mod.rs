@@ -18,8 +18,8 @@ mod store;
 
 pub use cidr::Cidr;
 pub use store::{
-    ApiSettings, McpServerSettings, ModelSettings, ProviderKind, ProviderSettings, StoreSettings,
-    TokenPrices,
+    ApiSettings, CredentialSource, McpServerSettings, ModelSettings, ProviderKind,
+    ProviderSettings, StoreSettings, TokenPrices,
 };
 
 pub use sections::{

@@ -66,6 +66,10 @@ pub struct ProviderSettings {
     /// Or a file holding it (a mounted secret), read at start-up.
     #[serde(default)]
     pub credential_file: Option<std::path::PathBuf>,
+    /// Or the name of an operator secret in the vault (`sandbase vault secret set NAME`),
+    /// read at start-up.
+    #[serde(default)]
+    pub credential_secret: Option<String>,
     /// Seconds a call may take, streams included.
     #[serde(default = "default_timeout_secs")]
     pub timeout_secs: u64,
@@ -117,6 +121,8 @@ pub struct ApiSettings {
     pub credential_env: Option<String>,
     #[serde(default)]
     pub credential_file: Option<std::path::PathBuf>,
+    #[serde(default)]
+    pub credential_secret: Option<String>,
     /// Where the credential goes: `bearer` (`Authorization: Bearer …`), `header:NAME` or
     /// `query:NAME`.
     #[serde(default = "default_inject")]
@@ -145,6 +151,8 @@ pub struct McpServerSettings {
     pub credential_env: Option<String>,
     #[serde(default)]
     pub credential_file: Option<std::path::PathBuf>,
+    #[serde(default)]
+    pub credential_secret: Option<String>,
     /// Where the credential goes: `bearer` or `header:NAME`.
     #[serde(default = "default_inject")]
     pub inject: String,
@@ -158,6 +166,63 @@ pub struct McpServerSettings {
 fn default_inject() -> String {
     "bearer".to_owned()
 }
+
+/// Where an upstream's credential comes from; at most one is set (none: the upstream needs
+/// no credential).
+#[derive(Debug, Clone, Copy)]
+pub struct CredentialSource<'a> {
+    pub env: Option<&'a str>,
+    pub file: Option<&'a std::path::Path>,
+    pub secret: Option<&'a str>,
+}
+
+impl CredentialSource<'_> {
+    fn check(&self, key: &str) -> Result<(), ConfigError> {
+        let set = [
+            self.env.is_some(),
+            self.file.is_some(),
+            self.secret.is_some(),
+        ]
+        .into_iter()
+        .filter(|set| *set)
+        .count();
+        if set > 1 {
+            return Err(ConfigError(format!(
+                "keys `{key}.credential_env`, `{key}.credential_file` and `{key}.credential_secret`: set one at most"
+            )));
+        }
+        let valid_secret = |name: &str| {
+            !name.is_empty()
+                && name.len() <= 64
+                && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+        };
+        match self.secret {
+            Some(name) if !valid_secret(name) => Err(ConfigError(format!(
+                "key `{key}.credential_secret` must name an operator secret (1 to 64 letters, digits, `_`, `.` or `-`), not `{name}`"
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+macro_rules! credential_source {
+    ($($settings:ty),*) => {$(
+        impl $settings {
+            pub fn credential(&self) -> CredentialSource<'_> {
+                CredentialSource {
+                    env: self.credential_env.as_deref(),
+                    file: self.credential_file.as_deref(),
+                    secret: self.credential_secret.as_deref(),
+                }
+            }
+        }
+    )*};
+}
+
+credential_source!(ProviderSettings, ApiSettings, McpServerSettings);
 
 fn default_max_response() -> u64 {
     16 * 1024 * 1024
@@ -196,7 +261,7 @@ fn check_upstream(
     key: &str,
     name: &str,
     url: (&str, &str),
-    two_credentials: bool,
+    credential: CredentialSource<'_>,
 ) -> Result<(), ConfigError> {
     if !valid_name(name) {
         return Err(not_unique(key, name));
@@ -207,12 +272,7 @@ fn check_upstream(
             url.0
         )));
     }
-    if two_credentials {
-        return Err(ConfigError(format!(
-            "keys `{key}.credential_env` and `{key}.credential_file`: set one, not both"
-        )));
-    }
-    Ok(())
+    credential.check(key)
 }
 
 fn valid_name(name: &str) -> bool {
@@ -237,6 +297,26 @@ fn price(key: String, text: &str) -> Result<(), ConfigError> {
 }
 
 impl StoreSettings {
+    /// The operator secrets the upstreams name, with the key naming each.
+    pub fn credential_secrets(&self) -> Vec<(String, String)> {
+        let providers =
+            self.providers.iter().enumerate().map(|(index, provider)| {
+                (format!("store.providers[{index}]"), provider.credential())
+            });
+        let apis = (self.apis.iter().enumerate())
+            .map(|(index, api)| (format!("store.apis[{index}]"), api.credential()));
+        let servers = (self.mcp_servers.iter().enumerate())
+            .map(|(index, server)| (format!("store.mcp_servers[{index}]"), server.credential()));
+        providers
+            .chain(apis)
+            .chain(servers)
+            .filter_map(|(key, source)| {
+                let name = source.secret?;
+                Some((format!("{key}.credential_secret"), name.to_owned()))
+            })
+            .collect()
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let mut providers = HashSet::new();
         for (index, provider) in self.providers.iter().enumerate() {
@@ -252,11 +332,7 @@ impl StoreSettings {
                     "key `{key}.base_url` must be an http:// or https:// URL"
                 )));
             }
-            if provider.credential_env.is_some() && provider.credential_file.is_some() {
-                return Err(ConfigError(format!(
-                    "keys `{key}.credential_env` and `{key}.credential_file`: set one, not both"
-                )));
-            }
+            provider.credential().check(&key)?;
             if provider.timeout_secs == 0 || provider.connect_timeout_secs == 0 {
                 return Err(ConfigError(format!(
                     "keys `{key}.timeout_secs` and `{key}.connect_timeout_secs` must be at least 1"
@@ -310,7 +386,7 @@ impl StoreSettings {
                 &key,
                 &api.name,
                 ("base_url", &api.base_url),
-                api.credential_env.is_some() && api.credential_file.is_some(),
+                api.credential(),
             )?;
             let target = api
                 .inject
@@ -350,7 +426,7 @@ impl StoreSettings {
                 &key,
                 &server.name,
                 ("url", &server.url),
-                server.credential_env.is_some() && server.credential_file.is_some(),
+                server.credential(),
             )?;
             let header_ok = server
                 .inject

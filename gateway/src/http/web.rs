@@ -25,6 +25,9 @@ const API_PREFIXES: &[&str] = &[
     "/readyz",
     "/metrics",
     "/internal/",
+    // Discovery documents (OAuth metadata among them): SandBase publishes none, and a
+    // client must see a 404, not the dashboard's page.
+    "/.well-known/",
 ];
 
 /// The dashboard's files, by URL path.

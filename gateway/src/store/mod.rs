@@ -20,7 +20,8 @@ use anyhow::Context;
 use secrecy::{ExposeSecret, SecretString};
 
 use crate::config::{
-    ApiSettings, ModelSettings, ProviderKind, ProviderSettings, StoreSettings, TokenPrices,
+    ApiSettings, CredentialSource, ModelSettings, ProviderKind, ProviderSettings, StoreSettings,
+    TokenPrices,
 };
 
 /// A provider with the operator's credential and a client of its own (its timeouts).
@@ -51,13 +52,17 @@ pub struct Store {
 /// The Anthropic API version sent when the client names none.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 
-/// An operator's credential from the environment variable or the file `key` names.
+/// The operator secrets the store's upstreams name, by name, revealed from the vault.
+pub type OperatorSecrets = HashMap<String, SecretString>;
+
+/// An operator's credential from the environment variable, the file or the operator secret
+/// the upstream at `key` names.
 fn credential(
     key: &str,
-    env: Option<&String>,
-    file: Option<&std::path::PathBuf>,
+    source: CredentialSource<'_>,
+    secrets: &OperatorSecrets,
 ) -> anyhow::Result<Option<SecretString>> {
-    if let Some(variable) = env {
+    if let Some(variable) = source.env {
         let value = std::env::var(variable).map_err(|_| {
             anyhow::anyhow!(
                 "key `{key}.credential_env`: the environment variable {variable} is not set"
@@ -65,12 +70,51 @@ fn credential(
         })?;
         return Ok(Some(SecretString::from(value)));
     }
-    if let Some(path) = file {
+    if let Some(path) = source.file {
         let value = std::fs::read_to_string(path)
             .with_context(|| format!("key `{key}.credential_file`: reading {}", path.display()))?;
         return Ok(Some(SecretString::from(value.trim().to_owned())));
     }
+    if let Some(name) = source.secret {
+        let value = secrets.get(name).with_context(|| {
+            format!("key `{key}.credential_secret`: no operator secret named `{name}`")
+        })?;
+        return Ok(Some(value.clone()));
+    }
     Ok(None)
+}
+
+/// Reveals the operator secrets `[store]` names from the vault, each an error naming the key
+/// that wants it when the vault is not configured or has no such secret.
+pub async fn operator_secrets(
+    settings: &StoreSettings,
+    db: &sqlx::PgPool,
+    keyring: Option<&sandbase_vault::Keyring>,
+) -> anyhow::Result<OperatorSecrets> {
+    let mut secrets = OperatorSecrets::new();
+    let wanted = settings.credential_secrets();
+    if wanted.is_empty() {
+        return Ok(secrets);
+    }
+    let mut connection = db.acquire().await?;
+    for (key, name) in wanted {
+        let keyring = keyring.with_context(|| {
+            format!("key `{key}`: the vault is not configured (vault.keys or vault.key_file)")
+        })?;
+        if secrets.contains_key(&name) {
+            continue;
+        }
+        let value = sandbase_vault::reveal_operator_secret(&mut connection, keyring, &name)
+            .await
+            .map_err(|error| anyhow::anyhow!("key `{key}`: the vault: {error}"))?
+            .with_context(|| {
+                format!("key `{key}`: no operator secret named `{name}` (sandbase vault secret set {name})")
+            })?;
+        let value = String::from_utf8(value.to_vec())
+            .map_err(|_| anyhow::anyhow!("key `{key}`: operator secret `{name}` is not UTF-8"))?;
+        secrets.insert(name, SecretString::from(value));
+    }
+    Ok(secrets)
 }
 
 /// A paid API with the operator's credential and its prices in micro-credits.
@@ -93,17 +137,13 @@ impl PaidApi {
 }
 
 impl Store {
-    /// The catalog from `[store]` (already validated), with each provider's credential read
-    /// from the environment variable it names.
-    pub fn new(settings: &StoreSettings) -> anyhow::Result<Store> {
+    /// The catalog from `[store]` (already validated), with each upstream's credential read
+    /// from the environment variable, file or operator secret (in `secrets`) it names.
+    pub fn new(settings: &StoreSettings, secrets: &OperatorSecrets) -> anyhow::Result<Store> {
         let mut providers = HashMap::new();
         for (index, provider) in settings.providers.iter().enumerate() {
             let key = format!("store.providers[{index}]");
-            let credential = credential(
-                &key,
-                provider.credential_env.as_ref(),
-                provider.credential_file.as_ref(),
-            )?;
+            let credential = credential(&key, provider.credential(), secrets)?;
             let client = reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(provider.connect_timeout_secs))
                 .timeout(Duration::from_secs(provider.timeout_secs))
@@ -132,18 +172,14 @@ impl Store {
                 settings: model.clone(),
             })
             .collect();
-        let apis = paid_apis(settings)?;
+        let apis = paid_apis(settings, secrets)?;
         let mcp_servers = settings
             .mcp_servers
             .iter()
             .enumerate()
             .map(|(index, server)| {
                 let key = format!("store.mcp_servers[{index}]");
-                let credential = credential(
-                    &key,
-                    server.credential_env.as_ref(),
-                    server.credential_file.as_ref(),
-                )?;
+                let credential = credential(&key, server.credential(), secrets)?;
                 mcp_servers::McpServer::new(&key, server, credential)
             })
             .collect::<anyhow::Result<_>>()?;
@@ -190,7 +226,7 @@ impl Store {
 }
 
 /// The paid APIs of `[store]`, each with its credential and client.
-fn paid_apis(settings: &StoreSettings) -> anyhow::Result<Vec<PaidApi>> {
+fn paid_apis(settings: &StoreSettings, secrets: &OperatorSecrets) -> anyhow::Result<Vec<PaidApi>> {
     let price = |text: &str| sandbase_billing::Credits::parse(text).map_or(0, |credits| credits.0);
     settings
         .apis
@@ -199,11 +235,7 @@ fn paid_apis(settings: &StoreSettings) -> anyhow::Result<Vec<PaidApi>> {
         .map(|(index, api)| {
             let key = format!("store.apis[{index}]");
             Ok(PaidApi {
-                credential: credential(
-                    &key,
-                    api.credential_env.as_ref(),
-                    api.credential_file.as_ref(),
-                )?,
+                credential: credential(&key, api.credential(), secrets)?,
                 client: reqwest::Client::builder()
                     .connect_timeout(Duration::from_secs(10))
                     .timeout(Duration::from_secs(api.timeout_secs))

@@ -90,6 +90,17 @@ async fn the_dashboard_is_served_beside_the_api() {
         .await;
     assert_eq!(unknown.status, StatusCode::NOT_FOUND);
     assert_eq!(unknown.body["error"]["code"], "route_not_found");
+    // No OAuth metadata is published: an MCP client that found some would stop sending the
+    // static bearer header it was configured with.
+    for discovery in [
+        "/.well-known/oauth-protected-resource",
+        "/.well-known/oauth-protected-resource/mcp",
+        "/.well-known/oauth-authorization-server",
+    ] {
+        let answer = app.request(Method::GET, discovery, None, None).await;
+        assert_eq!(answer.status, StatusCode::NOT_FOUND, "{discovery}");
+        assert_eq!(answer.body["error"]["code"], "route_not_found");
+    }
     let posted = app
         .request(Method::POST, "/keys", None, Some(json!({})))
         .await;

@@ -36,6 +36,7 @@ mod sessions;
 mod snapshots;
 mod store;
 mod store_budgets;
+mod store_operator_secrets;
 mod store_sandbox;
 mod store_upstream;
 mod stripe;

@@ -37,6 +37,7 @@ fn provider(name: &str, kind: ProviderKind, base_url: String, secret: &str) -> P
         base_url,
         credential_env: None,
         credential_file: Some(file),
+        credential_secret: None,
         timeout_secs: 30,
         connect_timeout_secs: 5,
     }
@@ -88,6 +89,7 @@ pub async fn store_app_with(
                 base_url: format!("{upstream}/api"),
                 credential_env: None,
                 credential_file: file,
+                credential_secret: None,
                 inject: "query:key".to_owned(),
                 price_per_call: "0.01".to_owned(),
                 price_per_mib: "1".to_owned(),
@@ -242,6 +244,63 @@ async fn model_calls_are_forwarded_with_the_operators_key_and_metered_exactly() 
     assert_eq!(available(&app, key).await, before - spent);
 }
 
+/// A provider's 429, 500 and 529 pass through with their status, body and `Retry-After`;
+/// the operator's refused key is a 502; none of them costs anything.
+#[tokio::test]
+async fn upstream_failures_pass_through_and_cost_nothing() {
+    let (app, _) = store_app().await;
+    let team = app.signup("upstream-fail@example.com", "Upstream").await;
+    let key = team.api_key.token.as_str();
+    // The provider's 429 passes through with its Retry-After, and costs nothing.
+    let answer = call(
+        &app,
+        "/openai/v1/chat/completions",
+        key,
+        chat("openai/gpt-test", "busy", false),
+    )
+    .await;
+    assert_eq!(answer.status(), 429);
+    assert_eq!(answer.headers()["retry-after"], "7");
+    // A provider's 500, and Anthropic's 529 (overloaded), pass through as they came, free.
+    let answer = call(
+        &app,
+        "/openai/v1/chat/completions",
+        key,
+        chat("openai/gpt-test", "broken", true),
+    )
+    .await;
+    assert_eq!(answer.status(), 500);
+    assert_eq!(answer.text().await.unwrap(), store_upstream::BROKEN);
+    let answer = call(
+        &app,
+        "/anthropic/v1/messages",
+        key,
+        chat("anthropic/claude-test", "overloaded", false),
+    )
+    .await;
+    assert_eq!(answer.status(), 529);
+    assert_eq!(answer.headers()["retry-after"], "3");
+    let body: Value = answer.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "overloaded_error", "{body}");
+    // The operator's key refused: 502, said as such.
+    let answer = call(
+        &app,
+        "/openai/v1/chat/completions",
+        key,
+        chat("openai/gpt-misconfigured", "hi", false),
+    )
+    .await;
+    assert_eq!(answer.status(), 502);
+    let body: Value = answer.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "upstream_auth_failed");
+    assert_eq!(app.count("SELECT count(*) FROM store_requests").await, 0);
+    assert_eq!(
+        app.count("SELECT count(*) FROM ledger_transactions WHERE kind = 'debit'")
+            .await,
+        0
+    );
+}
+
 #[tokio::test]
 async fn refusals_come_in_each_familys_shape() {
     let (app, _) = store_app().await;
@@ -278,33 +337,6 @@ async fn refusals_come_in_each_familys_shape() {
     )
     .await;
     assert_eq!(answer.status(), 401);
-    // The provider's 429 passes through with its Retry-After, and costs nothing.
-    let answer = call(
-        &app,
-        "/openai/v1/chat/completions",
-        key,
-        chat("openai/gpt-test", "busy", false),
-    )
-    .await;
-    assert_eq!(answer.status(), 429);
-    assert_eq!(answer.headers()["retry-after"], "7");
-    // The operator's key refused: 502, said as such.
-    let answer = call(
-        &app,
-        "/openai/v1/chat/completions",
-        key,
-        chat("openai/gpt-misconfigured", "hi", false),
-    )
-    .await;
-    assert_eq!(answer.status(), 502);
-    let body: Value = answer.json().await.unwrap();
-    assert_eq!(body["error"]["code"], "upstream_auth_failed");
-    assert_eq!(app.count("SELECT count(*) FROM store_requests").await, 0);
-    assert_eq!(
-        app.count("SELECT count(*) FROM ledger_transactions WHERE kind = 'debit'")
-            .await,
-        0
-    );
     // The models of each family, in its shape.
     let listed: Value = app
         .http
@@ -330,15 +362,15 @@ async fn refusals_come_in_each_familys_shape() {
     assert_eq!(listed["data"][0]["id"], "anthropic/claude-test", "{listed}");
 }
 
-/// 20 concurrent streaming calls whose worst case is 2 credits each against 10 starter
-/// credits: at most 5 are admitted at once, the others are refused 402, and the balance
-/// never goes below zero.
+/// 50 concurrent streaming calls whose worst case is 2 credits each against 10 starter
+/// credits (exactly 5 worst cases): at most 5 are admitted, the others are refused 402, and
+/// the balance never goes below zero.
 #[tokio::test]
 async fn concurrent_calls_cannot_overdraw_the_balance() {
     let (app, _) = store_app().await;
     let team = app.signup("race@example.com", "Race").await;
     let key = team.api_key.token.clone();
-    let calls = (0..20).map(|_| {
+    let calls = (0..50).map(|_| {
         let (app, key) = (&app, key.as_str());
         async move {
             let answer = call(

@@ -1,7 +1,8 @@
 //! A local stand-in for the model providers, speaking their wire formats: OpenAI chat
 //! completions (whole and streamed, with `stream_options.include_usage`), Anthropic messages
 //! (whole and streamed, with cumulative `message_delta`s) and token counting. What a request
-//! asks for is in its last message: `busy` (429 with `Retry-After`), `slow` (a pause between
+//! asks for is in its last message: `busy` (429 with `Retry-After`), `broken` (500),
+//! `overloaded` (Anthropic's 529 with `Retry-After`), `slow` (a pause between
 //! chunks), `no usage` (a stream that never reports usage). It answers only to the
 //! operator's credential, and keeps what it was sent.
 
@@ -19,6 +20,8 @@ use serde_json::{Value, json};
 pub const OPENAI_SECRET: &str = "upstream-secret-openai";
 pub const ANTHROPIC_SECRET: &str = "upstream-secret-anthropic";
 pub const API_SECRET: &str = "upstream-secret-api&=?";
+/// The body of the stand-in's 500.
+pub const BROKEN: &str = r#"{"error":{"message":"the stand-in broke","type":"server_error"}}"#;
 
 /// What the stand-in received: headers and bodies.
 #[derive(Default, Clone)]
@@ -62,6 +65,15 @@ fn refusal(headers: &HeaderMap, body: &Value, header: &str, secret: &str) -> Opt
     };
     if credential != Some(expected.as_str()) {
         return Some((StatusCode::UNAUTHORIZED, "bad key").into_response());
+    }
+    if asked(body).contains("broken") {
+        return Some((StatusCode::INTERNAL_SERVER_ERROR, BROKEN).into_response());
+    }
+    if asked(body).contains("overloaded") {
+        let overloaded = json!({ "type": "error",
+            "error": { "type": "overloaded_error", "message": "Overloaded" } });
+        let status = StatusCode::from_u16(529).unwrap();
+        return Some((status, [("retry-after", "3")], Json(overloaded)).into_response());
     }
     if asked(body).contains("busy") {
         return Some(
