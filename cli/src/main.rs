@@ -81,6 +81,12 @@ enum Command {
     EgressProxy,
     /// Print the public API's OpenAPI document (what `/v1/openapi.json` serves).
     Openapi,
+    /// Check a configuration as `server` would read it (with the environment's settings),
+    /// naming the key at fault, without starting anything.
+    CheckConfig {
+        #[arg(long, env = "SANDBASE_CONFIG")]
+        config: PathBuf,
+    },
     #[command(flatten)]
     Client(ClientCommand),
 }
@@ -148,6 +154,7 @@ fn main() -> ExitCode {
         Command::Admin(command) => serve::admin(command),
         Command::Vault(command) => vault::vault(command),
         Command::Openapi => serve::openapi(),
+        Command::CheckConfig { config } => serve::check_config(&config),
         Command::EgressProxy => {
             telemetry::init_proxy();
             sandbase_egress::process::run()

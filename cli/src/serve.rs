@@ -234,6 +234,13 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Loads and validates `config` as `server` would, and says so.
+pub fn check_config(config: &Path) -> anyhow::Result<ExitCode> {
+    Settings::load_with_defaults(Settings::default(), Some(config))?;
+    println!("{}: valid", config.display());
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Prints the OpenAPI document, as the gateway renders it, without starting one.
 pub fn openapi() -> anyhow::Result<ExitCode> {
     let routes = sandbase_gateway::http::Routes::new(&Settings::default())?;

@@ -22,8 +22,20 @@ pub struct WorkerArgs {
     pub gateway: String,
     /// This worker's credential (`sandbase admin worker-credential --worker-id ID` prints
     /// it); it names the worker, so `--worker-id` may be left out.
-    #[arg(long, env = "SANDBASE_WORKER_CREDENTIAL", hide_env_values = true)]
-    pub credential: String,
+    #[arg(
+        long,
+        env = "SANDBASE_WORKER_CREDENTIAL",
+        hide_env_values = true,
+        required_unless_present = "credential_file"
+    )]
+    pub credential: Option<String>,
+    /// Or a file holding it (a mounted secret; one trailing newline ignored).
+    #[arg(
+        long,
+        env = "SANDBASE_WORKER_CREDENTIAL_FILE",
+        conflicts_with = "credential"
+    )]
+    pub credential_file: Option<PathBuf>,
     /// TLS of the internal channel: the operator's CA (PEM), which the gateway's certificate
     /// must chain to; with `--tls-cert` and `--tls-key`, this worker serves its API over
     /// https with them. The gateway then sends it credentials.
@@ -312,7 +324,14 @@ fn hostname() -> String {
 
 pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     crate::telemetry::init_with_level("info");
-    let mut config = args.node.service_config(&args.gateway, &args.credential)?;
+    let credential = match (&args.credential, &args.credential_file) {
+        (Some(credential), _) => credential.clone(),
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .map(|text| text.trim_end().to_owned())
+            .with_context(|| format!("reading the worker credential from {}", path.display()))?,
+        (None, None) => anyhow::bail!("--credential or --credential-file is required"),
+    };
+    let mut config = args.node.service_config(&args.gateway, &credential)?;
     if let (Some(ca_file), Some(cert_file), Some(key_file)) =
         (&args.tls_ca, &args.tls_cert, &args.tls_key)
     {
