@@ -110,7 +110,7 @@ def test_probes_resources_and_the_gateways_disk(values):
     assert container["resources"]["requests"]["cpu"] and container["resources"]["limits"]["memory"]
     writable = {mount["mountPath"] for mount in container["volumeMounts"]
                 if not mount.get("readOnly")}
-    assert writable == {"/var/lib/sandbase-gateway", "/tmp"}
+    assert writable == {"/var/lib/sandbase", "/tmp"}
     strategy = gateway["spec"]["strategy"]["rollingUpdate"]
     assert strategy["maxUnavailable"] == 0
     for obj, pod in pod_specs(objects):

@@ -88,7 +88,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- if .Values.gateway.dashboard -}}
 {{- $_ := set $server "web_dir" "/usr/share/sandbase/web" -}}
 {{- end -}}
-{{- $runs := dict "artifacts_dir" "/var/lib/sandbase-gateway/artifacts" -}}
+{{- $runs := dict "artifacts_dir" "/var/lib/sandbase/artifacts" -}}
 {{- $s3 := .Values.gateway.artifacts.s3 -}}
 {{- if $s3.bucket -}}
 {{- $bucket := dict "bucket" $s3.bucket "region" $s3.region -}}
