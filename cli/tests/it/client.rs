@@ -299,38 +299,7 @@ async fn secrets_from_the_command_line_and_a_key_rotation() {
         stderr(&output)
     );
 
-    // An operator secret set under the first key-encryption key; then a second key, and the
-    // rotation re-wraps the team's data key and re-seals the operator secret.
-    let operator = [
-        ("DATABASE_URL", server.database_url.as_str()),
-        ("REDIS_URL", "redis://127.0.0.1:6379"),
-        ("SANDBASE_VAULT__KEY_FILE", keys.to_str().unwrap()),
-    ];
-    let output = server.cli(
-        &["vault", "secret", "set", "provider-key"],
-        &operator,
-        Some("pk-operator-value\n"),
-    );
-    assert!(output.status.success(), "{}", stderr(&output));
-    let output = server_less_cli(&["vault", "new-key", "--version", "2"]);
-    let second = String::from_utf8(output.stdout).unwrap();
-    std::fs::write(&keys, format!("{first}{second}")).unwrap();
-    let output = server.cli(&["vault", "rotate-kek"], &operator, None);
-    assert!(output.status.success(), "{}", stderr(&output));
-    assert!(
-        stdout(&output).contains(
-            "re-wrapped 1 data keys and re-sealed 1 operator secrets under key version 2"
-        ),
-        "{}",
-        stdout(&output)
-    );
-    let output = server.cli(&["vault", "secret", "ls"], &operator, None);
-    let listed = stdout(&output);
-    assert!(
-        listed.starts_with("provider-key\t") && listed.contains("key version 2"),
-        "{listed}"
-    );
-    assert!(!listed.contains("pk-operator-value"));
+    let operator = rotate_the_key_encryption_keys(&server, &keys, &first);
     // Set twice, one value is left: the first version's ciphertext is gone.
     let versions = server.query_count("SELECT count(*) FROM secret_versions");
     assert_eq!(versions, 1);
@@ -354,4 +323,45 @@ fn server_less_cli(args: &[&str]) -> std::process::Output {
         .expect("run sandbase");
     assert!(output.status.success(), "{}", stderr(&output));
     output
+}
+
+/// An operator secret set under the first key-encryption key; then a second key, and
+/// `rotate-kek` re-wraps the team's data key and re-seals the operator secret. Returns the
+/// operator's environment.
+fn rotate_the_key_encryption_keys<'a>(
+    server: &'a Server,
+    keys: &'a std::path::Path,
+    first: &str,
+) -> [(&'static str, &'a str); 3] {
+    let operator = [
+        ("DATABASE_URL", server.database_url.as_str()),
+        ("REDIS_URL", "redis://127.0.0.1:6379"),
+        ("SANDBASE_VAULT__KEY_FILE", keys.to_str().unwrap()),
+    ];
+    let output = server.cli(
+        &["vault", "secret", "set", "provider-key"],
+        &operator,
+        Some("pk-operator-value\n"),
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let output = server_less_cli(&["vault", "new-key", "--version", "2"]);
+    let second = String::from_utf8(output.stdout).unwrap();
+    std::fs::write(keys, format!("{first}{second}")).unwrap();
+    let output = server.cli(&["vault", "rotate-kek"], &operator, None);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        stdout(&output).contains(
+            "re-wrapped 1 data keys and re-sealed 1 operator secrets under key version 2"
+        ),
+        "{}",
+        stdout(&output)
+    );
+    let output = server.cli(&["vault", "secret", "ls"], &operator, None);
+    let listed = stdout(&output);
+    assert!(
+        listed.starts_with("provider-key\t") && listed.contains("key version 2"),
+        "{listed}"
+    );
+    assert!(!listed.contains("pk-operator-value"));
+    operator
 }
