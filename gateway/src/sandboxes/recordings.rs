@@ -77,13 +77,15 @@ pub struct NewRecording<'a> {
     pub with_input: bool,
 }
 
-/// The row of a session about to open.
+/// The row of a session about to open, for a sandbox of the owner's team only (another
+/// team's sandbox, or none, is not found and leaves no row).
 pub async fn create(state: &AppState, new: NewRecording<'_>) -> ApiResult<Uuid> {
     let id = Uuid::now_v7();
-    sqlx::query(
+    let inserted = sqlx::query(
         "INSERT INTO recordings (id, team_id, sandbox_id, api_key_id, user_id, command, with_input, \
            expires_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, now() + make_interval(secs => $8))",
+         SELECT $1, $2, $3, $4, $5, $6, $7, now() + make_interval(secs => $8) \
+         FROM sandboxes WHERE id = $3 AND team_id = $2",
     )
     .bind(id)
     .bind(new.owner.team_id)
@@ -95,6 +97,9 @@ pub async fn create(state: &AppState, new: NewRecording<'_>) -> ApiResult<Uuid> 
     .bind(state.settings.sandboxes.recording_retention_secs as f64)
     .execute(&state.db)
     .await?;
+    if inserted.rows_affected() == 0 {
+        return Err(ApiError::NotFound("sandbox"));
+    }
     Ok(id)
 }
 

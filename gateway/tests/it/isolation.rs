@@ -92,3 +92,35 @@ async fn a_team_cannot_see_or_touch_another_teams_keys_members_or_audit() {
     let members = app.get("/v1/team/members", &alice.api_key.token).await;
     assert_eq!(members.body["items"][0]["role"], "owner");
 }
+
+/// A terminal opened on a sandbox id that is not the caller's — another team's, or none at
+/// all — is 404, and leaves no recording row behind (found by the OpenAPI fuzzer: the row
+/// was written before the sandbox was looked up, a missing sandbox was a 500).
+#[tokio::test]
+async fn a_terminal_on_a_sandbox_that_is_not_yours_is_not_found_and_records_nothing() {
+    let app = spawn_app().await;
+    let alice = app.signup(&email("alice"), "Alpha").await;
+    let mallory = app.signup(&email("mallory"), "Mallet").await;
+    let theirs = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO sandboxes (id, team_id, template, state, cwd, cpu_millis, memory_mb, \
+           disk_mb, pids, expires_at) \
+         VALUES ($1, $2, 'base', 'running', '/work', 1000, 512, 1024, 256, now() + interval '1 hour')",
+    )
+    .bind(theirs)
+    .bind(alice.team.id)
+    .execute(&app.db)
+    .await
+    .unwrap();
+    for id in [theirs, uuid::Uuid::now_v7()] {
+        let answer = app
+            .post(
+                &format!("/v1/sandboxes/{id}/pty"),
+                &mallory.api_key.token,
+                json!({}),
+            )
+            .await;
+        answer.assert_error(404, "not_found");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM recordings").await, 0);
+}
