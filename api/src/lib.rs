@@ -123,7 +123,7 @@ pub struct SignupRequest {
     #[schema(
         min_length = 1,
         max_length = 100,
-        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*\\S[^\\x00-\\x1f\\x7f-\\x9f]*$"
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*[^\\s\\x00-\\x1f\\x7f-\\x9f][^\\x00-\\x1f\\x7f-\\x9f]*$"
     )]
     pub team_name: String,
 }
@@ -249,7 +249,7 @@ pub struct CreateApiKeyRequest {
     #[schema(
         min_length = 1,
         max_length = 100,
-        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*\\S[^\\x00-\\x1f\\x7f-\\x9f]*$"
+        pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*[^\\s\\x00-\\x1f\\x7f-\\x9f][^\\x00-\\x1f\\x7f-\\x9f]*$"
     )]
     pub name: String,
     /// Role of the key; at most the creator's role. Defaults to the creator's role.

@@ -445,6 +445,13 @@ pub fn signal_number(value: &serde_json::Value) -> Option<i32> {
     match value {
         serde_json::Value::Number(number) => number
             .as_i64()
+            // `9.0` is the integer 9, as JSON Schema has it.
+            .or_else(|| {
+                number
+                    .as_f64()
+                    .filter(|float| float.fract() == 0.0 && float.abs() < 1e9)
+                    .map(|float| float as i64)
+            })
             .and_then(|number| i32::try_from(number).ok())
             .filter(|number| (1..=64).contains(number)),
         serde_json::Value::String(name) => {

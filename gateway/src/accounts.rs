@@ -83,14 +83,21 @@ pub const API_KEY_COLUMNS: &str = "id, public_id, name, role, created_by, create
 /// Normalizes and checks an e-mail address: trimmed, one `@`, a dot in the domain, no spaces.
 pub fn parse_email(email: &str) -> Result<String, ApiError> {
     let email = email.trim();
+    // The document's pattern: ASCII, the local part's usual characters, a host name of two
+    // labels or more.
     let valid = email.len() <= 254
-        && !email.chars().any(|c| c.is_whitespace() || c.is_control())
         && email.split_once('@').is_some_and(|(local, domain)| {
             !local.is_empty()
-                && !domain.contains('@')
-                && domain.contains('.')
-                && !domain.starts_with('.')
-                && !domain.ends_with('.')
+                && local
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+/=?^_`{|}~.-".contains(&b))
+                && domain.split('.').count() >= 2
+                && domain.split('.').all(|label| {
+                    !label.is_empty()
+                        && label
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                })
         });
     if valid {
         Ok(email.to_owned())

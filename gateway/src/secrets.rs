@@ -140,7 +140,7 @@ pub fn validate_injection(inject: &Injection, value: Option<&str>) -> ApiResult<
 }
 
 /// Most paths a placeholder's body and URL swaps apply to.
-const MAX_PLACEHOLDER_PATHS: usize = 32;
+pub const MAX_PLACEHOLDER_PATHS: usize = 32;
 
 fn validate_placeholder(options: &sandbase_api::secrets::PlaceholderOptions) -> ApiResult<()> {
     let name = &options.env;

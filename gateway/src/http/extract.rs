@@ -1,14 +1,18 @@
 //! Extractors whose rejections answer in the API's error format instead of axum's plain text.
 
-use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
+use axum::http::{HeaderMap, header};
+use bytes::Bytes;
 use serde::de::DeserializeOwned;
+use serde_json::Value;
 
 use crate::error::ApiError;
 
 /// `axum::Json`, with rejections mapped to `invalid_json` (400), `invalid_request` (422),
-/// `payload_too_large` (413) and `unsupported_media_type` (415).
+/// `payload_too_large` (413) and `unsupported_media_type` (415). A number with a zero
+/// fractional part (`2.0`) is an integer, as JSON Schema (and so the OpenAPI document) has it.
 pub struct ApiJson<T>(pub T);
 
 impl<S, T> FromRequest<S> for ApiJson<T>
@@ -19,10 +23,67 @@ where
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::Json::<T>::from_request(request, state).await {
+        if !json_content_type(request.headers()) {
+            return Err(ApiError::UnsupportedMediaType);
+        }
+        let bytes = Bytes::from_request(request, state)
+            .await
+            .map_err(bytes_rejection)?;
+        match axum::Json::<T>::from_bytes(&bytes) {
             Ok(axum::Json(value)) => Ok(ApiJson(value)),
+            Err(JsonRejection::JsonDataError(error))
+                if error.body_text().contains("invalid type: floating point") =>
+            {
+                let mut value: Value = serde_json::from_slice(&bytes)
+                    .map_err(|_| ApiError::InvalidRequest(error.body_text()))?;
+                integral_numbers_as_integers(&mut value);
+                serde_json::from_value(value)
+                    .map(ApiJson)
+                    .map_err(|_| ApiError::InvalidRequest(error.body_text()))
+            }
             Err(rejection) => Err(map_json_rejection(rejection)),
         }
+    }
+}
+
+/// `application/json`, or any `application/…+json`, as axum's `Json` accepts.
+fn json_content_type(headers: &HeaderMap) -> bool {
+    let Some(value) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+    else {
+        return false;
+    };
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+/// Rewrites every number with a zero fractional part that fits an integer as that integer.
+fn integral_numbers_as_integers(value: &mut Value) {
+    match value {
+        Value::Number(number) if number.is_f64() => {
+            let float = number.as_f64().unwrap_or(f64::NAN);
+            if float.fract() == 0.0 && float.abs() < 9.0e15 {
+                *value = Value::from(float as i64);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(integral_numbers_as_integers),
+        Value::Object(fields) => fields.values_mut().for_each(integral_numbers_as_integers),
+        _ => {}
+    }
+}
+
+fn bytes_rejection(error: BytesRejection) -> ApiError {
+    if error.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::PayloadTooLarge
+    } else {
+        ApiError::InvalidJson(error.body_text())
     }
 }
 
@@ -31,13 +92,7 @@ fn map_json_rejection(rejection: JsonRejection) -> ApiError {
         JsonRejection::JsonDataError(error) => ApiError::InvalidRequest(error.body_text()),
         JsonRejection::JsonSyntaxError(error) => ApiError::InvalidJson(error.body_text()),
         JsonRejection::MissingJsonContentType(_) => ApiError::UnsupportedMediaType,
-        JsonRejection::BytesRejection(error) => {
-            if error.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge
-            } else {
-                ApiError::InvalidJson(error.body_text())
-            }
-        }
+        JsonRejection::BytesRejection(error) => bytes_rejection(error),
         other => ApiError::InvalidJson(other.body_text()),
     }
 }

@@ -52,6 +52,7 @@ impl Routes {
         let mut openapi =
             serde_json::to_value(&document).context("rendering the OpenAPI document")?;
         api::common_answers::document(&mut openapi);
+        api::schema_rules::document(&mut openapi, settings);
         let web = match &settings.server.web_dir {
             Some(root) => Some(Arc::new(web::WebAssets::load(root)?)),
             None => None,

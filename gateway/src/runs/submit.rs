@@ -66,7 +66,7 @@ pub fn inputs_archive(
 }
 
 const DEFAULT_COMMAND_TIMEOUT_SECS: u64 = 300;
-const MAX_COMMAND_TIMEOUT_SECS: u64 = 24 * 3600;
+pub const MAX_COMMAND_TIMEOUT_SECS: u64 = 24 * 3600;
 
 /// Checks a run, stores its inputs, writes its row (and its audit row) and queues it.
 pub async fn submit(

@@ -76,13 +76,12 @@ impl NewSandbox {
         let timeout_secs = validate_timeout(request.timeout_secs, settings)?;
         let resources = validate_resources(request.resources, settings)?;
         if request.metadata.len() > 32
-            || request
-                .metadata
-                .iter()
-                .any(|(key, value)| key.is_empty() || key.len() > 64 || value.len() > 512)
+            || request.metadata.iter().any(|(key, value)| {
+                key.is_empty() || key.chars().count() > 64 || value.chars().count() > 512
+            })
         {
             return Err(ApiError::InvalidRequest(
-                "`metadata`: at most 32 entries, keys of 1 to 64 bytes, values up to 512 bytes"
+                "`metadata`: at most 32 entries, keys of 1 to 64 characters, values up to 512"
                     .to_owned(),
             ));
         }
@@ -90,7 +89,7 @@ impl NewSandbox {
             return Err(ApiError::InvalidRequest("`mounts`: at most 16".to_owned()));
         }
         for mount in &request.mounts {
-            if mount.volume.is_empty() || mount.volume.len() > 64 {
+            if mount.volume.is_empty() || mount.volume.chars().count() > 64 {
                 return Err(ApiError::InvalidRequest(
                     "`mounts[].volume`: 1 to 64 characters".to_owned(),
                 ));

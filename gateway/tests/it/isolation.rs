@@ -122,5 +122,14 @@ async fn a_terminal_on_a_sandbox_that_is_not_yours_is_not_found_and_records_noth
             .await;
         answer.assert_error(404, "not_found");
     }
+    // The owner's own terminal with a NUL in its command is refused before anything is
+    // written (a recording keeps the command as JSON text, which cannot hold NUL: it was a 500).
+    app.post(
+        &format!("/v1/sandboxes/{theirs}/pty"),
+        &alice.api_key.token,
+        json!({ "cmd": ["sh", "-c", "echo\0"] }),
+    )
+    .await
+    .assert_error(422, "invalid_request");
     assert_eq!(app.count("SELECT count(*) FROM recordings").await, 0);
 }

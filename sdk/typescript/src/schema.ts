@@ -2130,7 +2130,7 @@ export interface components {
         };
         SignalRequest: {
             /** @description A signal number or name (`TERM`, `SIGKILL`, `INT`, …). */
-            signal: unknown;
+            signal: number | string;
         };
         /**
          * @description The answer to a sign-up when the gateway verifies e-mail addresses: the same whether the
@@ -6867,6 +6867,24 @@ export interface operations {
             };
             /** @description Missing, malformed, unknown, revoked or expired credentials (`unauthenticated`, `invalid_api_key`, `session_expired`, …) */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such sandbox or session in the caller's team */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not running or paused */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -16,6 +16,7 @@ mod recordings;
 mod runs;
 mod sandbox_pause;
 mod sandboxes;
+pub mod schema_rules;
 mod secrets;
 mod snapshots;
 mod store;

@@ -65,6 +65,7 @@ async fn open_terminal(
 ) -> ApiResult<Response> {
     let audit = context.action("sandbox.session.open");
     principal.require(Role::Member)?;
+    check_terminal(&request)?;
     // A recorded session's row comes first, so the worker's chunks have a place.
     let recording = if request.record {
         Some(
@@ -105,6 +106,23 @@ async fn open_terminal(
         .await?;
     transaction.commit().await?;
     Ok((StatusCode::CREATED, axum::Json(opened)).into_response())
+}
+
+/// What the gateway can check of a terminal before anything is written: its command's
+/// arguments (no NUL: a recording keeps them as JSON text), environment and directory.
+fn check_terminal(request: &OpenTerminalRequest) -> ApiResult<()> {
+    if let Some(cmd) = &request.cmd
+        && cmd.iter().any(|argument| argument.contains('\0'))
+    {
+        return Err(ApiError::InvalidRequest(
+            "command arguments cannot contain NUL bytes".to_owned(),
+        ));
+    }
+    crate::sandboxes::validate::validate_env(&request.env)?;
+    if let Some(cwd) = &request.cwd {
+        crate::sandboxes::validate::validate_absolute("cwd", cwd)?;
+    }
+    Ok(())
 }
 
 async fn open_on_worker(
@@ -218,7 +236,7 @@ async fn input(state: &AppState, team: Uuid, id: Uuid, session: u32, body: Bytes
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pty/{sid}/resize", tag = "sandboxes", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "Sandbox id"), ("sid" = u32, Path, description = "Session id")),
     request_body = ResizeRequest,
-    responses((status = 204, description = "Resized"), (status = 422, description = "A size outside 1 to 1000", body = ErrorBody)))]
+    responses((status = 204, description = "Resized"), (status = 404, description = "No such sandbox or session in the caller's team", body = ErrorBody), (status = 409, description = "Not running or paused", body = ErrorBody), (status = 422, description = "A size outside 1 to 1000", body = ErrorBody)))]
 async fn terminal_resize(
     State(state): State<AppState>,
     principal: Principal,

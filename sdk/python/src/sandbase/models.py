@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+from re import compile
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
 from typing_extensions import TypeAliasType
 
 
@@ -114,7 +115,9 @@ class BasicAuth(BaseModel):
     model_config = ConfigDict(
         extra='forbid',
     )
-    username: str
+    username: Annotated[
+        str, Field(pattern='^[^:\\u0000-\\u001f\\u007f-\\u009f]{1,256}$')
+    ]
 
 
 class CheckoutAnswer(BaseModel):
@@ -127,6 +130,42 @@ class CheckoutRequest(BaseModel):
         extra='forbid',
     )
     credits: Annotated[int, Field(description='Whole credits to buy.', ge=0)]
+
+
+AllowedModel = TypeAliasType(
+    "AllowedModel", Annotated[str, Field(pattern='^[!-~]{1,128}$')]
+)
+
+
+CmdItem = TypeAliasType("CmdItem", Annotated[str, Field(pattern='^[^\\u0000]*$')])
+
+
+Credential = TypeAliasType(
+    "Credential", Annotated[str, Field(pattern='^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$')]
+)
+
+
+EnvAdditionalProperty = TypeAliasType(
+    "EnvAdditionalProperty", Annotated[str, Field(pattern='^[^\\u0000]*$')]
+)
+
+
+MetadataAdditionalProperty = TypeAliasType(
+    "MetadataAdditionalProperty", Annotated[str, Field(max_length=512)]
+)
+
+
+Host = TypeAliasType(
+    "Host",
+    Annotated[
+        str,
+        Field(
+            pattern=compile(
+                '^(\\*\\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)+(?![0-9]+(:|$))[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?$'
+            )
+        ),
+    ],
+)
 
 
 class EgressFlow(BaseModel):
@@ -169,6 +208,32 @@ class EgressFlowList(BaseModel):
     ]
 
 
+AllowItem = TypeAliasType(
+    "AllowItem",
+    Annotated[
+        str,
+        Field(
+            pattern=compile(
+                '^(\\*\\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)+(?![0-9]+(:|$))[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?$'
+            )
+        ),
+    ],
+)
+
+
+DenyItem = TypeAliasType(
+    "DenyItem",
+    Annotated[
+        str,
+        Field(
+            pattern=compile(
+                '^(\\*\\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)+(?![0-9]+(:|$))[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?$'
+            )
+        ),
+    ],
+)
+
+
 class EgressPolicy(BaseModel):
     """
     Deny by default: `allow` lists host patterns (`api.github.com`, `*.example.org` — its
@@ -179,8 +244,8 @@ class EgressPolicy(BaseModel):
     model_config = ConfigDict(
         extra='forbid',
     )
-    allow: list[str] | None = None
-    deny: list[str] | None = None
+    allow: list[AllowItem] | None = None
+    deny: list[DenyItem] | None = None
 
 
 class ErrorDetail(BaseModel):
@@ -282,6 +347,7 @@ class ExtendTimeoutRequest(BaseModel):
         Field(
             description='New lifetime from now, in seconds (at most `sandboxes.max_timeout_secs`, a day by\ndefault).',
             ge=1,
+            le=86400,
         ),
     ]
 
@@ -365,7 +431,11 @@ class Mount(BaseModel):
         extra='forbid',
     )
     path: Annotated[
-        str, Field(description='Where it appears in the sandbox (absolute).')
+        str,
+        Field(
+            description='Where it appears in the sandbox (absolute).',
+            pattern='^/[^\\u0000]{0,4095}$',
+        ),
     ]
     read_only: Annotated[
         bool | None,
@@ -373,7 +443,12 @@ class Mount(BaseModel):
             description='Read-only unless the volume is writable and this is `false`.'
         ),
     ] = None
-    volume: Annotated[str, Field(description="The volume's name on the workers.")]
+    volume: Annotated[
+        str,
+        Field(
+            description="The volume's name on the workers.", max_length=64, min_length=1
+        ),
+    ]
 
 
 class NewPreview(BaseModel):
@@ -409,12 +484,36 @@ class NewPreview(BaseModel):
     ] = None
 
 
+Placeholder1 = TypeAliasType(
+    "Placeholder1",
+    Annotated[
+        str,
+        Field(
+            description='The variable\'s name (`"GITHUB_TOKEN"`), or the name and where else the placeholder is\nswapped (`{"env": "GITHUB_TOKEN", "in_body": true, "paths": ["/v1/chat/*"]}`).',
+            pattern='^[A-Za-z_][A-Za-z0-9_]{0,127}$',
+        ),
+    ],
+)
+
+
+Path = TypeAliasType(
+    "Path",
+    Annotated[
+        str, Field(pattern='^/[^*\\s\\u0000-\\u001f\\u007f-\\u009f]{0,254}\\*?$')
+    ],
+)
+
+
 class PlaceholderOptions(BaseModel):
     model_config = ConfigDict(
         extra='forbid',
     )
     env: Annotated[
-        str, Field(description='The environment variable holding the placeholder.')
+        str,
+        Field(
+            description='The environment variable holding the placeholder.',
+            pattern='^[A-Za-z_][A-Za-z0-9_]{0,127}$',
+        ),
     ]
     in_body: Annotated[
         bool | None,
@@ -429,9 +528,10 @@ class PlaceholderOptions(BaseModel):
         ),
     ] = None
     paths: Annotated[
-        list[str] | None,
+        list[Path] | None,
         Field(
-            description='Request paths the body and URL swaps apply to: exact, or a prefix ending in `*`\n(`/v1/chat/*`). Required with `in_body` or `in_url`.'
+            description='Request paths the body and URL swaps apply to: exact, or a prefix ending in `*`\n(`/v1/chat/*`). Required with `in_body` or `in_url`.',
+            max_length=32,
         ),
     ] = None
 
@@ -522,8 +622,8 @@ class ResizeRequest(BaseModel):
     model_config = ConfigDict(
         extra='forbid',
     )
-    cols: Annotated[int, Field(ge=0)]
-    rows: Annotated[int, Field(ge=0)]
+    cols: Annotated[int, Field(ge=1, le=1000)]
+    rows: Annotated[int, Field(ge=1, le=1000)]
 
 
 class Resources(BaseModel):
@@ -546,18 +646,21 @@ class ResourcesRequest(BaseModel):
         extra='forbid',
     )
     cpu: Annotated[
-        float | None, Field(description='CPU cores (fractions allowed, e.g. 0.5).')
+        float | None,
+        Field(description='CPU cores (fractions allowed, e.g. 0.5).', ge=0.01, le=4.0),
     ] = None
     disk_mb: Annotated[
         int | None,
         Field(
             description='Size of the writable `/work` (`/tmp` gets a quarter of it).',
-            ge=0,
+            ge=16,
+            le=16384,
         ),
     ] = None
-    memory_mb: Annotated[int | None, Field(ge=0)] = None
+    memory_mb: Annotated[int | None, Field(ge=16, le=8192)] = None
     pids: Annotated[
-        int | None, Field(description='Most processes (and threads) at once.', ge=0)
+        int | None,
+        Field(description='Most processes (and threads) at once.', ge=8, le=4096),
     ] = None
 
 
@@ -584,9 +687,19 @@ RunAs = TypeAliasType(
 class RunInputs(BaseModel):
     model_config = ConfigDict(
         extra='forbid',
+        regex_engine="python-re",
     )
     files: Annotated[
-        dict[str, str] | None,
+        dict[
+            Annotated[
+                str,
+                StringConstraints(
+                    pattern=r'^(?!/)(?!\.\.(?:/|$))[^/\u0000]+(?:/(?!\.\.(?:/|$))[^/\u0000]+)*$'
+                ),
+            ],
+            str,
+        ]
+        | None,
         Field(description='Files by relative path, with their text content.'),
     ] = None
     tar_base64: Annotated[
@@ -614,12 +727,38 @@ class Session(BaseModel):
     token: str
 
 
+Signal = TypeAliasType(
+    "Signal",
+    Annotated[
+        int,
+        Field(
+            description='A signal number or name (`TERM`, `SIGKILL`, `INT`, …).',
+            ge=1,
+            le=64,
+        ),
+    ],
+)
+
+
+Signal1 = TypeAliasType(
+    "Signal1",
+    Annotated[
+        str,
+        Field(
+            description='A signal number or name (`TERM`, `SIGKILL`, `INT`, …).',
+            pattern='^(SIG)?(HUP|INT|QUIT|KILL|USR1|USR2|TERM|CONT|STOP|TSTP|WINCH)$',
+        ),
+    ],
+)
+
+
 class SignalRequest(BaseModel):
     model_config = ConfigDict(
         extra='forbid',
     )
     signal: Annotated[
-        Any, Field(description='A signal number or name (`TERM`, `SIGKILL`, `INT`, …).')
+        Signal | Signal1,
+        Field(description='A signal number or name (`TERM`, `SIGKILL`, `INT`, …).'),
     ]
 
 
@@ -650,7 +789,7 @@ class SignupRequest(BaseModel):
         Field(
             max_length=100,
             min_length=1,
-            pattern='^[^\\x00-\\x1f\\x7f-\\x9f]*\\S[^\\x00-\\x1f\\x7f-\\x9f]*$',
+            pattern='^[^\\x00-\\x1f\\x7f-\\x9f]*[^\\s\\x00-\\x1f\\x7f-\\x9f][^\\x00-\\x1f\\x7f-\\x9f]*$',
         ),
     ]
 
@@ -917,9 +1056,10 @@ class BalanceAnswer(BaseModel):
 class CreateApiKeyRequest(BaseModel):
     model_config = ConfigDict(
         extra='forbid',
+        regex_engine="python-re",
     )
     allowed_models: Annotated[
-        list[str] | None,
+        list[AllowedModel] | None,
         Field(
             description="The store models the key may call: 1 to 32 patterns where `*` stands for any text\n(`openai/*`, `anthropic/claude-*`). A key made by a restricted key is held to its\nparent's list as well.",
             max_length=32,
@@ -940,7 +1080,8 @@ class CreateApiKeyRequest(BaseModel):
     max_credits: Annotated[
         str | None,
         Field(
-            description='Spend cap in credits (a decimal, e.g. "20"): the key\'s sandboxes and calls may cost\nthis much in all.'
+            description='Spend cap in credits (a decimal, e.g. "20"): the key\'s sandboxes and calls may cost\nthis much in all.',
+            pattern='^\\s*(?=[0-9.]*[1-9])[0-9]{0,12}(\\.[0-9]{0,6})?\\s*$',
         ),
     ] = None
     name: Annotated[
@@ -948,7 +1089,7 @@ class CreateApiKeyRequest(BaseModel):
         Field(
             max_length=100,
             min_length=1,
-            pattern='^[^\\x00-\\x1f\\x7f-\\x9f]*\\S[^\\x00-\\x1f\\x7f-\\x9f]*$',
+            pattern='^[^\\x00-\\x1f\\x7f-\\x9f]*[^\\s\\x00-\\x1f\\x7f-\\x9f][^\\x00-\\x1f\\x7f-\\x9f]*$',
         ),
     ]
     role: Role | None = None
@@ -959,19 +1100,31 @@ class CreateRunRequest(BaseModel):
         extra='forbid',
     )
     cmd: Annotated[
-        list[str] | None, Field(description='The program and its arguments (no shell).')
+        list[CmdItem] | None,
+        Field(description='The program and its arguments (no shell).'),
     ] = None
     command: Annotated[
-        str | None, Field(description='A shell command line, run with `/bin/sh -c`.')
+        str | None,
+        Field(
+            description='A shell command line, run with `/bin/sh -c`.',
+            pattern='^[^\\u0000]*$',
+        ),
     ] = None
     credentials: Annotated[
-        list[str] | None,
+        list[Credential] | None,
         Field(
             description="Vault credentials (names) the proxy adds to the run's requests to their hosts."
         ),
     ] = None
     egress: EgressPolicy | None = None
-    env: dict[str, str] | None = None
+    env: Annotated[
+        dict[
+            Annotated[str, StringConstraints(pattern=r'^[^=\u0000]+$')],
+            EnvAdditionalProperty,
+        ]
+        | None,
+        Field(max_length=256),
+    ] = None
     inputs: Annotated[
         RunInputs | None,
         Field(
@@ -982,7 +1135,8 @@ class CreateRunRequest(BaseModel):
     outputs: Annotated[
         str | None,
         Field(
-            description="Directory whose content is kept as the run's artifact (default `/work/out`)."
+            description="Directory whose content is kept as the run's artifact (default `/work/out`).",
+            pattern='^/[^\\u0000]{0,4095}$',
         ),
     ] = None
     resources: ResourcesRequest | None = None
@@ -992,56 +1146,77 @@ class CreateRunRequest(BaseModel):
             description='Access to the model and API store from inside the run (as for sandboxes).'
         ),
     ] = None
-    template: str | None = None
+    template: Annotated[str | None, Field(pattern='^[a-z0-9_-][a-z0-9._-]{0,63}$')] = (
+        None
+    )
     timeout_secs: Annotated[
         int | None,
-        Field(description='Seconds the command may run (default 300).', ge=0),
+        Field(description='Seconds the command may run (default 300).', ge=1, le=86400),
     ] = None
 
 
 class CreateSandboxRequest(BaseModel):
     model_config = ConfigDict(
         extra='forbid',
+        regex_engine="python-re",
     )
     auto_pause_after_idle_secs: Annotated[
         int | None,
         Field(
             description='Pause the sandbox by itself once no command, file call or process I/O has reached it\nfor this many seconds; the next call resumes it (its lifetime runs on meanwhile).',
-            ge=0,
+            ge=1,
+            le=86400,
         ),
     ] = None
     credentials: Annotated[
-        list[str] | None,
+        list[Credential] | None,
         Field(
             description="Vault credentials (names) the egress proxy adds to the sandbox's requests for their\nhosts; the sandbox never sees the values. Needs `egress` allowing those hosts."
         ),
     ] = None
     cwd: Annotated[
         str | None,
-        Field(description='Working directory of commands; `/work` when absent.'),
+        Field(
+            description='Working directory of commands; `/work` when absent.',
+            pattern='^/[^\\u0000]{0,4095}$',
+        ),
     ] = None
     egress: EgressPolicy | None = None
     env: Annotated[
-        dict[str, str] | None,
-        Field(description="Environment of every command (a command's own `env` wins)."),
+        dict[
+            Annotated[str, StringConstraints(pattern=r'^[^=\u0000]+$')],
+            EnvAdditionalProperty,
+        ]
+        | None,
+        Field(
+            description="Environment of every command (a command's own `env` wins).",
+            max_length=256,
+        ),
     ] = None
     isolation: Isolation | None = None
     max_credits: Annotated[
         str | None,
         Field(
-            description='Spend cap of this sandbox, in credits (a decimal, e.g. "0.5"): once its runtime and\nusage cost this much it is stopped (`stop_reason: spend_cap`).'
+            description='Spend cap of this sandbox, in credits (a decimal, e.g. "0.5"): once its runtime and\nusage cost this much it is stopped (`stop_reason: spend_cap`).',
+            pattern='^\\s*(?=[0-9.]*[1-9])[0-9]{0,12}(\\.[0-9]{0,6})?\\s*$',
         ),
     ] = None
     metadata: Annotated[
-        dict[str, str] | None,
+        dict[
+            Annotated[str, StringConstraints(min_length=1, max_length=64)],
+            MetadataAdditionalProperty,
+        ]
+        | None,
         Field(
-            description='Free-form labels to filter on (`GET /v1/sandboxes?metadata.key=value`).'
+            description='Free-form labels to filter on (`GET /v1/sandboxes?metadata.key=value`).',
+            max_length=32,
         ),
     ] = None
     mounts: Annotated[
         list[Mount] | None,
         Field(
-            description='Volumes the operator offers (`sandbase worker --volume NAME=PATH`) to mount; nothing\nelse of the host is visible.'
+            description='Volumes the operator offers (`sandbase worker --volume NAME=PATH`) to mount; nothing\nelse of the host is visible.',
+            max_length=16,
         ),
     ] = None
     resources: ResourcesRequest | None = None
@@ -1060,14 +1235,16 @@ class CreateSandboxRequest(BaseModel):
     template: Annotated[
         str | None,
         Field(
-            description="Template (an image imported on the workers); the server's default when absent."
+            description="Template (an image imported on the workers); the server's default when absent.",
+            pattern='^[a-z0-9_-][a-z0-9._-]{0,63}$',
         ),
     ] = None
     timeout_secs: Annotated[
         int | None,
         Field(
             description='Lifetime in seconds (default 300); extend it with `POST /v1/sandboxes/{id}/timeout`.',
-            ge=0,
+            ge=1,
+            le=86400,
         ),
     ] = None
 
@@ -1129,13 +1306,25 @@ class ExecRequest(BaseModel):
         ),
     ] = None
     cmd: Annotated[
-        list[str] | None, Field(description='The program and its arguments (no shell).')
+        list[CmdItem] | None,
+        Field(description='The program and its arguments (no shell).'),
     ] = None
     command: Annotated[
-        str | None, Field(description='A shell command line, run with `/bin/sh -c`.')
+        str | None,
+        Field(
+            description='A shell command line, run with `/bin/sh -c`.',
+            pattern='^[^\\u0000]*$',
+        ),
     ] = None
-    cwd: str | None = None
-    env: dict[str, str] | None = None
+    cwd: Annotated[str | None, Field(pattern='^/[^\\u0000]{0,4095}$')] = None
+    env: Annotated[
+        dict[
+            Annotated[str, StringConstraints(pattern=r'^[^=\u0000]+$')],
+            EnvAdditionalProperty,
+        ]
+        | None,
+        Field(max_length=256),
+    ] = None
     record: Annotated[
         bool | None,
         Field(
@@ -1145,7 +1334,8 @@ class ExecRequest(BaseModel):
     session: Annotated[
         str | None,
         Field(
-            description="A shell session's name (1–64 letters, digits, `-`, `_`, `.`): the command runs in\nthat session's bash, started on first use, so the working directory and exported\nvariables carry over to the session's next command; the answer is still this\ncommand's own exit code, stdout and stderr. `exit` ends the session, as does a\ntimeout. A session is listed among the sandbox's `/processes` (`shell (session\nNAME)`); a signal to it ends it. At most 4 per sandbox; not with `stream`,\n`background` or `stdin`."
+            description="A shell session's name (1–64 letters, digits, `-`, `_`, `.`): the command runs in\nthat session's bash, started on first use, so the working directory and exported\nvariables carry over to the session's next command; the answer is still this\ncommand's own exit code, stdout and stderr. `exit` ends the session, as does a\ntimeout. A session is listed among the sandbox's `/processes` (`shell (session\nNAME)`); a signal to it ends it. At most 4 per sandbox; not with `stream`,\n`background` or `stdin`.",
+            pattern='^[A-Za-z0-9_.-]{1,64}$',
         ),
     ] = None
     stdin: Annotated[
@@ -1162,7 +1352,8 @@ class ExecRequest(BaseModel):
         int | None,
         Field(
             description='Kill the command (and what it started) after this many seconds.',
-            ge=0,
+            ge=1,
+            le=86400,
         ),
     ] = None
     user: RunAs | None = None
@@ -1235,19 +1426,28 @@ class OpenTerminalRequest(BaseModel):
         extra='forbid',
     )
     cmd: Annotated[
-        list[str] | None,
+        list[CmdItem] | None,
         Field(
             description='The program and its arguments; a login shell (bash when the template has it) when\nabsent.'
         ),
     ] = None
-    cols: Annotated[int | None, Field(ge=0)] = None
+    cols: Annotated[int | None, Field(ge=1, le=1000)] = None
     cwd: Annotated[
-        str | None, Field(description="Working directory; the sandbox's when absent.")
+        str | None,
+        Field(
+            description="Working directory; the sandbox's when absent.",
+            pattern='^/[^\\u0000]{0,4095}$',
+        ),
     ] = None
     env: Annotated[
-        dict[str, str] | None,
+        dict[
+            Annotated[str, StringConstraints(pattern=r'^[^=\u0000]+$')],
+            EnvAdditionalProperty,
+        ]
+        | None,
         Field(
-            description="Environment on top of the sandbox's (`TERM` is `xterm-256color` unless set here)."
+            description="Environment on top of the sandbox's (`TERM` is `xterm-256color` unless set here).",
+            max_length=256,
         ),
     ] = None
     idle_timeout_secs: Annotated[
@@ -1269,14 +1469,14 @@ class OpenTerminalRequest(BaseModel):
             description='Record what is typed as well as what is shown (`false` leaves the input out).'
         ),
     ] = None
-    rows: Annotated[int | None, Field(ge=0)] = None
+    rows: Annotated[int | None, Field(ge=1, le=1000)] = None
     user: RunAs | None = None
 
 
 Placeholder = TypeAliasType(
     "Placeholder",
     Annotated[
-        str | PlaceholderOptions,
+        Placeholder1 | PlaceholderOptions,
         Field(
             description='The variable\'s name (`"GITHUB_TOKEN"`), or the name and where else the placeholder is\nswapped (`{"env": "GITHUB_TOKEN", "in_body": true, "paths": ["/v1/chat/*"]}`).'
         ),
@@ -1479,19 +1679,25 @@ class Injection(BaseModel):
     format: Annotated[
         str | None,
         Field(
-            description="The header's value, with `{value}` where the secret goes (default `{value}`), e.g.\n`Bearer {value}`."
+            description="The header's value, with `{value}` where the secret goes (default `{value}`), e.g.\n`Bearer {value}`.",
+            max_length=512,
+            pattern='^[^\\u0000-\\u001f\\u007f-\\u009f]*\\{value\\}[^\\u0000-\\u001f\\u007f-\\u009f]*$',
         ),
     ] = None
     header: Annotated[
         str | None,
         Field(
-            description='Set (or overwrite) this request header, e.g. `Authorization`.'
+            description='Set (or overwrite) this request header, e.g. `Authorization`.',
+            pattern="^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$",
         ),
     ] = None
     placeholder: Placeholder | None = None
     query: Annotated[
         str | None,
-        Field(description='Set this query parameter to the secret, e.g. `key`.'),
+        Field(
+            description='Set this query parameter to the secret, e.g. `key`.',
+            pattern='^[A-Za-z0-9_.-]{1,128}$',
+        ),
     ] = None
 
 
@@ -1522,10 +1728,17 @@ class UpdateSecretRequest(BaseModel):
     model_config = ConfigDict(
         extra='forbid',
     )
-    hosts: list[str] | None = None
+    hosts: Annotated[list[Host] | None, Field(max_length=32, min_length=1)] = None
     inject: Injection | None = None
     usable_by: UsableBy | None = None
-    value: str
+    value: Annotated[
+        str,
+        Field(
+            max_length=65536,
+            min_length=1,
+            pattern='^[^\\u0000-\\u001f\\u007f-\\u009f]*$',
+        ),
+    ]
 
 
 class CreateSecretRequest(BaseModel):
@@ -1533,7 +1746,7 @@ class CreateSecretRequest(BaseModel):
         extra='forbid',
     )
     hosts: Annotated[
-        list[str],
+        list[Host],
         Field(
             description='Hosts it is added to requests for: `api.github.com`, `*.example.org` (subdomains, not\nthe apex), `host:8443` (ports 80 and 443 unless one is named).',
             max_length=32,
@@ -1556,7 +1769,8 @@ class CreateSecretRequest(BaseModel):
         str,
         Field(
             description='The secret (at most 64 KiB). Never shown again.',
-            max_length=16384,
+            max_length=65536,
             min_length=1,
+            pattern='^[^\\u0000-\\u001f\\u007f-\\u009f]*$',
         ),
     ]
