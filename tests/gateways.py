@@ -54,6 +54,8 @@ def gateway_env(database_url, prefix, workdir, **settings):
         "SANDBASE_AUTH__JWT_SECRET": uuid.uuid4().hex + uuid.uuid4().hex,
         "SANDBASE_AUTH__SIGNUPS_PER_HOUR": "1000000",
         "SANDBASE_RUNS__ARTIFACTS_DIR": os.path.join(workdir, "artifacts"),
+        # No load balancer in front: stop at once on SIGTERM.
+        "SANDBASE_SERVER__DRAIN_SECS": "0",
     }
     env.update({f"SANDBASE_{name}": value for name, value in settings.items()})
     return env

@@ -378,6 +378,8 @@ pub struct Health {
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Readiness {
+    /// `ok`, `unavailable` (PostgreSQL or Redis is not answering) or `draining` (shutting
+    /// down: still serving, leaving the load balancer's rotation).
     pub status: String,
     pub postgres: String,
     pub redis: String,

@@ -253,6 +253,8 @@ pub fn openapi() -> anyhow::Result<ExitCode> {
 fn dev_defaults(args: &DevArgs, state: &DevState, state_dir: &Path) -> anyhow::Result<Settings> {
     let mut defaults = Settings::default();
     defaults.server.listen = args.listen;
+    // One machine, no load balancer to drain from.
+    defaults.server.drain_secs = 0;
     defaults.database.url = Some(SecretString::from(DEV_DATABASE_URL));
     defaults.redis.url = Some(SecretString::from(DEV_REDIS_URL));
     defaults.auth.jwt_secret = Some(SecretString::from(state.jwt_secret.clone()));

@@ -138,6 +138,25 @@ fn spawn_background(
     background
 }
 
+/// The vault's keyring, and the store with its upstreams' credentials (operator secrets
+/// revealed from that vault).
+async fn vault_and_store(
+    settings: &Settings,
+    db: &PgPool,
+) -> anyhow::Result<(
+    Option<Arc<sandbase_vault::Keyring>>,
+    Arc<crate::store::Store>,
+)> {
+    let vault = settings
+        .vault
+        .keyring()
+        .map_err(|error| anyhow::anyhow!("{error}"))?
+        .map(Arc::new);
+    let secrets = crate::store::operator_secrets(&settings.store, db, vault.as_deref()).await?;
+    let store = Arc::new(crate::store::Store::new(&settings.store, &secrets)?);
+    Ok((vault, store))
+}
+
 impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Application> {
         let db = connect_database(&settings).await?;
@@ -168,13 +187,7 @@ impl Application {
         let routes = Routes::new(&settings)?;
         let (worker_client, internal_tls) = worker_client(&settings)?;
         let openapi = Arc::new(routes.openapi.clone());
-        let vault = settings
-            .vault
-            .keyring()
-            .map_err(|error| anyhow::anyhow!("{error}"))?
-            .map(Arc::new);
-        let operator_secrets =
-            crate::store::operator_secrets(&settings.store, &db, vault.as_deref()).await?;
+        let (vault, store) = vault_and_store(&settings, &db).await?;
         let state = AppState::new(Services {
             vault,
             db: db.clone(),
@@ -210,11 +223,9 @@ impl Application {
                 Duration::from_secs(settings.auth.failed_auth_window_secs),
             )),
             admission: Arc::new(Admission::new(redis.clone(), &settings.redis.key_prefix)),
-            store: Arc::new(crate::store::Store::new(
-                &settings.store,
-                &operator_secrets,
-            )?),
+            store,
             preview_cache: Arc::default(),
+            draining: Arc::default(),
             run_queue: Arc::new(RunQueue::new(redis.clone(), &settings.redis.key_prefix)),
             artifacts: Arc::new(ArtifactStore::from_settings(&settings.runs)?),
             openapi,
@@ -297,6 +308,12 @@ impl Application {
                 result.context("serving HTTP")?;
             }
             () = shutdown => {
+                // Readiness flips first; load balancers stop sending while the gateway still
+                // serves what reaches it; then it stops accepting and finishes in flight.
+                let drain = Duration::from_secs(state.settings.server.drain_secs);
+                state.draining.store(true, std::sync::atomic::Ordering::SeqCst);
+                tracing::info!(seconds = drain.as_secs(), "shutting down: draining (/readyz answers 503)");
+                tokio::time::sleep(drain).await;
                 tracing::info!("shutting down: finishing in-flight requests");
                 let _ = stop_sender.send(true);
                 server.await.context("serving HTTP")?;

@@ -64,6 +64,8 @@ pub struct Services {
     pub store: Arc<crate::store::Store>,
     /// Previews read recently (each request to a preview host needs one).
     pub preview_cache: Arc<crate::sandboxes::preview_cache::PreviewCache>,
+    /// Set when the gateway is shutting down: `/readyz` answers 503 `draining`.
+    pub draining: Arc<std::sync::atomic::AtomicBool>,
     /// TLS of the internal channel, when configured.
     pub channel: Option<sandbase_egress::channel::ChannelTls>,
     /// Outgoing mail, when e-mail verification is on.

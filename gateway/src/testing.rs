@@ -83,6 +83,7 @@ pub async fn settings() -> Settings {
     let mut settings = Settings::default();
     settings.server.listen = "127.0.0.1:0".parse().expect("literal address");
     settings.server.shutdown_grace_secs = 5;
+    settings.server.drain_secs = 0;
     settings.database.url = Some(SecretString::from(fresh_database().await));
     settings.database.max_connections = 10;
     settings.redis.url = Some(SecretString::from(redis_url()));

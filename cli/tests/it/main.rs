@@ -55,6 +55,7 @@ impl Server {
                 format!("{}{}", Uuid::new_v4().simple(), Uuid::new_v4().simple()),
             )
             .env("SANDBASE_SERVER__SHUTDOWN_GRACE_SECS", "10")
+            .env("SANDBASE_SERVER__DRAIN_SECS", "0")
             .env(
                 "SANDBASE_SERVER__INTERNAL_LISTEN",
                 format!("127.0.0.1:{internal_port}"),

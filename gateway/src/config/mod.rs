@@ -69,6 +69,7 @@ impl Default for Settings {
                 body_limit_bytes: 1024 * 1024,
                 trusted_proxies: Vec::new(),
                 shutdown_grace_secs: 30,
+                drain_secs: 5,
                 header_read_timeout_secs: 10,
                 max_connections: 10_000,
                 max_connections_per_ip: 256,

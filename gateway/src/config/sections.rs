@@ -281,6 +281,9 @@ pub struct ServerSettings {
     pub trusted_proxies: Vec<super::Cidr>,
     /// How long in-flight requests may take to finish after SIGTERM.
     pub shutdown_grace_secs: u64,
+    /// After SIGTERM, how long the gateway keeps serving while `/readyz` answers 503
+    /// `draining`, so load balancers stop sending before it stops accepting.
+    pub drain_secs: u64,
     /// How long a client may take to send a request's headers (slow clients are cut off).
     pub header_read_timeout_secs: u64,
     /// Most connections open at once; further ones wait to be accepted.

@@ -70,7 +70,9 @@ fn validate(report: &UsageReport, billing: &BillingSettings) -> ApiResult<()> {
 }
 
 /// Writes a batch of samples reported by `worker` (which must host their sandboxes); a
-/// resend conflicts and changes nothing. Returns how many were new.
+/// resend conflicts and changes nothing. Returns how many were new. Rows go in key order, so
+/// concurrent reports that overlap in other orders wait for each other rather than risk a
+/// deadlock (each holding a key the other wants).
 pub async fn insert_samples(
     connection: &mut sqlx::PgConnection,
     samples: &[UsageSample],
@@ -89,6 +91,7 @@ pub async fn insert_samples(
          FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::int8[], $5::bool[], $6::timestamptz[], $8::int8[]) \
               AS r (sandbox, seq, uptime, cpu, last, at, paused) \
          JOIN sandboxes s ON s.id = r.sandbox AND s.worker_id = $7 \
+         ORDER BY r.sandbox, r.seq \
          ON CONFLICT (sandbox_id, seq) DO NOTHING",
     )
     .bind(&sandbox)
@@ -131,6 +134,7 @@ pub async fn ingest(
              FROM unnest($1::text[], $2::uuid[], $3::text[], $4::text[], $5::int8[], $6::timestamptz[]) \
                   AS r (key, sandbox, kind, subject, quantity, at) \
              JOIN sandboxes s ON s.id = r.sandbox AND s.worker_id = $7 \
+             ORDER BY r.key \
              ON CONFLICT (event_key) DO NOTHING",
         )
         .bind(&key)
@@ -166,6 +170,7 @@ pub async fn ingest(
              FROM unnest($1::text[], $2::uuid[], $3::text[], $4::jsonb[], $5::timestamptz[]) \
                   AS r (key, sandbox, action, details, at) \
              JOIN sandboxes s ON s.id = r.sandbox AND s.worker_id = $6 \
+             ORDER BY r.key \
              ON CONFLICT ((details->>'event_key')) WHERE details ? 'event_key' DO NOTHING",
         )
         .bind(&key)

@@ -118,7 +118,20 @@ async fn attacks_fail_under(isolation: Isolation) {
         json!({ "command": "b() { b | b & }; b; sleep 2", "timeout_secs": 5 }),
     )
     .await;
-    assert_eq!(bomb.status, StatusCode::OK, "{}", bomb.body);
+    if bomb.status != StatusCode::OK {
+        // Under gVisor the bomb has now and then ended the sandbox during its own exec (see
+        // below and docs/security.md); under runc the exec always answers.
+        assert_eq!(
+            (isolation, bomb.status),
+            (Isolation::Gvisor, StatusCode::BAD_GATEWAY),
+            "{}",
+            bomb.body
+        );
+        eprintln!(
+            "under gVisor the fork bomb ended the sandbox during its exec: {}",
+            bomb.body
+        );
+    }
     exec(
         &app,
         token,

@@ -1908,6 +1908,10 @@ export interface components {
         Readiness: {
             postgres: string;
             redis: string;
+            /**
+             * @description `ok`, `unavailable` (PostgreSQL or Redis is not answering) or `draining` (shutting
+             *     down: still serving, leaving the load balancer's rotation).
+             */
             status: string;
         };
         /**

@@ -56,16 +56,22 @@ async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) 
         }
         Err(_) => "timeout".to_owned(),
     };
-    let ready = postgres == "ok" && redis == "ok";
+    let draining = state.draining.load(std::sync::atomic::Ordering::SeqCst);
+    let ready = postgres == "ok" && redis == "ok" && !draining;
     let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
+    let label = match (ready, draining) {
+        (true, _) => "ok",
+        (false, true) => "draining",
+        (false, false) => "unavailable",
+    };
     (
         status,
         Json(Readiness {
-            status: if ready { "ok" } else { "unavailable" }.to_owned(),
+            status: label.to_owned(),
             postgres,
             redis,
         }),

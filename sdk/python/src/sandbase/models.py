@@ -581,7 +581,12 @@ class ProcessList(BaseModel):
 class Readiness(BaseModel):
     postgres: str
     redis: str
-    status: str
+    status: Annotated[
+        str,
+        Field(
+            description="`ok`, `unavailable` (PostgreSQL or Redis is not answering) or `draining` (shutting\ndown: still serving, leaving the load balancer's rotation)."
+        ),
+    ]
 
 
 class Recording(BaseModel):

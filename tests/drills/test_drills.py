@@ -1,0 +1,160 @@
+"""Drills on the topology of conftest.py (2 gateways behind haproxy, 3 workers), each checking
+what the system promised while a part of it fails. SANDBASE_DRILL_SANDBOXES sets the size of
+the first drill (500 for the full drill; scripts/test runs fewer to keep CI short)."""
+
+import concurrent.futures
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from sandbase import Sandbase, Sandbox
+
+SANDBOXES = int(os.environ.get("SANDBASE_DRILL_SANDBOXES", "60"))
+
+
+def metric(cluster, index, route_prefix):
+    """Requests gateway `index` answered on routes starting with `route_prefix`."""
+    internal = cluster.ports[index][1]
+    with urllib.request.urlopen(f"http://127.0.0.1:{internal}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("sandbase_http_requests_total{") and f'route="{route_prefix}' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def one_sandbox(url, token, number):
+    """Create a sandbox, run a command in it, destroy it: (what it printed, its id)."""
+    with Sandbase(api_key=token, base_url=url, max_retries=5) as client:
+        with Sandbox.create(client=client, template="busybox", timeout=120) as sandbox:
+            ran = sandbox.commands.run(f"echo drill-{number}")
+            return ran.stdout.strip(), sandbox.id
+
+
+def test_creates_and_execs_spread_over_both_gateways_and_workers(cluster):
+    token, _ = cluster.signup()
+    before = [metric(cluster, index, "/v1/sandboxes") for index in range(2)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
+        results = list(pool.map(lambda n: one_sandbox(cluster.url, token, n), range(SANDBOXES)))
+    assert [out for out, _ in results] == [f"drill-{n}" for n in range(SANDBOXES)]
+    after = [metric(cluster, index, "/v1/sandboxes") for index in range(2)]
+    served = [after[i] - before[i] for i in range(2)]
+    # Round robin: each gateway answered a fair share of the sandbox calls.
+    assert min(served) > 0.3 * sum(served), served
+    placed = cluster.sql("SELECT worker_id, count(*) FROM sandboxes GROUP BY 1 ORDER BY 1")
+    assert len(placed.splitlines()) == 3, placed
+    # Nothing left running anywhere but the workers' warm pools.
+    assert cluster.sql("SELECT count(*) FROM sandboxes WHERE state <> 'stopped'") == "0"
+    assert all(count <= 0 for count in cluster.settle()), cluster.settle(0)
+
+
+def test_a_rolling_restart_of_both_gateways_fails_no_request(cluster):
+    token, _ = cluster.signup()
+    stop = threading.Event()
+    failures, done = [], [0]
+
+    def keep_calling():
+        while not stop.is_set():
+            try:
+                cluster.request("GET", "/v1/me", token)
+                done[0] += 1
+            except (urllib.error.URLError, OSError) as error:
+                failures.append(repr(error))
+
+    callers = [threading.Thread(target=keep_calling) for _ in range(4)]
+    for caller in callers:
+        caller.start()
+    try:
+        for index in range(2):
+            time.sleep(1)
+            # SIGTERM: readiness flips first (503 `draining`) while the gateway still
+            # serves what reaches it; haproxy takes it out; then it stops.
+            process = cluster.gateways[index]
+            process.send_signal(signal.SIGTERM)
+            direct = f"http://127.0.0.1:{cluster.ports[index][0]}"
+            time.sleep(0.3)
+            try:
+                urllib.request.urlopen(f"{direct}/readyz", timeout=5)
+                raise AssertionError("a draining gateway answered /readyz 200")
+            except urllib.error.HTTPError as error:
+                assert error.code == 503 and b"draining" in error.read()
+            assert cluster.request("GET", "/v1/me", token, base=direct)["team"]
+            process.wait(timeout=60)
+            cluster.start_gateway(index)
+            time.sleep(1)                 # haproxy's checks see it ready again
+    finally:
+        stop.set()
+        for caller in callers:
+            caller.join()
+    assert done[0] > 100
+    assert failures == [], failures[:5]
+
+
+def test_a_gateway_killed_under_load_loses_only_its_in_flight_requests(cluster):
+    token, _ = cluster.signup()
+    stop = threading.Event()
+    failures, created = [], []
+    concurrency = 4
+
+    def keep_creating(number):
+        while not stop.is_set():
+            try:
+                _, sandbox_id = one_sandbox(cluster.url, token, number)
+                created.append(sandbox_id)
+            except Exception as error:  # noqa: BLE001 (a lost request, counted)
+                failures.append(repr(error))
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=concurrency) as pool:
+        futures = [pool.submit(keep_creating, n) for n in range(concurrency)]
+        time.sleep(4)
+        cluster.stop_gateway(0, signal.SIGKILL)
+        time.sleep(6)
+        stop.set()
+        for future in futures:
+            future.result()
+    cluster.start_gateway(0)
+    # Only what was in flight at the kill: at most one call per client.
+    assert len(failures) <= concurrency, failures
+    assert len(created) > 10
+    # No sandbox orphaned: whatever a lost request left running is in the database (its
+    # timeout ends it); nothing runs that the database does not know.
+    assert all(count <= 0 for count in cluster.settle()), cluster.settle(0)
+
+
+def test_a_killed_worker_is_lost_its_sandboxes_too_and_it_comes_back_clean(cluster):
+    token, _ = cluster.signup()
+    with Sandbase(api_key=token, base_url=cluster.url) as client:
+        sandboxes = [Sandbox.create(client=client, template="busybox", timeout=300) for _ in range(6)]
+        on = cluster.sql("SELECT worker_id FROM sandboxes WHERE state = 'running' "
+                         "GROUP BY 1 ORDER BY count(*) DESC LIMIT 1")
+        index = int(on.rsplit("-", 1)[1])
+        victims = set(cluster.sql(
+            f"SELECT id FROM sandboxes WHERE worker_id = '{on}' AND state <> 'stopped'").split())
+        process = cluster.workers[index][0]
+        process.kill()
+        process.wait()
+        # Within the heartbeat window (lost_after_secs = 6), its sandboxes are `lost`.
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            lost = set(cluster.sql(
+                f"SELECT id FROM sandboxes WHERE worker_id = '{on}' AND stop_reason = 'lost'").split())
+            if lost == victims:
+                break
+            time.sleep(0.5)
+        assert lost == victims
+        # New sandboxes go to the others.
+        fresh = Sandbox.create(client=client, template="busybox", timeout=60)
+        placed = cluster.sql(f"SELECT worker_id FROM sandboxes WHERE id = '{fresh.id}'")
+        assert placed != on
+        fresh.destroy()
+        # Restarted, the worker removes what it ran before: no orphan left behind.
+        cluster.start_worker(index)
+        assert all(count <= 0 for count in cluster.settle()), cluster.settle(0)
+        for sandbox in sandboxes:
+            if sandbox.id not in victims:
+                sandbox.destroy()
+    cluster.wait_for_workers(3)
