@@ -70,6 +70,10 @@ def wait_ready(url, deadline=60.0, process=None, log=None):
 class Cluster:
     def __init__(self, workdir, database_url):
         self.workdir = workdir
+        # A Redis of the cluster's own, which a drill may kill and start again.
+        self.redis_port = free_port()
+        self.redis = None
+        self.start_redis()
         self.env = gateway_env(database_url, "drill", workdir,
                                WORKERS__NODE_TOKEN=NODE_TOKEN,
                                SANDBOXES__DEFAULT_TEMPLATE="busybox",
@@ -81,12 +85,31 @@ class Cluster:
                                RATE_LIMIT__BURST="10000",
                                SERVER__REQUESTS_PER_IP_PER_SECOND="100000",
                                SERVER__REQUESTS_PER_IP_BURST="100000")
+        self.env["REDIS_URL"] = f"redis://127.0.0.1:{self.redis_port}"
         self.ports = [(free_port(), free_port()) for _ in range(2)]
         self.gateways = [None, None]
         self.public, self.internal = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.public}"
         self.workers = []
         self.haproxy = None
+
+    def start_redis(self):
+        self.redis = subprocess.Popen(
+            ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no"],
+            stdout=open(os.path.join(self.workdir, "redis.log"), "a"), stderr=subprocess.STDOUT)
+        deadline = time.time() + 20
+        while subprocess.run(["redis-cli", "-p", str(self.redis_port), "ping"],
+                             capture_output=True, text=True).stdout.strip() != "PONG":
+            assert time.time() < deadline, "redis-server did not start"
+            time.sleep(0.1)
+
+    def restart_redis(self, down_for):
+        """Kills Redis (its data gone: no persistence) and starts it again after `down_for`."""
+        self.redis.kill()
+        self.redis.wait()
+        time.sleep(down_for)
+        self.start_redis()
 
     def migrate(self):
         subprocess.run([BINARY, "migrate"], env=self.env, check=True, capture_output=True)
@@ -164,6 +187,16 @@ class Cluster:
                             "AND state <> 'stopped'"))
         return len(self.containers(index)) - self.POOL - live
 
+    def explain(self):
+        """Each worker's containers and what the database says of them."""
+        lines = []
+        for index in range(len(self.workers)):
+            for container in self.containers(index):
+                row = self.sql("SELECT state || ' ' || coalesce(stop_reason, '') || ' ' || "
+                               f"coalesce(worker_id, '') FROM sandboxes WHERE id::text = '{container}'")
+                lines.append(f"worker {index}: {container}: {row or 'no row'}")
+        return "\n".join(lines)
+
     def settle(self, deadline=60):
         """Until no worker has a container unaccounted for; their counts."""
         end = time.time() + deadline
@@ -228,6 +261,9 @@ class Cluster:
         if self.haproxy:
             self.haproxy.terminate()
             self.haproxy.wait()
+        if self.redis:
+            self.redis.kill()
+            self.redis.wait()
 
 
 @pytest.fixture(scope="module")

@@ -126,11 +126,24 @@ async fn health(State(state): State<ApiState>) -> Json<serde_json::Value> {
     }))
 }
 
+/// Runs `work` to its end even when the caller goes away: a connection closed mid-call
+/// drops the handler's future, and a create stopped half way (a warm pool's container
+/// claimed, the sandbox not yet hosted) would leave a container nobody lists — not even the
+/// heartbeats through which the gateway removes what it does not know.
+async fn to_the_end<T: Send + 'static>(
+    work: impl std::future::Future<Output = Result<T, NodeError>> + Send + 'static,
+) -> Result<T, NodeError> {
+    tokio::spawn(work)
+        .await
+        .map_err(|error| NodeError::Internal(anyhow::anyhow!("a worker task failed: {error}")))?
+}
+
 async fn create(
     State(state): State<ApiState>,
     Json(request): Json<CreateSandbox>,
 ) -> Result<StatusCode, NodeError> {
-    state.node.create(request).await?;
+    let node = Arc::clone(&state.node);
+    to_the_end(async move { node.create(request).await }).await?;
     Ok(StatusCode::CREATED)
 }
 
@@ -142,7 +155,8 @@ async fn destroy(
     State(state): State<ApiState>,
     Path(id): Path<Uuid>,
 ) -> Result<StatusCode, NodeError> {
-    state.node.destroy(id).await?;
+    let node = Arc::clone(&state.node);
+    to_the_end(async move { Ok(node.destroy(id).await?) }).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
