@@ -69,16 +69,22 @@ def start_gateway(env, port, log, config=None):
         env=env, stdout=subprocess.DEVNULL, stderr=open(log, "w"),
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
+    wait_ready(url, process, log)
+    return process, url
+
+
+def wait_ready(url, process=None, log=None, deadline=60.0):
+    """Until `url`/readyz answers 200; the log's tail when `process` exits or time runs out."""
+    end = time.time() + deadline
     while True:
         try:
-            with urllib.request.urlopen(f"{url}/readyz") as answer:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=2) as answer:
                 if answer.status == 200:
-                    return process, url
+                    return
         except OSError:
             pass
-        if process.poll() is not None or time.time() > deadline:
-            raise RuntimeError(open(log).read()[-4000:])
+        if (process is not None and process.poll() is not None) or time.time() > end:
+            raise RuntimeError(open(log).read()[-4000:] if log else f"{url} never became ready")
         time.sleep(0.1)
 
 

@@ -16,6 +16,19 @@ pub const MAX_VALUE_BYTES: usize = 64 * 1024;
 /// Most hosts one secret is bound to.
 pub const MAX_HOSTS: usize = 32;
 
+/// Headers a credential cannot set (the connection's own, which the proxy owns).
+pub const FORBIDDEN_HEADERS: &[&str] = &[
+    "host",
+    "connection",
+    "content-length",
+    "transfer-encoding",
+    "upgrade",
+    "te",
+    "trailer",
+    "proxy-connection",
+    "keep-alive",
+];
+
 pub fn keyring(state: &AppState) -> ApiResult<&sandbase_vault::Keyring> {
     state
         .vault
@@ -73,18 +86,8 @@ pub fn validate_injection(inject: &Injection, value: Option<&str>) -> ApiResult<
         ));
     }
     if let Some(header) = &inject.header {
-        let forbidden = [
-            "host",
-            "connection",
-            "content-length",
-            "transfer-encoding",
-            "upgrade",
-            "te",
-            "trailer",
-            "proxy-connection",
-            "keep-alive",
-        ];
-        if !is_token(header) || forbidden.contains(&header.to_ascii_lowercase().as_str()) {
+        let lowercase = header.to_ascii_lowercase();
+        if !is_token(header) || FORBIDDEN_HEADERS.contains(&lowercase.as_str()) {
             return Err(ApiError::InvalidRequest(format!(
                 "`inject.header`: `{header}` is not a header name a credential can set"
             )));

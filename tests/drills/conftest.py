@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from gateways import (  # noqa: E402
-    BINARY, SOCKET, drop_database, free_port, fresh_database, gateway_env)
+    BINARY, SOCKET, drop_database, free_port, fresh_database, gateway_env, wait_ready)
 
 NODE_TOKEN = "drill-node-token-" + "x" * 32
 HAPROXY_CONFIG = """
@@ -51,20 +51,6 @@ backend internals
     default-server inter 250ms fall 1 rise 2
 {internal_servers}
 """
-
-
-def wait_ready(url, deadline=60.0, process=None, log=None):
-    end = time.time() + deadline
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/readyz", timeout=2) as answer:
-                if answer.status == 200:
-                    return
-        except OSError:
-            pass
-        if (process is not None and process.poll() is not None) or time.time() > end:
-            raise RuntimeError(open(log).read()[-4000:] if log else f"{url} never ready")
-        time.sleep(0.1)
 
 
 class Cluster:
@@ -122,7 +108,7 @@ class Cluster:
             [BINARY, "server", "--listen", f"127.0.0.1:{public}"],
             env=env, stdout=subprocess.DEVNULL, stderr=open(log, "a"))
         self.gateways[index] = process
-        wait_ready(f"http://127.0.0.1:{public}", process=process, log=log)
+        wait_ready(f"http://127.0.0.1:{public}", process, log)
 
     def stop_gateway(self, index, how=signal.SIGTERM):
         process = self.gateways[index]

@@ -10,13 +10,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from gateways import (  # noqa: E402
-    BINARY, REDIS_URL, drop_database, free_port, fresh_database)
+    BINARY, REDIS_URL, drop_database, free_port, fresh_database, wait_ready)
 
 SCHEMATHESIS = os.path.join(os.path.dirname(sys.executable), "schemathesis")
 
@@ -43,17 +41,8 @@ def start_dev(database_url, workdir):
          "--state-dir", os.path.join(workdir, "state")],
         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/readyz") as answer:
-                if answer.status == 200:
-                    return process, url
-        except OSError:
-            pass
-        if process.poll() is not None or time.time() > deadline:
-            raise RuntimeError(open(os.path.join(workdir, "dev.log")).read()[-4000:])
-        time.sleep(0.2)
+    wait_ready(url, process, os.path.join(workdir, "dev.log"))
+    return process, url
 
 
 def test_the_fuzzer_finds_nothing():

@@ -58,19 +58,6 @@ pub fn document(document: &mut Value, settings: &Settings) {
     }
 }
 
-/// A header a credential cannot set (`secrets::validate_injection`), in any case.
-const FORBIDDEN_HEADERS: &[&str] = &[
-    "host",
-    "connection",
-    "content-length",
-    "transfer-encoding",
-    "upgrade",
-    "te",
-    "trailer",
-    "proxy-connection",
-    "keep-alive",
-];
-
 /// No control character (Unicode's `Cc`: what `char::is_control` refuses).
 const NO_CONTROL: &str = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$";
 
@@ -98,7 +85,10 @@ fn injection(schemas: &mut Map<String, Value>) {
             })
             .collect::<String>()
     };
-    let forbidden: Vec<String> = FORBIDDEN_HEADERS.iter().map(|h| either_case(h)).collect();
+    let forbidden: Vec<String> = crate::secrets::FORBIDDEN_HEADERS
+        .iter()
+        .map(|h| either_case(h))
+        .collect();
     if let Some(schema) = schemas.get_mut("Injection") {
         let properties = &mut schema["properties"];
         properties["header"]["pattern"] = json!("^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$");
