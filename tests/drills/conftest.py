@@ -90,13 +90,6 @@ class Cluster:
             assert time.time() < deadline, "redis-server did not start"
             time.sleep(0.1)
 
-    def restart_redis(self, down_for):
-        """Kills Redis (its data gone: no persistence) and starts it again after `down_for`."""
-        self.redis.kill()
-        self.redis.wait()
-        time.sleep(down_for)
-        self.start_redis()
-
     def migrate(self):
         subprocess.run([BINARY, "migrate"], env=self.env, check=True, capture_output=True)
 
