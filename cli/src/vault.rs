@@ -70,12 +70,7 @@ pub fn vault(command: VaultCommand) -> anyhow::Result<ExitCode> {
             println!("{}", sandbase_vault::Keyring::generate_entry(version));
         }
         VaultCommand::RotateKek { config } => {
-            telemetry::init_client();
-            let settings = load_operator_settings(config.as_deref())?;
-            let keyring = settings
-                .vault
-                .keyring()?
-                .context("no vault keys configured (vault.keys or vault.key_file)")?;
+            let (settings, keyring) = operator_keyring(config.as_deref())?;
             let current = keyring.current();
             let rewrapped = runtime()?.block_on(async move {
                 let db = startup::connect_database(&settings).await?;
@@ -89,12 +84,7 @@ pub fn vault(command: VaultCommand) -> anyhow::Result<ExitCode> {
             );
         }
         VaultCommand::RotateDataKeys { team, config } => {
-            telemetry::init_client();
-            let settings = load_operator_settings(config.as_deref())?;
-            let keyring = settings
-                .vault
-                .keyring()?
-                .context("no vault keys configured (vault.keys or vault.key_file)")?;
+            let (settings, keyring) = operator_keyring(config.as_deref())?;
             let (teams, values) = runtime()?.block_on(async move {
                 let db = startup::connect_database(&settings).await?;
                 let teams: Vec<Uuid> = match team {
@@ -114,18 +104,26 @@ pub fn vault(command: VaultCommand) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn secret(command: SecretCommand) -> anyhow::Result<()> {
+/// The operator's settings and the vault's keyring they configure.
+fn operator_keyring(
+    config: Option<&std::path::Path>,
+) -> anyhow::Result<(sandbase_gateway::Settings, sandbase_vault::Keyring)> {
     telemetry::init_client();
+    let settings = load_operator_settings(config)?;
+    let keyring = settings
+        .vault
+        .keyring()?
+        .context("no vault keys configured (vault.keys or vault.key_file)")?;
+    Ok((settings, keyring))
+}
+
+fn secret(command: SecretCommand) -> anyhow::Result<()> {
     let config = match &command {
         SecretCommand::Set { config, .. }
         | SecretCommand::Ls { config }
         | SecretCommand::Rm { config, .. } => config.clone(),
     };
-    let settings = load_operator_settings(config.as_deref())?;
-    let keyring = settings
-        .vault
-        .keyring()?
-        .context("no vault keys configured (vault.keys or vault.key_file)")?;
+    let (settings, keyring) = operator_keyring(config.as_deref())?;
     runtime()?.block_on(async move {
         let db = startup::connect_database(&settings).await?;
         match command {
