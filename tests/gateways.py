@@ -88,10 +88,58 @@ def wait_ready(url, process=None, log=None, deadline=60.0):
         time.sleep(0.1)
 
 
-def start_worker(internal, unique, workdir, node_token, prefix):
+def proxy_ports():
+    """A base port for a worker's egress proxy: TCP `base` to `base + 2` and UDP `base + 3`
+    free on every address, below the kernel's ephemeral range."""
+    import random
+    for _ in range(1000):
+        base = random.randrange(20_000, 32_000)
+        sockets = []
+        try:
+            for offset, kind in ((0, socket.SOCK_STREAM), (1, socket.SOCK_STREAM),
+                                 (2, socket.SOCK_STREAM), (3, socket.SOCK_DGRAM)):
+                sock = socket.socket(socket.AF_INET, kind)
+                sockets.append(sock)
+                sock.bind(("0.0.0.0", base + offset))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError("no four free ports for the egress proxy")
+
+
+def egress_args(upstream, names, pinned=()):
+    """A worker's egress options: the node's pool and a proxy port of its own, `names`
+    resolved to `upstream` (tests/upstream.py), its CA trusted, and `pinned` NAME=ADDRESS
+    pairs besides."""
+    args = ["--egress-pool", "10.213.0.0", "--egress-proxy-port", str(proxy_ports()),
+            "--egress-extra-ca", upstream.ca]
+    for pin in [f"{name}={upstream.address}" for name in names] + list(pinned):
+        args += ["--egress-resolve", pin]
+    return args
+
+
+def internal_tls(workdir):
+    """TLS for the internal channel (a CA made for the run, one certificate for 127.0.0.1 that
+    the gateways and the worker both serve and present): the gateways' settings (for
+    `gateway_env`) and the worker's options. Credentials travel to workers only over it."""
+    import certs
+    ca, chain, key = certs.issue(os.path.join(workdir, "internal-tls"), ["127.0.0.1", "localhost"],
+                                 "serverAuth,clientAuth")
+    settings = {"INTERNAL_TLS__CA_FILE": ca, "INTERNAL_TLS__CERT_FILE": chain,
+                "INTERNAL_TLS__KEY_FILE": key}
+    return settings, ["--tls-ca", ca, "--tls-cert", chain, "--tls-key", key]
+
+
+def start_worker(internal, unique, workdir, node_token, prefix, egress=("--egress-pool", "none"),
+                 tls=()):
     """`sandbase worker` for the gateway whose internal listener is `internal`, with a
     credential minted from `node_token`, in a containerd namespace of its own (named so that
-    scripts/test clears it if the test dies), without egress; (process, namespace)."""
+    scripts/test clears it if the test dies), without egress unless `egress` gives its
+    options (`egress_args`), over TLS when `tls` gives its options (`internal_tls`);
+    (process, namespace)."""
     worker_id = f"{prefix}-{unique}"
     minted = subprocess.run(
         [BINARY, "admin", "worker-credential", "--worker-id", worker_id],
@@ -100,8 +148,8 @@ def start_worker(internal, unique, workdir, node_token, prefix):
     slot = int(unique[:4], 16) % 1000
     namespace = f"sandbase-test-{prefix}-{unique}"
     process = subprocess.Popen(
-        [BINARY, "worker", "--gateway", internal,
-         "--worker-listen", f"127.0.0.1:{free_port()}", "--egress-pool", "none",
+        [BINARY, "worker", "--gateway", internal, *tls,
+         "--worker-listen", f"127.0.0.1:{free_port()}", *egress,
          "--worker-id", worker_id, "--namespace", namespace, "--containerd-socket", SOCKET,
          "--run-dir", os.path.join(workdir, "run"), "--id-base", str(4_000_000 + slot * 65_536),
          "--pool", "busybox=0", "--templates-dir", TEMPLATES],

@@ -125,6 +125,12 @@ pub struct NodeArgs {
     /// the fleet's NAT and public addresses (repeatable; `198.51.100.0/24`).
     #[arg(long = "egress-deny", value_parser = sandbase_egress::ssrf::Cidr::parse)]
     pub egress_deny: Vec<sandbase_egress::ssrf::Cidr>,
+    /// A name the egress proxy resolves to these addresses before asking the system's
+    /// resolver: NAME=IP[,IP…] (repeatable; split-horizon names, or an upstream of a test).
+    /// The addresses still pass the SSRF guard, and sandboxes still reach only the names
+    /// their policy allows.
+    #[arg(long = "egress-resolve", value_parser = parse_pinned_name)]
+    pub egress_resolve: Vec<(String, Vec<std::net::IpAddr>)>,
     /// Directory of template tarballs (`NAME.tar`) built into templates when missing.
     #[arg(long, default_value = TEMPLATES_DIR)]
     pub templates_dir: PathBuf,
@@ -171,6 +177,35 @@ fn parse_volume(value: &str) -> Result<(String, Volume), String> {
         ));
     }
     Ok((name.to_owned(), Volume { path, writers }))
+}
+
+fn parse_pinned_name(value: &str) -> Result<(String, Vec<std::net::IpAddr>), String> {
+    let (name, addresses) = value
+        .split_once('=')
+        .ok_or_else(|| format!("`{value}` is not NAME=IP[,IP…]"))?;
+    let name = name.trim().trim_end_matches('.').to_ascii_lowercase();
+    let valid_label = |label: &str| {
+        !label.is_empty()
+            && label.len() <= 63
+            && label
+                .bytes()
+                .all(|byte| byte.is_ascii_alphanumeric() || byte == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    };
+    if name.len() > 253 || !name.split('.').all(valid_label) {
+        return Err(format!("`{name}` is not a host name"));
+    }
+    let addresses = addresses
+        .split(',')
+        .map(|address| {
+            address
+                .trim()
+                .parse()
+                .map_err(|_| format!("`{address}` is not an IP address"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((name, addresses))
 }
 
 fn parse_pool(value: &str) -> Result<(String, usize), String> {
@@ -262,7 +297,13 @@ impl NodeArgs {
                             )
                         })?,
                         proxy_port: self.egress_proxy_port,
-                        resolver: sandbase_egress::proxy::Resolver::System,
+                        resolver: if self.egress_resolve.is_empty() {
+                            sandbase_egress::proxy::Resolver::System
+                        } else {
+                            sandbase_egress::proxy::Resolver::Pinned(
+                                self.egress_resolve.iter().cloned().collect(),
+                            )
+                        },
                         node_addresses: Vec::new(),
                         denied_networks: self.egress_deny.clone(),
                         max_connections: 64,

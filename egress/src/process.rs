@@ -39,8 +39,8 @@ pub struct ProcessConfig {
     /// The explicit listener's port; the transparent HTTP, TLS and DNS listeners take the
     /// three after it.
     pub proxy_port: u16,
-    /// `None`: the system's resolver; a table for tests that need local upstreams.
-    pub resolver: Option<HashMap<String, Vec<IpAddr>>>,
+    /// How the proxy and the DNS responder resolve names.
+    pub resolver: Resolver,
     /// Refused as upstreams, like internal addresses.
     pub node_addresses: Vec<IpAddr>,
     /// Networks refused as upstreams (the operator's deny-list).
@@ -218,10 +218,7 @@ async fn serve(
     upstream_tls: Arc<rustls::ClientConfig>,
     open_files: u64,
 ) -> Result<(), String> {
-    let resolver = match config.resolver {
-        Some(table) => Resolver::Fixed(table),
-        None => Resolver::System,
-    };
+    let resolver = config.resolver;
     // A store route that cannot be made leaves the store unreachable, not the node's egress.
     let store = match config.store.as_ref().map(crate::proxy::StoreRoute::new) {
         Some(Ok(route)) => Some(Arc::new(route)),

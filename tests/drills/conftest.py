@@ -15,9 +15,12 @@ import uuid
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, TESTS)
+sys.path.insert(0, os.path.join(TESTS, "store"))
 from gateways import (  # noqa: E402
     BINARY, SOCKET, drop_database, free_port, fresh_database, gateway_env, wait_ready)
+import standin  # noqa: E402
 
 NODE_TOKEN = "drill-node-token-" + "x" * 32
 HAPROXY_CONFIG = """
@@ -52,6 +55,28 @@ backend internals
 {internal_servers}
 """
 
+# The store, with the stand-in provider: one model whose calls cost about what they reserve
+# (1 000 input tokens at 400 credits a million, 50 output tokens at 8 000), so that an
+# admission that let more calls through than the credits cover would show as an overdraft.
+STORE_CONFIG = """
+[store]
+[[store.providers]]
+name = "oa"
+kind = "openai"
+base_url = "{upstream}/v1"
+credential_file = "{credential}"
+
+[[store.models]]
+id = "openai/gpt-drill"
+provider = "oa"
+upstream = "gpt-drill"
+context_window = 100000
+max_output = 1000
+input = "400"
+cached_input = "400"
+output = "8000"
+"""
+
 
 class Cluster:
     def __init__(self, workdir, database_url):
@@ -72,6 +97,13 @@ class Cluster:
                                SERVER__REQUESTS_PER_IP_PER_SECOND="100000",
                                SERVER__REQUESTS_PER_IP_BURST="100000")
         self.env["REDIS_URL"] = f"redis://127.0.0.1:{self.redis_port}"
+        self.provider, _ = standin.start()
+        credential = os.path.join(workdir, "provider.key")
+        with open(credential, "w") as handle:
+            handle.write(standin.OPENAI_SECRET + "\n")
+        self.config = os.path.join(workdir, "sandbase.toml")
+        with open(self.config, "w") as handle:
+            handle.write(STORE_CONFIG.format(upstream=self.provider, credential=credential))
         self.ports = [(free_port(), free_port()) for _ in range(2)]
         self.gateways = [None, None]
         self.public, self.internal = free_port(), free_port()
@@ -98,7 +130,7 @@ class Cluster:
         log = os.path.join(self.workdir, f"gateway-{index}.log")
         env = {**self.env, "SANDBASE_SERVER__INTERNAL_LISTEN": f"127.0.0.1:{internal}"}
         process = subprocess.Popen(
-            [BINARY, "server", "--listen", f"127.0.0.1:{public}"],
+            [BINARY, "server", "--listen", f"127.0.0.1:{public}", "--config", self.config],
             env=env, stdout=subprocess.DEVNULL, stderr=open(log, "a"))
         self.gateways[index] = process
         wait_ready(f"http://127.0.0.1:{public}", process, log)

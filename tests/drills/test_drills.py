@@ -3,6 +3,7 @@ what the system promised while a part of it fails. SANDBASE_DRILL_SANDBOXES sets
 the first drill (500 for the full drill; scripts/test runs fewer to keep CI short)."""
 
 import concurrent.futures
+import json
 import os
 import signal
 import threading
@@ -128,6 +129,18 @@ def test_a_gateway_killed_under_load_loses_only_its_in_flight_requests(cluster):
     assert all(count <= 0 for count in cluster.settle()), cluster.explain()
 
 
+def runtime_billed(cluster, sandbox_id):
+    """What a sandbox's runtime debits add up to, and the last sample they cover."""
+    billed = cluster.sql(
+        "SELECT coalesce(sum(-e.amount), 0) FROM ledger_transactions t "
+        "JOIN ledger_entries e ON e.transaction_id = t.id AND e.account LIKE 'team:%' "
+        f"WHERE t.details->>'kind' = 'runtime' AND t.details->>'sandbox' = '{sandbox_id}'")
+    covered = cluster.sql(
+        "SELECT coalesce(max((details->'samples'->>1)::bigint), 0) FROM ledger_transactions "
+        f"WHERE details->>'kind' = 'runtime' AND details->>'sandbox' = '{sandbox_id}'")
+    return int(billed), int(covered)
+
+
 def test_a_killed_worker_is_lost_its_sandboxes_too_and_it_comes_back_clean(cluster):
     token, _ = cluster.signup()
     with Sandbase(api_key=token, base_url=cluster.url) as client:
@@ -137,9 +150,16 @@ def test_a_killed_worker_is_lost_its_sandboxes_too_and_it_comes_back_clean(clust
         index = int(on.rsplit("-", 1)[1])
         victims = set(cluster.sql(
             f"SELECT id FROM sandboxes WHERE worker_id = '{on}' AND state <> 'stopped'").split())
+        # The worker reports usage every few seconds: each victim has samples before the kill.
+        deadline = time.time() + 30
+        while time.time() < deadline and any(
+                cluster.sql(f"SELECT count(*) FROM usage_samples WHERE sandbox_id = '{v}'") == "0"
+                for v in victims):
+            time.sleep(0.5)
         process = cluster.workers[index][0]
         process.kill()
         process.wait()
+        killed_at = time.time()
         # Within the heartbeat window (lost_after_secs = 6), its sandboxes are `lost`.
         deadline = time.time() + 20
         while time.time() < deadline:
@@ -149,6 +169,22 @@ def test_a_killed_worker_is_lost_its_sandboxes_too_and_it_comes_back_clean(clust
                 break
             time.sleep(0.5)
         assert lost == victims
+        # Billed to the last sample that arrived, and no further: each victim's runtime debits
+        # cover its samples up to the last one and add up to what its counters say it spent.
+        for victim in victims:
+            last = cluster.sql("SELECT max(seq) || ' ' || max(uptime_ms) || ' ' || "
+                               "extract(epoch FROM max(sampled_at)) FROM usage_samples "
+                               f"WHERE sandbox_id = '{victim}'").split()
+            seq, uptime_ms, sampled_at = int(last[0]), int(last[1]), float(last[2])
+            assert sampled_at <= killed_at
+            deadline = time.time() + 20
+            while runtime_billed(cluster, victim)[1] != seq and time.time() < deadline:
+                time.sleep(0.5)
+            billed, covered = runtime_billed(cluster, victim)
+            metered = cluster.sql(f"SELECT metered_ms || ' ' || spent_micro FROM sandboxes "
+                                  f"WHERE id = '{victim}'").split()
+            assert (covered, int(metered[0])) == (seq, uptime_ms), (victim, covered, metered)
+            assert billed == int(metered[1]) > 0, (victim, billed, metered)
         # New sandboxes go to the others.
         fresh = Sandbox.create(client=client, template="busybox", timeout=60)
         placed = cluster.sql(f"SELECT worker_id FROM sandboxes WHERE id = '{fresh.id}'")
@@ -246,6 +282,77 @@ def test_a_rate_limit_holds_across_both_gateways_and_the_ledger_balances(cluster
     # One bucket: its burst and what it refilled meanwhile (two per-gateway buckets would
     # let nearly twice as many through).
     assert admitted <= 4 + 2 * elapsed + 1, (admitted, elapsed)
+    reconciled = subprocess.run([BINARY, "admin", "reconcile"], env=cluster.env,
+                                capture_output=True, text=True)
+    assert reconciled.returncode == 0, reconciled.stdout + reconciled.stderr
+
+
+def store_call(url, token):
+    """A chat completion through the store that stays in flight for a second: its status
+    (or `lost` when the connection died)."""
+    body = {"model": "openai/gpt-drill", "max_tokens": 50,
+            "messages": [{"role": "user", "content": "slow " + "x" * 1000}]}
+    request = urllib.request.Request(
+        f"{url}/openai/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+        headers={"authorization": f"Bearer {token}", "content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            answer.read()
+            return answer.status
+    except urllib.error.HTTPError as error:
+        return error.code if error.code in (402, 200) else f"lost {error.code}"
+    except OSError as error:
+        return f"lost {error!r}"
+
+
+def burst(cluster, token, calls=24, during=None):
+    """`calls` store calls at once through haproxy (`during()` run half a second in): their
+    answers."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=calls) as pool:
+        futures = [pool.submit(store_call, cluster.url, token) for _ in range(calls)]
+        if during:
+            time.sleep(0.5)
+            during()
+        return [future.result() for future in futures]
+
+
+def assert_within_credits(cluster, token, team, start, answers):
+    """What the team was billed fits in the credits it had: no overdraft."""
+    paid = answers.count(200)
+    assert 402 in answers and paid > 0, answers
+    settled = cluster.sql("SELECT count(*) || ' ' || coalesce(sum(cost_micro), 0) || ' ' || "
+                          "coalesce(min(cost_micro), 0) FROM store_requests "
+                          f"WHERE team_id = '{team}' AND status = 200").split()
+    rows, spent, cheapest = (int(value) for value in settled)
+    # Every answered call was billed, once; what was billed fits in the credits.
+    assert rows >= paid, (rows, paid)
+    assert spent <= start and paid * cheapest <= start, (answers, spent, cheapest, start)
+    assert cluster.request("GET", "/v1/billing/balance", token)["available_micro"] >= 0
+    overdraft = cluster.sql("SELECT count(*) FROM ledger_entries "
+                            f"WHERE account = 'team:{team}' AND grant_id IS NULL")
+    assert overdraft == "0"
+
+
+def test_credit_admission_is_one_budget_across_both_gateways_even_when_one_is_killed(cluster):
+    """A team's credits are one budget, whichever gateway admits a call: a burst of store
+    calls (each reserving about what it costs) spread over both gateways admits no more than
+    the credits cover — admission per gateway would let nearly twice as many through and
+    leave the team in overdraft (seen with a Redis prefix per gateway). Then, for another
+    team, one gateway is SIGKILLed in the middle of a burst and started again before the
+    next: its in-flight calls are lost (their reservations stay held until they expire),
+    nothing is overspent."""
+    token, team = cluster.signup()
+    start = cluster.request("GET", "/v1/billing/balance", token)["available_micro"]
+    assert_within_credits(cluster, token, team, start, burst(cluster, token))
+
+    token, team = cluster.signup()
+    answers = burst(cluster, token, during=lambda: cluster.stop_gateway(0, signal.SIGKILL))
+    cluster.start_gateway(0)
+    time.sleep(1)                         # haproxy's checks see it ready again
+    answers += burst(cluster, token)
+    lost = [answer for answer in answers if answer not in (200, 402)]
+    assert len(lost) <= 12, lost
+    assert_within_credits(cluster, token, team, start, answers)
     reconciled = subprocess.run([BINARY, "admin", "reconcile"], env=cluster.env,
                                 capture_output=True, text=True)
     assert reconciled.returncode == 0, reconciled.stdout + reconciled.stderr

@@ -74,6 +74,52 @@ def test_sync_scenarios(cluster, tmp_path):
     assert Sandbox.connect(sbx.id, client=client).info.state == "stopped"
 
 
+CURL = "curl -sS --max-time 10"
+
+
+def flows_until(read, wanted):
+    """The sandbox's flow log once it holds `wanted` (host, decision) pairs, in that order
+    (the worker reports flows a moment after they end)."""
+    deadline = time.time() + 20
+    while True:
+        flows = read()
+        seen = [(f.host, f.decision) for f in flows]
+        if seen == wanted or time.time() > deadline:
+            assert seen == wanted, seen
+            return flows
+
+
+def test_sync_egress_policy_credentials_and_flows(cluster):
+    client = Sandbase(cluster.key(), cluster.url)
+    token = cluster.upstream.token
+    client.set_secret("api-token", token, ["api.test.example"])
+    with Sandbox.create(template="base", egress=["api.test.example"], credentials=["api-token"],
+                        timeout=120, client=client) as sbx:
+        assert sbx.egress.policy().allow == ["api.test.example"]
+        # An allowed host over HTTPS: the proxy adds the credential the sandbox never holds.
+        assert sbx.commands.run(f"{CURL} https://api.test.example/whoami").stdout == "hello\n"
+        assert token not in sbx.commands.run("env; cat /proc/self/environ").stdout
+        # Another host is refused (deny by default) until the policy names it.
+        refused = sbx.commands.run(f"{CURL} -o /dev/null -w '%{{http_code}}' http://other.test.example/x")
+        assert refused.stdout == "403"
+        assert sbx.egress.set_policy(["api.test.example", "other.test.example"]).allow == [
+            "api.test.example", "other.test.example"]
+        assert sbx.commands.run(f"{CURL} http://other.test.example/x").stdout == "GET /x HTTP/1.1\n"
+        # A name allowed by the policy but pinned to the node's loopback: the SSRF guard
+        # refuses it all the same, naming the kind of address only.
+        sbx.egress.set_policy(["loopback.test.example"])
+        pinned = sbx.commands.run(f"{CURL} -w ' %{{http_code}}' http://loopback.test.example/")
+        assert pinned.stdout.endswith(" 403") and "127.0.0.1" not in pinned.stdout, pinned.stdout
+        flows = flows_until(sbx.egress.flows, [("api.test.example", "injected"),
+                                               ("other.test.example", "denied"),
+                                               ("other.test.example", "allowed"),
+                                               ("loopback.test.example", "denied")])
+        assert flows[0].credentials == ["api-token"] and flows[0].bytes_down > 0
+        assert flows[1].reason and "loopback" in (flows[3].reason or "")
+    assert "GET /whoami HTTP/1.1" in cluster.upstream.requests()
+    assert "GET /x HTTP/1.1" in cluster.upstream.requests()
+
+
 def test_sync_team_resources(cluster):
     client = Sandbase(cluster.key(), cluster.url)
     assert client.me().role == "owner"
@@ -153,6 +199,35 @@ def test_async_scenarios(cluster):
                     assert await restored.files.read_text("/work/b.txt") == "beta"
             assert (await AsyncSandbox.connect(sbx.id, client=client)).info.state == "stopped"
             assert (await client.balance()).available_micro > 0
+
+    asyncio.run(scenario())
+
+
+def test_async_egress_policy_credentials_and_flows(cluster):
+    async def scenario():
+        async with AsyncSandbase(cluster.key(), cluster.url) as client:
+            await client.set_secret("api-token", cluster.upstream.token, ["api.test.example"])
+            sbx = await AsyncSandbox.create(template="base", egress=["api.test.example"],
+                                            credentials=["api-token"], timeout=120, client=client)
+            async with sbx:
+                whoami = await sbx.commands.run(f"{CURL} https://api.test.example/whoami")
+                assert whoami.stdout == "hello\n"
+                # HTTPS to a host not allowed: the proxy refuses the tunnel itself.
+                refused = await sbx.commands.run(
+                    f"{CURL} -o /dev/null -w '%{{http_connect}}' https://other.test.example/x")
+                assert refused.stdout == "403"
+                await sbx.egress.set_policy(["other.test.example"])
+                assert (await sbx.egress.policy()).allow == ["other.test.example"]
+                denied = await sbx.commands.run(f"{CURL} -o /dev/null -w '%{{http_code}}' http://api.test.example/")
+                assert denied.stdout == "403"
+                flows = []
+                deadline = time.time() + 20
+                while len(flows) < 3 and time.time() < deadline:
+                    flows = await sbx.egress.flows()
+                    await asyncio.sleep(0.2)
+                assert [(f.host, f.decision) for f in flows] == [
+                    ("api.test.example", "injected"), ("other.test.example", "denied"),
+                    ("api.test.example", "denied")]
 
     asyncio.run(scenario())
 

@@ -5,7 +5,8 @@ Responses (whole and streamed, usage in ``response.completed``) and embeddings. 
 messages (whole, and streamed with cumulative ``message_delta`` usage) and token counting.
 It answers only to the operator's credential. The last user message steers it: ``broken``
 (500), ``overloaded`` (Anthropic's 529), ``busy``
-answers 429 with ``Retry-After``.
+answers 429 with ``Retry-After``, ``slow`` answers after a second (a call that stays in
+flight).
 """
 
 import json
@@ -87,6 +88,8 @@ class Handler(BaseHTTPRequestHandler):
         if "overloaded" in last_text(body):
             error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
             return self.send_json(529, error, [("retry-after", "3")])
+        if "slow" in last_text(body):
+            time.sleep(1)
         if "busy" in last_text(body):
             error = {"error": {"message": "slow down", "type": "rate_limit_error"}}
             return self.send_json(429, error, [("retry-after", "7")])

@@ -71,8 +71,9 @@ async function stripeStandIn() {
   return { server, sessions, url: `http://127.0.0.1:${server.address().port}` };
 }
 
-/// Starts everything; `stop()` ends it and drops the database.
-export async function start() {
+/// Starts everything; `stop()` ends it and drops the database. `egress`: the worker's egress
+/// options (none by default: sandboxes get loopback only).
+export async function start({ egress = ["--egress-pool", "none"] } = {}) {
   mkdirSync(SCREENSHOTS, { recursive: true });
   const work = mkdtempSync(join(tmpdir(), "sandbase-web-"));
   const unique = randomBytes(8).toString("hex");
@@ -108,7 +109,7 @@ export async function start() {
     BINARY,
     [
       "dev", "--listen", `127.0.0.1:${port}`, "--state-dir", join(work, "state"),
-      "--worker-listen", `127.0.0.1:${await freePort()}`, "--egress-pool", "none",
+      "--worker-listen", `127.0.0.1:${await freePort()}`, ...egress,
       "--namespace", `sandbase-test-web-${unique}`, "--containerd-socket", SOCKET,
       "--run-dir", join(work, "run"), "--id-base", String(5_000_000 + slot * 65_536),
       "--pool", "busybox=0", "--pool", "base=1", "--templates-dir", TEMPLATES,

@@ -55,6 +55,32 @@ fn the_server_refuses_to_start_with_a_missing_or_bad_setting_and_names_it() {
     }
 }
 
+#[test]
+fn a_worker_refuses_a_bad_pinned_name_and_says_why() {
+    for (value, expected) in [
+        ("api.example.com", "is not NAME=IP"),
+        ("bad_name=203.0.113.7", "`bad_name` is not a host name"),
+        (
+            "api.example.com=203.0.113.999",
+            "`203.0.113.999` is not an IP address",
+        ),
+        ("-x.example.com=203.0.113.7", "is not a host name"),
+    ] {
+        let output = Command::new(BINARY)
+            .args(["worker", &format!("--egress-resolve={value}")])
+            .env_clear()
+            .stdin(Stdio::null())
+            .output()
+            .expect("run sandbase worker");
+        assert!(!output.status.success(), "started with {value}");
+        assert!(
+            stderr(&output).contains("--egress-resolve") && stderr(&output).contains(expected),
+            "for {value} expected {expected} in: {}",
+            stderr(&output)
+        );
+    }
+}
+
 #[tokio::test]
 async fn sigterm_lets_in_flight_requests_finish_then_exits_cleanly() {
     let mut server = Server::start(&[]).await;

@@ -165,35 +165,45 @@ impl Entry {
     }
 }
 
-/// How names are resolved: the system's resolver, or — for tests that need upstreams on
-/// addresses they control — an explicit table. Either way every address then passes the
-/// same SSRF guard.
-#[derive(Debug, Clone)]
+/// How names are resolved: the system's resolver; names the operator pinned, then the
+/// system's (`sandbase worker --egress-resolve`: split-horizon names, upstreams of a test);
+/// or only an explicit table (tests). Whatever the way, every address then passes the same
+/// SSRF guard: a pinned name is not an allowed one.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Resolver {
     System,
+    Pinned(HashMap<String, Vec<IpAddr>>),
     Fixed(HashMap<String, Vec<IpAddr>>),
 }
 
 impl Resolver {
     pub(crate) async fn resolve(&self, host: &str, port: u16) -> std::io::Result<Vec<IpAddr>> {
+        let _ = port;
         match self {
-            Resolver::System => {
-                // At most this many lookups wait on upstream servers at once; the rest wait
-                // for a turn (the DNS responder drops what it cannot queue).
-                let _turn = LOOKUPS.acquire().await.map_err(std::io::Error::other)?;
-                let resolver = system_resolver()?;
-                let found = resolver
-                    .lookup_ip(host)
-                    .await
-                    .map_err(|error| std::io::Error::new(std::io::ErrorKind::NotFound, error))?;
-                let _ = port;
-                Ok(found.iter().collect())
-            }
+            Resolver::Pinned(table) => match table.get(&host.to_ascii_lowercase()) {
+                Some(addresses) => Ok(addresses.clone()),
+                None => Self::resolve_system(host).await,
+            },
+            Resolver::System => Self::resolve_system(host).await,
             Resolver::Fixed(table) => table
                 .get(host)
                 .cloned()
                 .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no such name")),
         }
+    }
+
+    /// The system's resolver, a bounded number of lookups at once.
+    async fn resolve_system(host: &str) -> std::io::Result<Vec<IpAddr>> {
+        // At most this many lookups wait on upstream servers at once; the rest wait for a
+        // turn (the DNS responder drops what it cannot queue).
+        let _turn = LOOKUPS.acquire().await.map_err(std::io::Error::other)?;
+        let resolver = system_resolver()?;
+        let found = resolver
+            .lookup_ip(host)
+            .await
+            .map_err(|error| std::io::Error::new(std::io::ErrorKind::NotFound, error))?;
+        Ok(found.iter().collect())
     }
 }
 
@@ -213,4 +223,27 @@ fn system_resolver() -> std::io::Result<&'static hickory_resolver::TokioResolver
         })
         .as_ref()
         .map_err(|why| std::io::Error::other(why.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn pinned_names_resolve_to_their_addresses_whatever_their_case() {
+        let address: IpAddr = "203.0.113.7".parse().unwrap();
+        let resolver = Resolver::Pinned(HashMap::from([(
+            "api.internal.example".to_owned(),
+            vec![address],
+        )]));
+        for name in ["api.internal.example", "API.Internal.Example"] {
+            assert_eq!(resolver.resolve(name, 443).await.unwrap(), vec![address]);
+        }
+        // The table travels to the proxy process as JSON, unchanged.
+        let sent = serde_json::to_string(&resolver).unwrap();
+        let Resolver::Pinned(table) = serde_json::from_str(&sent).unwrap() else {
+            panic!("not pinned after the trip: {sent}");
+        };
+        assert_eq!(table["api.internal.example"], vec![address]);
+    }
 }

@@ -1,18 +1,46 @@
 // The TypeScript SDK's scenario table against a real `sandbase dev` (started by the
-// dashboard's test harness: fresh database, own Redis prefix, containerd namespace, ports).
+// dashboard's test harness: fresh database, own Redis prefix, containerd namespace, ports),
+// whose worker has an egress network leading `api.test.example` and `other.test.example` to
+// an upstream in a network namespace of the test's own (tests/upstream.py).
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { readFileSync } from "node:fs";
+import { dirname, resolve } from "node:path";
+import { createInterface } from "node:readline";
 import { after, before, test } from "node:test";
+import { fileURLToPath } from "node:url";
 import { InsufficientCredits, NotFound, RateLimited, Sandbase, Sandbox } from "../dist/index.js";
 import { signup, start, waitFor } from "../../../web/tests/harness.mjs";
 
+const TESTS = resolve(dirname(fileURLToPath(import.meta.url)), "../../../tests");
+const TOKEN = randomBytes(16).toString("hex");
 let server;
+let upstream;
+
+/// The upstream (tests/upstream.py), once it serves: its address, CA, request log and the
+/// worker's options for `names`; it ends when its stdin closes.
+async function startUpstream(names) {
+  const child = spawn("python3", [resolve(TESTS, "upstream.py"), ...names], {
+    env: { ...process.env, SANDBASE_UPSTREAM_TOKEN: TOKEN },
+    stdio: ["pipe", "pipe", "inherit"],
+  });
+  const [line] = await Promise.race([
+    createInterface({ input: child.stdout })[Symbol.asyncIterator]().next().then((next) => [next.value]),
+    new Promise((_, fail) => child.on("exit", (code) => fail(new Error(`upstream.py exited ${code}`)))),
+  ]);
+  const ready = JSON.parse(line);
+  return { ...ready, stop: () => new Promise((done) => { child.on("exit", done); child.stdin.end(); }) };
+}
 
 before(async () => {
-  server = await start();
+  upstream = await startUpstream(["api.test.example", "other.test.example"]);
+  server = await start({ egress: upstream.worker_args });
 });
 
 after(async () => {
   await server?.stop();
+  await upstream?.stop();
 });
 
 test("the scenario table", async () => {
@@ -86,6 +114,30 @@ test("the scenario table", async () => {
   assert.ok((await client.balance()).available_micro > 0);
   assert.ok((await client.audit({ action: "sandbox.*" })).items.length > 0);
   assert.ok((await client.storeModels()).some((model) => model.id === "openai/gpt-4o-mini"));
+});
+
+test("egress: a policy, a credential the sandbox never holds, and the flow log", async () => {
+  const account = await signup(server, "ts-egress");
+  const client = new Sandbase({ apiKey: account.key, baseUrl: server.url });
+  await client.setSecret({ name: "api-token", value: TOKEN, hosts: ["api.test.example"], inject: { header: "Authorization", format: "Bearer {value}" } });
+  const sbx = await Sandbox.create({ template: "base", egress: ["api.test.example"], credentials: ["api-token"], timeoutSecs: 120 }, client);
+  try {
+    const curl = "curl -sS --max-time 10";
+    assert.equal((await sbx.commands.run(`${curl} https://api.test.example/whoami`)).stdout, "hello\n");
+    assert.ok(!(await sbx.commands.run("env")).stdout.includes(TOKEN));
+    assert.equal((await sbx.commands.run(`${curl} -o /dev/null -w '%{http_code}' http://other.test.example/x`)).stdout, "403");
+    assert.deepEqual((await sbx.egress.setPolicy(["api.test.example", "other.test.example"])).allow, ["api.test.example", "other.test.example"]);
+    assert.equal((await sbx.commands.run(`${curl} http://other.test.example/x`)).stdout, "GET /x HTTP/1.1\n");
+    let flows = [];
+    await waitFor(async () => (flows = await sbx.egress.flows()).length >= 3);
+    assert.deepEqual(flows.map((flow) => [flow.host, flow.decision]), [
+      ["api.test.example", "injected"], ["other.test.example", "denied"], ["other.test.example", "allowed"],
+    ]);
+    assert.deepEqual(flows[0].credentials, ["api-token"]);
+  } finally {
+    await sbx.destroy();
+  }
+  assert.ok(readFileSync(upstream.log, "utf8").includes("GET /whoami HTTP/1.1"));
 });
 
 test("402 and 429", async () => {

@@ -50,7 +50,8 @@ pub struct EgressConfig {
     pub pool: Ipv4Addr,
     /// The proxy's port on each sandbox's host-side address.
     pub proxy_port: u16,
-    /// Names resolved by the proxy: the system's resolver, or an explicit table (tests).
+    /// How the proxy resolves names (the system's resolver, names pinned before it, or an
+    /// explicit table for tests).
     pub resolver: Resolver,
     /// Addresses of this node that no sandbox may reach through the proxy.
     pub node_addresses: Vec<IpAddr>,
@@ -284,10 +285,7 @@ impl Network {
         };
         let process = ProcessConfig {
             proxy_port: config.proxy_port,
-            resolver: match &config.resolver {
-                Resolver::System => None,
-                Resolver::Fixed(table) => Some(table.clone()),
-            },
+            resolver: config.resolver.clone(),
             node_addresses,
             denied_networks: config.denied_networks.clone(),
             extra_ca,
