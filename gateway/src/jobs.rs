@@ -82,6 +82,11 @@ const JOBS: &[Job] = &[
         run: |state| Box::pin(artifact_retention(state)),
     },
     Job {
+        name: "store_credentials",
+        every: SECOND,
+        run: |state| Box::pin(store_credentials(state)),
+    },
+    Job {
         name: "key_last_used",
         every: LAST_USED_FLUSH_INTERVAL,
         run: |state| Box::pin(key_last_used(state)),
@@ -228,6 +233,16 @@ async fn failed_auth(state: AppState) -> anyhow::Result<()> {
 }
 
 /// API keys' batched `last_used_at`.
+/// The store's credentials from files and operator secrets, read again when
+/// `store.credentials_refresh_secs` has passed.
+async fn store_credentials(state: AppState) -> anyhow::Result<()> {
+    state
+        .store
+        .refresh_credentials(&state.db, state.vault.as_deref())
+        .await;
+    Ok(())
+}
+
 async fn key_last_used(state: AppState) -> anyhow::Result<()> {
     state.last_used.flush(&state.db).await?;
     Ok(())

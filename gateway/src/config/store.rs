@@ -19,6 +19,9 @@ pub struct StoreSettings {
     /// After a client went away mid-stream, how long the upstream is still read for its
     /// usage (the call is billed for what it really used).
     pub drain_secs: u64,
+    /// How often credentials from a file or an operator secret are read again, so that a
+    /// rotation reaches a running gateway (0: only at start-up).
+    pub credentials_refresh_secs: u64,
 }
 
 impl Default for StoreSettings {
@@ -29,6 +32,7 @@ impl Default for StoreSettings {
             apis: Vec::new(),
             mcp_servers: Vec::new(),
             drain_secs: 120,
+            credentials_refresh_secs: 30,
         }
     }
 }

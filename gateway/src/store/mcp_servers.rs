@@ -3,7 +3,7 @@
 //! client session of its own (initialize, the request, close), bounded by the server's
 //! `timeout_secs`; a server's tool list is kept a minute.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -19,12 +19,15 @@ use crate::config::McpServerSettings;
 /// How long a server's tool list is reused.
 const TOOLS_TTL: Duration = Duration::from_secs(60);
 
-/// An operator's MCP server with its credential (in its client's default headers) and price.
+/// An operator's MCP server with its credential (in its client's default headers, the
+/// client made again when the credential changes) and price.
 pub struct McpServer {
     pub settings: McpServerSettings,
     /// Micro-credits per call.
     pub per_call: i64,
-    client: reqwest::Client,
+    credential: Arc<super::credential::Credential>,
+    /// The client, and the credential's version it was made with.
+    client: Mutex<(u64, reqwest::Client)>,
     tools: Mutex<Option<(Instant, Vec<Tool>)>>,
 }
 
@@ -42,39 +45,30 @@ impl McpServer {
     pub fn new(
         key: &str,
         settings: &McpServerSettings,
-        credential: Option<secrecy::SecretString>,
+        credential: Arc<super::credential::Credential>,
     ) -> anyhow::Result<McpServer> {
-        let mut headers = reqwest::header::HeaderMap::new();
-        if let Some(credential) = credential {
-            let (name, value) = match settings.inject.strip_prefix("header:") {
-                Some(name) => (name.to_owned(), credential.expose_secret().to_owned()),
-                None => (
-                    "authorization".to_owned(),
-                    format!("Bearer {}", credential.expose_secret()),
-                ),
-            };
-            let mut value = reqwest::header::HeaderValue::from_str(&value)
-                .with_context(|| format!("key `{key}`: the credential is not a header value"))?;
-            value.set_sensitive(true);
-            headers.insert(
-                reqwest::header::HeaderName::from_bytes(name.as_bytes())
-                    .with_context(|| format!("key `{key}.inject`: not a header name"))?,
-                value,
-            );
-        }
-        let client = reqwest::Client::builder()
-            .default_headers(headers)
-            .connect_timeout(Duration::from_secs(10))
-            .tcp_nodelay(true)
-            .build()
-            .context("building an MCP server's HTTP client")?;
+        let client = client(settings, credential.get())
+            .with_context(|| format!("key `{key}`: the credential"))?;
         Ok(McpServer {
             per_call: sandbase_billing::Credits::parse(&settings.price_per_call)
                 .map_or(0, |credits| credits.0),
             settings: settings.clone(),
-            client,
+            client: Mutex::new((credential.version(), client)),
+            credential,
             tools: Mutex::new(None),
         })
+    }
+
+    /// The client with the credential as it is now.
+    fn current_client(&self) -> Result<reqwest::Client, String> {
+        let mut held = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        let version = self.credential.version();
+        if held.0 != version {
+            let fresh = client(&self.settings, self.credential.get())
+                .map_err(|error| format!("{}: {error:#}", self.settings.name))?;
+            *held = (version, fresh);
+        }
+        Ok(held.1.clone())
     }
 
     fn timeout(&self) -> Duration {
@@ -83,7 +77,7 @@ impl McpServer {
 
     async fn session(&self) -> Result<RunningService<RoleClient, ()>, String> {
         let transport = StreamableHttpClientTransport::with_client(
-            self.client.clone(),
+            self.current_client()?,
             StreamableHttpClientTransportConfig::with_uri(self.settings.url.clone()),
         );
         ().serve(transport)
@@ -132,4 +126,35 @@ impl McpServer {
         .map_err(|_| McpFailure::Timeout)?
         .map_err(McpFailure::Failed)
     }
+}
+
+/// A client whose every request carries `credential` as the server's settings say.
+fn client(
+    settings: &McpServerSettings,
+    credential: Option<secrecy::SecretString>,
+) -> anyhow::Result<reqwest::Client> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(credential) = credential {
+        let (name, value) = match settings.inject.strip_prefix("header:") {
+            Some(name) => (name.to_owned(), credential.expose_secret().to_owned()),
+            None => (
+                "authorization".to_owned(),
+                format!("Bearer {}", credential.expose_secret()),
+            ),
+        };
+        let mut value = reqwest::header::HeaderValue::from_str(&value)
+            .context("the credential is not a header value")?;
+        value.set_sensitive(true);
+        headers.insert(
+            reqwest::header::HeaderName::from_bytes(name.as_bytes())
+                .context("`inject` does not name a header")?,
+            value,
+        );
+    }
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .connect_timeout(Duration::from_secs(10))
+        .tcp_nodelay(true)
+        .build()
+        .context("building an MCP server's HTTP client")
 }

@@ -5,6 +5,7 @@
 //! reserved in Redis) and settles it on the ledger.
 
 pub mod allowed;
+pub mod credential;
 pub mod lineages;
 pub mod mcp_calls;
 pub mod mcp_servers;
@@ -14,20 +15,21 @@ pub mod sse;
 pub mod usage;
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use secrecy::{ExposeSecret, SecretString};
 
 use crate::config::{
-    ApiSettings, CredentialSource, ModelSettings, ProviderKind, ProviderSettings, StoreSettings,
-    TokenPrices,
+    ApiSettings, ModelSettings, ProviderKind, ProviderSettings, StoreSettings, TokenPrices,
 };
+pub use credential::{Credential, OperatorSecrets};
 
 /// A provider with the operator's credential and a client of its own (its timeouts).
 pub struct Provider {
     pub settings: ProviderSettings,
-    credential: Option<SecretString>,
+    credential: Arc<Credential>,
     pub client: reqwest::Client,
 }
 
@@ -47,42 +49,14 @@ pub struct Store {
     pub drain: Duration,
     /// Calling keys' lineages and model lists, read once.
     pub lineages: lineages::Lineages,
+    /// Every upstream's credential, read again every `refresh_every` when it can change.
+    credentials: Vec<Arc<Credential>>,
+    refresh_every: Option<Duration>,
+    refreshed: Mutex<Option<Instant>>,
 }
 
 /// The Anthropic API version sent when the client names none.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
-
-/// The operator secrets the store's upstreams name, by name, revealed from the vault.
-pub type OperatorSecrets = HashMap<String, SecretString>;
-
-/// An operator's credential from the environment variable, the file or the operator secret
-/// the upstream at `key` names.
-fn credential(
-    key: &str,
-    source: CredentialSource<'_>,
-    secrets: &OperatorSecrets,
-) -> anyhow::Result<Option<SecretString>> {
-    if let Some(variable) = source.env {
-        let value = std::env::var(variable).map_err(|_| {
-            anyhow::anyhow!(
-                "key `{key}.credential_env`: the environment variable {variable} is not set"
-            )
-        })?;
-        return Ok(Some(SecretString::from(value)));
-    }
-    if let Some(path) = source.file {
-        let value = std::fs::read_to_string(path)
-            .with_context(|| format!("key `{key}.credential_file`: reading {}", path.display()))?;
-        return Ok(Some(SecretString::from(value.trim().to_owned())));
-    }
-    if let Some(name) = source.secret {
-        let value = secrets.get(name).with_context(|| {
-            format!("key `{key}.credential_secret`: no operator secret named `{name}`")
-        })?;
-        return Ok(Some(value.clone()));
-    }
-    Ok(None)
-}
 
 /// Reveals the operator secrets `[store]` names from the vault, each an error naming the key
 /// that wants it when the vault is not configured or has no such secret.
@@ -120,7 +94,7 @@ pub async fn operator_secrets(
 /// A paid API with the operator's credential and its prices in micro-credits.
 pub struct PaidApi {
     pub settings: ApiSettings,
-    pub credential: Option<SecretString>,
+    pub credential: Arc<Credential>,
     pub client: reqwest::Client,
     pub per_call: i64,
     pub per_mib: i64,
@@ -141,9 +115,15 @@ impl Store {
     /// from the environment variable, file or operator secret (in `secrets`) it names.
     pub fn new(settings: &StoreSettings, secrets: &OperatorSecrets) -> anyhow::Result<Store> {
         let mut providers = HashMap::new();
+        let mut credentials = Vec::new();
+        let mut load = |key: &str, source| -> anyhow::Result<Arc<Credential>> {
+            let credential = Arc::new(Credential::load(key, source, secrets)?);
+            credentials.push(credential.clone());
+            Ok(credential)
+        };
         for (index, provider) in settings.providers.iter().enumerate() {
             let key = format!("store.providers[{index}]");
-            let credential = credential(&key, provider.credential(), secrets)?;
+            let credential = load(&key, provider.credential())?;
             let client = reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(provider.connect_timeout_secs))
                 .timeout(Duration::from_secs(provider.timeout_secs))
@@ -172,17 +152,28 @@ impl Store {
                 settings: model.clone(),
             })
             .collect();
-        let apis = paid_apis(settings, secrets)?;
+        let apis = settings
+            .apis
+            .iter()
+            .enumerate()
+            .map(|(index, api)| {
+                paid_api(
+                    api,
+                    load(&format!("store.apis[{index}]"), api.credential())?,
+                )
+            })
+            .collect::<anyhow::Result<_>>()?;
         let mcp_servers = settings
             .mcp_servers
             .iter()
             .enumerate()
             .map(|(index, server)| {
                 let key = format!("store.mcp_servers[{index}]");
-                let credential = credential(&key, server.credential(), secrets)?;
+                let credential = load(&key, server.credential())?;
                 mcp_servers::McpServer::new(&key, server, credential)
             })
             .collect::<anyhow::Result<_>>()?;
+        credentials.retain(|credential| credential.refreshable());
         Ok(Store {
             providers,
             models,
@@ -190,7 +181,39 @@ impl Store {
             mcp_servers,
             drain: Duration::from_secs(settings.drain_secs),
             lineages: lineages::Lineages::default(),
+            credentials,
+            refresh_every: (settings.credentials_refresh_secs > 0)
+                .then(|| Duration::from_secs(settings.credentials_refresh_secs)),
+            refreshed: Mutex::new(Some(Instant::now())),
         })
+    }
+
+    /// Reads again the credentials that come from a file or an operator secret, when
+    /// `store.credentials_refresh_secs` has passed since the last time.
+    pub async fn refresh_credentials(
+        &self,
+        db: &sqlx::PgPool,
+        keyring: Option<&sandbase_vault::Keyring>,
+    ) {
+        let Some(every) = self.refresh_every else {
+            return;
+        };
+        if self.credentials.is_empty() {
+            return;
+        }
+        {
+            let mut refreshed = self
+                .refreshed
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if refreshed.is_some_and(|at| at.elapsed() < every) {
+                return;
+            }
+            *refreshed = Some(Instant::now());
+        }
+        for credential in &self.credentials {
+            credential.refresh(db, keyring).await;
+        }
     }
 
     /// The paid APIs, in the configuration's order.
@@ -225,29 +248,21 @@ impl Store {
     }
 }
 
-/// The paid APIs of `[store]`, each with its credential and client.
-fn paid_apis(settings: &StoreSettings, secrets: &OperatorSecrets) -> anyhow::Result<Vec<PaidApi>> {
+/// A paid API of `[store]` with its credential and client.
+fn paid_api(api: &ApiSettings, credential: Arc<Credential>) -> anyhow::Result<PaidApi> {
     let price = |text: &str| sandbase_billing::Credits::parse(text).map_or(0, |credits| credits.0);
-    settings
-        .apis
-        .iter()
-        .enumerate()
-        .map(|(index, api)| {
-            let key = format!("store.apis[{index}]");
-            Ok(PaidApi {
-                credential: credential(&key, api.credential(), secrets)?,
-                client: reqwest::Client::builder()
-                    .connect_timeout(Duration::from_secs(10))
-                    .timeout(Duration::from_secs(api.timeout_secs))
-                    .tcp_nodelay(true)
-                    .build()
-                    .context("building a paid API's HTTP client")?,
-                per_call: price(&api.price_per_call),
-                per_mib: price(&api.price_per_mib),
-                settings: api.clone(),
-            })
-        })
-        .collect()
+    Ok(PaidApi {
+        credential,
+        client: reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(api.timeout_secs))
+            .tcp_nodelay(true)
+            .build()
+            .context("building a paid API's HTTP client")?,
+        per_call: price(&api.price_per_call),
+        per_mib: price(&api.price_per_mib),
+        settings: api.clone(),
+    })
 }
 
 impl Provider {
@@ -272,7 +287,7 @@ impl Provider {
         for (name, value) in headers {
             request = request.header(*name, value);
         }
-        if let Some(credential) = &self.credential {
+        if let Some(credential) = self.credential.get() {
             request = match self.settings.kind {
                 ProviderKind::Anthropic => request.header("x-api-key", credential.expose_secret()),
                 ProviderKind::Openai | ProviderKind::OpenaiCompatible => {

@@ -90,3 +90,112 @@ async fn a_providers_key_in_the_operators_vault_reaches_only_the_provider() {
         "{refused}"
     );
 }
+
+/// The bearer the provider saw on the last call, once `call` has been made until it shows
+/// `expected` (credentials are read again every second here).
+async fn provider_sees(
+    app: &crate::helpers::TestApp,
+    seen: &crate::store_upstream::Seen,
+    token: &str,
+    expected: &str,
+) -> u16 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let answer = call(
+            app,
+            "/openai/v1/chat/completions",
+            token,
+            chat("openai/gpt-test", "hi", false),
+        )
+        .await;
+        let status = answer.status().as_u16();
+        let sent = seen.last().0["authorization"].to_str().unwrap().to_owned();
+        if sent == format!("Bearer {expected}") {
+            return status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the provider still sees {sent}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_rotated_credential_reaches_a_running_gateway_and_an_unreadable_one_keeps_the_last() {
+    let (app, seen) = store_app_with(|settings| {
+        settings.vault.keys = vec![sandbase_vault::Keyring::generate_entry(1).into()];
+        settings.store.credentials_refresh_secs = 1;
+    })
+    .await;
+    let team = app.signup("rotating@example.com", "Rotating").await;
+    let token = team.api_key.token.as_str();
+    // A file (a mounted Secret) rewritten: the next calls carry the new value.
+    let file = app.settings.store.providers[0]
+        .credential_file
+        .clone()
+        .unwrap();
+    assert_eq!(provider_sees(&app, &seen, token, OPENAI_SECRET).await, 200);
+    std::fs::write(&file, "sk-rotated-by-file\n").unwrap();
+    // The stand-in knows only the old key: the gateway says the operator's key was refused.
+    assert_eq!(
+        provider_sees(&app, &seen, token, "sk-rotated-by-file").await,
+        502
+    );
+    // Emptied, or gone, it keeps the last value it read.
+    std::fs::write(&file, "").unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    assert_eq!(
+        provider_sees(&app, &seen, token, "sk-rotated-by-file").await,
+        502
+    );
+    std::fs::write(&file, OPENAI_SECRET).unwrap();
+    assert_eq!(provider_sees(&app, &seen, token, OPENAI_SECRET).await, 200);
+
+    // An operator secret set again (`sandbase vault secret set`) reaches a gateway started
+    // before it.
+    let keyring = app.settings.vault.keyring().unwrap().unwrap();
+    let mut connection = app.db.acquire().await.unwrap();
+    sandbase_vault::set_operator_secret(
+        &mut connection,
+        &keyring,
+        "oa-key",
+        OPENAI_SECRET.as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut settings = app.settings.clone();
+    settings.store.providers[0].credential_file = None;
+    settings.store.providers[0].credential_secret = Some("oa-key".to_owned());
+    let second = spawn_with_settings(settings).await;
+    let token = second
+        .signup("vaulted-rotation@example.com", "Vaulted")
+        .await
+        .api_key
+        .token;
+    assert_eq!(
+        provider_sees(&second, &seen, &token, OPENAI_SECRET).await,
+        200
+    );
+    sandbase_vault::set_operator_secret(
+        &mut connection,
+        &keyring,
+        "oa-key",
+        b"sk-rotated-in-vault",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        provider_sees(&second, &seen, &token, "sk-rotated-in-vault").await,
+        502
+    );
+    // Removed from the vault: the last value stays in use.
+    sandbase_vault::remove_operator_secret(&second.db, "oa-key")
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    assert_eq!(
+        provider_sees(&second, &seen, &token, "sk-rotated-in-vault").await,
+        502
+    );
+}

@@ -160,7 +160,7 @@ fn upstream_url(api: &PaidApi, path: &str, query: Option<&str>) -> Result<reqwes
     if !kept.is_empty() {
         url.set_query(Some(&kept.join("&")));
     }
-    if let (Some(name), Some(credential)) = (inject_query, &api.credential) {
+    if let (Some(name), Some(credential)) = (inject_query, api.credential.get()) {
         url.query_pairs_mut()
             .append_pair(name, credential.expose_secret());
     }
@@ -182,7 +182,7 @@ fn upstream_request(
             request = request.header(name, value);
         }
     }
-    if let Some(credential) = &api.credential {
+    if let Some(credential) = api.credential.get() {
         if api.settings.inject == "bearer" {
             request = request.bearer_auth(credential.expose_secret());
         } else if let Some(name) = api.settings.inject.strip_prefix("header:") {
