@@ -6,7 +6,8 @@ messages (whole, and streamed with cumulative ``message_delta`` usage) and token
 It answers only to the operator's credential. The last user message steers it: ``broken``
 (500), ``overloaded`` (Anthropic's 529), ``busy``
 answers 429 with ``Retry-After``, ``slow`` answers after a second (a call that stays in
-flight).
+flight). Anthropic, given tools: ``weather`` asks for the first tool with ``{"city": "Paris"}``
+(its JSON streamed in two pieces); a tool's result is answered with ``SUNNY``.
 """
 
 import json
@@ -43,6 +44,8 @@ def last_text(body):
     messages = body.get("messages") or []
     if messages and isinstance(messages[-1].get("content"), str):
         return messages[-1]["content"]
+    if messages and isinstance(messages[-1].get("content"), list):
+        return "".join(block.get("text") or "" for block in messages[-1]["content"])
     return body.get("input") if isinstance(body.get("input"), str) else ""
 
 
@@ -174,6 +177,15 @@ class Handler(BaseHTTPRequestHandler):
 
     def messages(self, body):
         model = body["model"]
+        last = (body.get("messages") or [{}])[-1].get("content")
+        if body.get("tools") and isinstance(last, list):
+            if any(block.get("type") == "tool_result" for block in last):
+                return self.send_json(200, {
+                    "id": "msg_3", "type": "message", "role": "assistant", "model": model,
+                    "content": [{"type": "text", "text": "SUNNY"}], "stop_reason": "end_turn",
+                    "stop_sequence": None, "usage": ANTHROPIC_USAGE})
+            if any("weather" in (block.get("text") or "") for block in last):
+                return self.tool_use(body)
 
         def message(usage, content, stop):
             return {"id": "msg_1", "type": "message", "role": "assistant", "model": model,
@@ -201,6 +213,37 @@ class Handler(BaseHTTPRequestHandler):
                   {"index": 0, "delta": {"type": "text_delta", "text": "the stand-in"}}),
             event("content_block_stop", {"index": 0}),
             event("message_delta", {"delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                                    "usage": {"output_tokens": 77}}),
+            event("message_stop", {}),
+        ])
+
+    def tool_use(self, body):
+        name = body["tools"][0]["name"]
+        usage = dict(ANTHROPIC_USAGE)
+        if not body.get("stream"):
+            return self.send_json(200, {
+                "id": "msg_2", "type": "message", "role": "assistant", "model": body["model"],
+                "content": [{"type": "text", "text": "Checking."},
+                            {"type": "tool_use", "id": "toolu_1", "name": name,
+                             "input": {"city": "Paris"}}],
+                "stop_reason": "tool_use", "stop_sequence": None, "usage": usage})
+
+        def event(kind, data):
+            return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
+
+        self.send_events([
+            event("message_start", {"message": {
+                "id": "msg_2", "type": "message", "role": "assistant", "model": body["model"],
+                "content": [], "stop_reason": None, "stop_sequence": None,
+                "usage": dict(usage, output_tokens=1)}}),
+            event("content_block_start", {"index": 0, "content_block": {
+                "type": "tool_use", "id": "toolu_1", "name": name, "input": {}}}),
+            event("content_block_delta", {"index": 0, "delta": {
+                "type": "input_json_delta", "partial_json": '{"city": '}}),
+            event("content_block_delta", {"index": 0, "delta": {
+                "type": "input_json_delta", "partial_json": '"Paris"}'}}),
+            event("content_block_stop", {"index": 0}),
+            event("message_delta", {"delta": {"stop_reason": "tool_use", "stop_sequence": None},
                                     "usage": {"output_tokens": 77}}),
             event("message_stop", {}),
         ])

@@ -12,6 +12,8 @@ pub mod mcp_servers;
 pub mod meter;
 pub mod requests;
 pub mod sse;
+pub mod translate;
+pub mod translate_stream;
 pub mod usage;
 
 use std::collections::HashMap;

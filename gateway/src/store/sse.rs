@@ -147,7 +147,7 @@ impl Tap {
 }
 
 /// Where the first event in `bytes` ends (after its blank line).
-fn event_end(bytes: &[u8]) -> Option<usize> {
+pub(crate) fn event_end(bytes: &[u8]) -> Option<usize> {
     let mut index = 0;
     while index + 1 < bytes.len() {
         if bytes[index] == b'\n' {
@@ -164,7 +164,7 @@ fn event_end(bytes: &[u8]) -> Option<usize> {
 }
 
 /// The event's data (its `data:` lines joined), unless it is `[DONE]` or has none.
-fn data_of(event: &[u8]) -> Option<String> {
+pub(crate) fn data_of(event: &[u8]) -> Option<String> {
     let text = std::str::from_utf8(event).ok()?;
     let mut data: Option<String> = None;
     for line in text.lines() {

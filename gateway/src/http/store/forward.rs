@@ -183,7 +183,7 @@ async fn forward(state: AppState, headers: HeaderMap, body: Bytes, endpoint: End
     match admitted(&state, &headers, &body, endpoint).await {
         Ok(prepared) => {
             // The call runs on in its own task whatever the client does.
-            let handle = tokio::spawn(call(state, prepared, endpoint));
+            let handle = tokio::spawn(call(state, prepared));
             match handle.await {
                 Ok(Ok(response)) => response,
                 Ok(Err(error)) => StoreError::new(family, error).into_response(),
@@ -204,6 +204,18 @@ struct Prepared {
     stream: bool,
     /// The gateway asked for a stream's usage: hide that chunk from the client.
     hide_usage: bool,
+    /// How the upstream's answer reads (the endpoint's, or Anthropic's when translated).
+    shape: Shape,
+    /// A chat completion answered by an Anthropic model.
+    translated: Option<Translated>,
+}
+
+/// A chat completions call translated to an Anthropic model: its public id and whether the
+/// client asked for a stream's usage.
+#[derive(Clone)]
+struct Translated {
+    model: String,
+    include_usage: bool,
 }
 
 async fn admitted(
@@ -214,10 +226,7 @@ async fn admitted(
 ) -> Result<Prepared, ApiError> {
     let caller = caller(state, headers).await?;
     let (mut json, model_id) = parse(body)?;
-    let (model, provider) = state
-        .store
-        .model(endpoint.family.name(), &model_id)
-        .ok_or_else(|| ApiError::ModelNotFound(model_id.clone()))?;
+    let (model, provider, translated) = find_model(state, endpoint, &json, &model_id)?;
     let stream = json.get("stream").and_then(Value::as_bool) == Some(true);
     let max_output = if endpoint.max_output.is_empty() {
         Some(0)
@@ -229,6 +238,15 @@ async fn admitted(
     };
     let worst = meter::worst_case(model, body.len(), max_output);
     let hold_for = std::time::Duration::from_secs(provider.settings.timeout_secs);
+    let sent = match &translated {
+        Some(_) => crate::store::translate::chat_to_messages(
+            &json,
+            &model.settings.upstream,
+            model.settings.max_output,
+        )
+        .map_err(ApiError::InvalidRequest)?,
+        None => Value::Null,
+    };
     let asked = meter::Asked {
         kind: meter::Kind::Model,
         name: &model.settings.id,
@@ -238,25 +256,24 @@ async fn admitted(
         sandbox: caller.sandbox,
     };
     let call = meter::admit(state, &caller.principal, asked, worst).await?;
-    json["model"] = Value::String(model.settings.upstream.clone());
-    let mut hide_usage = false;
-    if stream && endpoint.path == CHAT.path {
-        let asked = json
-            .pointer("/stream_options/include_usage")
-            .and_then(Value::as_bool);
-        if asked != Some(true) {
-            hide_usage = true;
-            match json
-                .get_mut("stream_options")
-                .and_then(Value::as_object_mut)
-            {
-                Some(options) => {
-                    options.insert("include_usage".to_owned(), Value::Bool(true));
-                }
-                None => json["stream_options"] = serde_json::json!({ "include_usage": true }),
-            }
-        }
+    if translated.is_some() {
+        let upstream = provider.post(
+            MESSAGES.path,
+            sent.to_string().into_bytes(),
+            &forwarded_headers(Family::Anthropic, headers),
+        );
+        return Ok(Prepared {
+            call,
+            upstream,
+            prices: model.prices,
+            stream,
+            hide_usage: false,
+            shape: Shape::Anthropic,
+            translated,
+        });
     }
+    json["model"] = Value::String(model.settings.upstream.clone());
+    let hide_usage = stream && endpoint.path == CHAT.path && ask_for_usage(&mut json);
     let upstream = provider.post(
         endpoint.path,
         json.to_string().into_bytes(),
@@ -268,22 +285,77 @@ async fn admitted(
         prices: model.prices,
         stream,
         hide_usage,
+        shape: endpoint.shape,
+        translated: None,
     })
+}
+
+/// The model a call names: of the endpoint's family, or — for chat completions — an
+/// Anthropic model, answered through translation.
+fn find_model<'a>(
+    state: &'a AppState,
+    endpoint: Endpoint,
+    json: &Value,
+    model_id: &str,
+) -> Result<
+    (
+        &'a crate::store::Model,
+        &'a crate::store::Provider,
+        Option<Translated>,
+    ),
+    ApiError,
+> {
+    if let Some((model, provider)) = state.store.model(endpoint.family.name(), model_id) {
+        return Ok((model, provider, None));
+    }
+    if endpoint.path == CHAT.path
+        && let Some((model, provider)) = state.store.model(Family::Anthropic.name(), model_id)
+    {
+        let include_usage = json
+            .pointer("/stream_options/include_usage")
+            .and_then(Value::as_bool)
+            == Some(true);
+        let translated = Translated {
+            model: model.settings.id.clone(),
+            include_usage,
+        };
+        return Ok((model, provider, Some(translated)));
+    }
+    Err(ApiError::ModelNotFound(model_id.to_owned()))
+}
+
+/// Asks a chat stream for its usage when the client did not; whether it had to (the usage
+/// chunk is then held back from the client).
+fn ask_for_usage(json: &mut Value) -> bool {
+    let asked = json
+        .pointer("/stream_options/include_usage")
+        .and_then(Value::as_bool);
+    if asked == Some(true) {
+        return false;
+    }
+    match json
+        .get_mut("stream_options")
+        .and_then(Value::as_object_mut)
+    {
+        Some(options) => {
+            options.insert("include_usage".to_owned(), Value::Bool(true));
+        }
+        None => json["stream_options"] = serde_json::json!({ "include_usage": true }),
+    }
+    true
 }
 
 /// Sends the call upstream and answers: refusals passed on (and nothing billed), a whole
 /// answer settled before it is returned, a stream returned at once and settled at its end.
-async fn call(
-    state: AppState,
-    prepared: Prepared,
-    endpoint: Endpoint,
-) -> Result<Response, ApiError> {
+async fn call(state: AppState, prepared: Prepared) -> Result<Response, ApiError> {
     let Prepared {
         call,
         upstream,
         prices,
         stream,
         hide_usage,
+        shape,
+        translated,
     } = prepared;
     let answer = match upstream.send().await {
         Ok(answer) => answer,
@@ -302,8 +374,13 @@ async fn call(
     let content_type = answer.headers().get(header::CONTENT_TYPE).cloned();
     if !status.is_success() {
         let retry_after = answer.headers().get(header::RETRY_AFTER).cloned();
-        let bytes = answer.bytes().await.unwrap_or_default();
+        let mut bytes = answer.bytes().await.unwrap_or_default();
         meter::release(&state, &call).await;
+        let mut content_type = content_type;
+        if translated.is_some() {
+            bytes = Bytes::from(crate::store::translate::error_to_chat(&bytes));
+            content_type = Some(HeaderValue::from_static("application/json"));
+        }
         let mut response = whole(status, content_type, bytes, None);
         if let Some(value) = retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, value);
@@ -312,7 +389,17 @@ async fn call(
     }
     let id = call.id;
     if stream {
-        let body = streamed(state, call, prices, answer, endpoint.shape, hide_usage);
+        let translator = translated.map(|translated| {
+            crate::store::translate_stream::ChatStream::new(
+                &translated.model,
+                translated.include_usage,
+            )
+        });
+        let taps = Taps {
+            tap: Tap::new(shape, hide_usage),
+            translator,
+        };
+        let body = streamed(state, call, prices, answer, taps);
         return Ok(whole(status, content_type, Bytes::new(), Some(id)).map(|_| body));
     }
     let bytes = answer.bytes().await;
@@ -323,9 +410,10 @@ async fn call(
             return Err(upstream_error(error));
         }
     };
-    let usage = serde_json::from_slice::<Value>(&bytes)
-        .ok()
-        .and_then(|json| usage::from_body(endpoint.shape, &json));
+    let parsed = serde_json::from_slice::<Value>(&bytes).ok();
+    let usage = parsed
+        .as_ref()
+        .and_then(|json| usage::from_body(shape, json));
     let outcome = Outcome {
         status: status.as_u16(),
         usage,
@@ -338,6 +426,15 @@ async fn call(
             tracing::error!(error = format!("{error:#}"), "settling a store call");
         }
     });
+    let (content_type, bytes) = match (&translated, parsed) {
+        (Some(translated), Some(message)) => (
+            Some(HeaderValue::from_static("application/json")),
+            Bytes::from(
+                crate::store::translate::message_to_chat(&message, &translated.model).to_string(),
+            ),
+        ),
+        _ => (content_type, bytes),
+    };
     Ok(whole(status, content_type, bytes, Some(id)))
 }
 
@@ -360,6 +457,12 @@ fn whole(
     response
 }
 
+/// What a stream passes through: the usage tap, then the translation when there is one.
+struct Taps {
+    tap: Tap,
+    translator: Option<crate::store::translate_stream::ChatStream>,
+}
+
 /// The stream passed through the tap as it comes; the task reading it settles the call at
 /// the end, and reads on (for at most the drain time) once the client went away.
 fn streamed(
@@ -367,12 +470,14 @@ fn streamed(
     call: Call,
     prices: TokenPrices,
     answer: reqwest::Response,
-    shape: Shape,
-    hide_usage: bool,
+    taps: Taps,
 ) -> Body {
     let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(32);
     tokio::spawn(async move {
-        let mut tap = Tap::new(shape, hide_usage);
+        let Taps {
+            mut tap,
+            mut translator,
+        } = taps;
         let mut upstream = answer.bytes_stream();
         let mut gone: Option<Instant> = None;
         let mut status = 200;
@@ -390,7 +495,10 @@ fn streamed(
             match next {
                 Some(Ok(chunk)) => {
                     first_byte.get_or_insert_with(|| call.started.elapsed());
-                    let out = tap.feed(&chunk);
+                    let mut out = tap.feed(&chunk);
+                    if let Some(translator) = translator.as_mut() {
+                        out = translator.feed(&out);
+                    }
                     if gone.is_none() && !out.is_empty() && sender.send(Ok(out)).await.is_err() {
                         gone = Some(Instant::now());
                     }
@@ -403,7 +511,12 @@ fn streamed(
                 None => break,
             }
         }
-        let rest = tap.finish();
+        let mut rest = tap.finish();
+        if let Some(translator) = translator.as_mut() {
+            let mut translated = translator.feed(&rest).to_vec();
+            translated.extend_from_slice(&translator.finish());
+            rest = Bytes::from(translated);
+        }
         if gone.is_none() && !rest.is_empty() {
             let _ = sender.send(Ok(rest)).await;
         }

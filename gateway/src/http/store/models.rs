@@ -26,7 +26,7 @@ pub async fn openai(
         .store
         .models()
         .iter()
-        .filter(|model| model.family == "openai")
+        // Anthropic's models too: chat completions reach them through translation.
         .map(|model| {
             json!({
                 "id": model.settings.id,
