@@ -8,7 +8,9 @@
 //!   between chunks the stand-in sends 50 ms apart (a batched chunk would show as a gap
 //!   near zero), BENCH_STORE_STREAMS (50) streams of 10 chunks;
 //! - BENCH_STORE_OPEN (1000) streams open at once through the gateway (5 chunks 1 s apart),
-//!   counting the ones that did not arrive whole.
+//!   counting the ones that did not arrive whole;
+//! - translation: chat completions (4 KB) answered by an Anthropic model through the gateway,
+//!   against the stand-in's Messages route called directly with the Messages request.
 //!
 //! Needs PostgreSQL and Redis (scripts/setup): `cargo bench -p sandbase-gateway --bench store`.
 
@@ -78,6 +80,16 @@ async fn chat(Json(body): Json<Value>) -> Response {
         .expect("a response")
 }
 
+/// The stand-in's Messages route: a whole answer.
+async fn messages(Json(body): Json<Value>) -> Response {
+    Json(json!({
+        "id": "msg_1", "type": "message", "role": "assistant", "model": body["model"],
+        "content": [{ "type": "text", "text": "fine" }], "stop_reason": "end_turn",
+        "stop_sequence": null, "usage": { "input_tokens": 1000, "output_tokens": 20 },
+    }))
+    .into_response()
+}
+
 struct Bench {
     http: reqwest::Client,
     gateway: String,
@@ -117,6 +129,44 @@ impl Bench {
                 answer.bytes().await.expect("a body");
                 samples.push(started.elapsed());
             }
+        }
+        (gateway, direct)
+    }
+
+    /// Chat completions of 4 KB to an Anthropic model through the gateway, and the Messages
+    /// request they become sent to the stand-in directly: (through the gateway, directly).
+    async fn translated(&self, calls: usize) -> (Vec<Duration>, Vec<Duration>) {
+        let text = "x".repeat(4 * 1024);
+        let chat = json!({ "model": "anthropic/bench", "max_tokens": 100,
+            "messages": [{ "role": "user", "content": text }] });
+        let messages = json!({ "model": "bench", "max_tokens": 100,
+            "messages": [{ "role": "user", "content": [{ "type": "text", "text": text }] }] });
+        let (mut gateway, mut direct) = (Vec::new(), Vec::new());
+        for _ in 0..calls {
+            let started = Instant::now();
+            let answer = self
+                .http
+                .post(format!("{}/openai/v1/chat/completions", self.gateway))
+                .bearer_auth(&self.key)
+                .json(&chat)
+                .send()
+                .await
+                .expect("an answer");
+            assert_eq!(answer.status(), 200);
+            let body: Value = answer.json().await.expect("a chat completion");
+            assert_eq!(body["choices"][0]["message"]["content"], "fine");
+            gateway.push(started.elapsed());
+            let started = Instant::now();
+            let answer = self
+                .http
+                .post(format!("{}/v1/messages", self.direct))
+                .header("x-api-key", SECRET)
+                .json(&messages)
+                .send()
+                .await
+                .expect("an answer");
+            answer.bytes().await.expect("a body");
+            direct.push(started.elapsed());
         }
         (gateway, direct)
     }
@@ -172,25 +222,31 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let direct = format!("http://{}", listener.local_addr()?);
-        let app = axum::Router::new().route("/v1/chat/completions", axum::routing::post(chat));
+        let app = axum::Router::new()
+            .route("/v1/chat/completions", axum::routing::post(chat))
+            .route("/v1/messages", axum::routing::post(messages));
         tokio::spawn(async move { axum::serve(listener, app).await });
         let secret_file = std::env::temp_dir().join(format!("sandbase-bench-store-{}", uuid::Uuid::new_v4()));
         std::fs::write(&secret_file, SECRET)?;
         let mut settings = testing::settings().await;
         settings.database.max_connections = 20;
-        settings.store.providers = vec![ProviderSettings {
-            name: "standin".to_owned(),
-            kind: ProviderKind::Openai,
-            base_url: format!("{direct}/v1"),
+        let provider = |name: &str, kind, base_url: String| ProviderSettings {
+            name: name.to_owned(),
+            kind,
+            base_url,
             credential_env: None,
             credential_file: Some(secret_file.clone()),
             credential_secret: None,
             timeout_secs: 120,
             connect_timeout_secs: 10,
-        }];
-        settings.store.models = vec![ModelSettings {
-            id: "openai/bench".to_owned(),
-            provider: "standin".to_owned(),
+        };
+        settings.store.providers = vec![
+            provider("standin", ProviderKind::Openai, format!("{direct}/v1")),
+            provider("standin-anthropic", ProviderKind::Anthropic, direct.clone()),
+        ];
+        let model = |id: &str, provider: &str| ModelSettings {
+            id: id.to_owned(),
+            provider: provider.to_owned(),
             upstream: "bench".to_owned(),
             context_window: 1_000_000,
             max_output: 1000,
@@ -198,7 +254,11 @@ fn main() -> anyhow::Result<()> {
             cached_input: "0".to_owned(),
             cache_write: "0".to_owned(),
             output: "0.001".to_owned(),
-        }];
+        };
+        settings.store.models = vec![
+            model("openai/bench", "standin"),
+            model("anthropic/bench", "standin-anthropic"),
+        ];
         let application = Application::build(settings).await?;
         let gateway = format!("http://{}", application.local_addr());
         tokio::spawn(application.run_until_stopped(std::future::pending()));
@@ -219,6 +279,8 @@ fn main() -> anyhow::Result<()> {
         row(&format!("chat, 4 KB request, whole answer ({calls})"), &mut gateway, "the stand-in directly", &mut direct);
         let (mut gateway, mut direct) = bench.whole(200 * 1024, calls / 4).await;
         row(&format!("chat, 200 KB request ({})", calls / 4), &mut gateway, "the stand-in directly", &mut direct);
+        let (mut gateway, mut direct) = bench.translated(calls).await;
+        row(&format!("chat to an Anthropic model, 4 KB, translated ({calls})"), &mut gateway, "its Messages request directly", &mut direct);
 
         let (mut first_gateway, mut first_direct, mut gaps) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..streams {
