@@ -7,7 +7,8 @@ It answers only to the operator's credential. The last user message steers it: `
 (500), ``overloaded`` (Anthropic's 529), ``busy``
 answers 429 with ``Retry-After``, ``slow`` answers after a second (a call that stays in
 flight). Anthropic, given tools: ``weather`` asks for the first tool with ``{"city": "Paris"}``
-(its JSON streamed in two pieces); a tool's result is answered with ``SUNNY``.
+(its JSON streamed in two pieces); a tool's result is answered with ``SUNNY``. OpenAI chat,
+given tools: ``weather`` calls the first tool with ``{"city": "Paris"}`` the same way.
 """
 
 import json
@@ -109,6 +110,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def chat(self, body):
         model = body["model"]
+        if body.get("tools") and "weather" in last_text(body):
+            return self.chat_tool_call(body)
         if not body.get("stream"):
             return self.send_json(200, {
                 "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": model,
@@ -135,6 +138,36 @@ class Handler(BaseHTTPRequestHandler):
             events.append(f"data: {json.dumps(usage)}\n\n")
         events.append("data: [DONE]\n\n")
         self.send_events(events)
+
+    def chat_tool_call(self, body):
+        model, name = body["model"], body["tools"][0]["function"]["name"]
+        if not body.get("stream"):
+            call = {"id": "call_1", "type": "function",
+                    "function": {"name": name, "arguments": '{"city": "Paris"}'}}
+            return self.send_json(200, {
+                "id": "chatcmpl-2", "object": "chat.completion", "created": 1, "model": model,
+                "choices": [{"index": 0, "finish_reason": "tool_calls", "logprobs": None,
+                             "message": {"role": "assistant", "content": None,
+                                         "tool_calls": [call]}}],
+                "usage": CHAT_USAGE})
+
+        def chunk(delta, finish=None, usage=None):
+            data = {"id": "chatcmpl-2", "object": "chat.completion.chunk", "created": 1,
+                    "model": model, "usage": usage,
+                    "choices": [] if usage else [{"index": 0, "delta": delta,
+                                                  "finish_reason": finish}]}
+            return f"data: {json.dumps(data)}\n\n"
+
+        self.send_events([
+            chunk({"role": "assistant", "content": None, "tool_calls": [
+                {"index": 0, "id": "call_1", "type": "function",
+                 "function": {"name": name, "arguments": ""}}]}),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}),
+            chunk({}, "tool_calls"),
+            chunk(None, usage=CHAT_USAGE),
+            "data: [DONE]\n\n",
+        ])
 
     def response_object(self, model, status, usage):
         output = [] if status != "completed" else [{

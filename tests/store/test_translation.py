@@ -1,9 +1,11 @@
-"""The official OpenAI SDK calling an Anthropic model through `/openai/v1/chat/completions`:
-the gateway turns the request into a Messages request and the answer (whole, streamed,
-tool calls, errors) back into a chat completion, billed from Anthropic's own usage."""
+"""Calls answered by the other family's models: the official OpenAI SDK calling an Anthropic
+model through `/openai/v1/chat/completions`, and the official Anthropic SDK calling an OpenAI
+model through `/anthropic/v1/messages`. The gateway translates the request and the answer
+(whole, streamed, tool calls, errors) and bills from the provider's own usage."""
 
 import json
 
+import anthropic
 import openai
 import pytest
 
@@ -111,3 +113,74 @@ def test_what_has_no_counterpart_is_refused_and_upstream_errors_keep_their_statu
     assert overloaded.value.body["type"] == "overloaded_error"
     assert overloaded.value.body["message"] == "Overloaded"
     assert gateway.available(key) == before
+
+
+# The OpenAI stand-in's chat usage: 800 uncached × 2.50 + 200 cached × 1.25 + 50 out × 10.
+CHAT_COST = 2750
+WEATHER_TOOL = [{"name": "get_weather", "description": "The weather in a city",
+                 "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+
+
+def claude_client(gateway, key):
+    return anthropic.Anthropic(base_url=f"{gateway.url}/anthropic", api_key=key, max_retries=0)
+
+
+def test_messages_are_answered_by_an_openai_model(gateway, key):
+    before = gateway.available(key)
+    raw = claude_client(gateway, key).messages.with_raw_response.create(
+        model="openai/gpt-test", max_tokens=100, stop_sequences=["END"],
+        system=[{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+        messages=[{"role": "user", "content": "hi"}])
+    message = raw.parse()
+    assert message.content[0].text == standin.TEXT and message.stop_reason == "end_turn"
+    assert message.model == "openai/gpt-test"
+    assert (message.usage.input_tokens, message.usage.cache_read_input_tokens,
+            message.usage.output_tokens) == (800, 200, 50)
+    headers, sent = gateway.seen[-1]
+    assert headers["authorization"] == f"Bearer {standin.OPENAI_SECRET}" and key not in str(headers)
+    assert sent == {"model": "gpt-test", "max_completion_tokens": 100, "stop": ["END"],
+                    "messages": [{"role": "system", "content": "Be brief."},
+                                 {"role": "user", "content": "hi"}]}
+    assert gateway.store_request(key, raw.headers[HEADER])["credits_micro"] == CHAT_COST
+    assert gateway.available(key) == before - CHAT_COST
+    # Streamed: Anthropic's events, the usage in the final message.
+    with claude_client(gateway, key).messages.stream(
+            model="openai/gpt-test", max_tokens=100,
+            messages=[{"role": "user", "content": "hi"}]) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == "".join(standin.TEXT.split())   # the stand-in streams its words unspaced
+    assert (final.stop_reason, final.usage.output_tokens) == ("end_turn", 50)
+
+
+def test_tool_use_goes_both_ways_with_an_openai_model(gateway, key):
+    sdk = claude_client(gateway, key)
+    asked = [{"role": "user", "content": "What is the weather in Paris?"}]
+    first = sdk.messages.create(model="openai/gpt-test", max_tokens=100, messages=asked,
+                                tools=WEATHER_TOOL, tool_choice={"type": "any"})
+    use = first.content[-1]
+    assert first.stop_reason == "tool_use"
+    assert (use.type, use.id, use.name, use.input) == ("tool_use", "call_1", "get_weather",
+                                                       {"city": "Paris"})
+    _, sent = gateway.seen[-1]
+    assert sent["tools"][0]["function"]["parameters"] == WEATHER_TOOL[0]["input_schema"]
+    assert sent["tool_choice"] == "required"
+    answered = asked + [{"role": "assistant", "content": [block.model_dump() for block in first.content]},
+                        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1",
+                                                      "content": "sunny"}]}]
+    sdk.messages.create(model="openai/gpt-test", max_tokens=100, messages=answered,
+                        tools=WEATHER_TOOL)
+    _, sent = gateway.seen[-1]
+    assert sent["messages"][1]["tool_calls"][0]["function"] == {
+        "name": "get_weather", "arguments": '{"city":"Paris"}'}
+    assert sent["messages"][2] == {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
+    with sdk.messages.stream(model="openai/gpt-test", max_tokens=100, messages=asked,
+                             tools=WEATHER_TOOL) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use"
+    assert (final.content[0].name, final.content[0].input) == ("get_weather", {"city": "Paris"})
+    # An OpenAI refusal keeps its status, in Anthropic's shape.
+    with pytest.raises(anthropic.RateLimitError) as limited:
+        sdk.messages.create(model="openai/gpt-test", max_tokens=10,
+                            messages=[{"role": "user", "content": "busy"}])
+    assert limited.value.body["error"]["type"] == "rate_limit_error"

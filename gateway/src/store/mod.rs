@@ -9,11 +9,14 @@ pub mod credential;
 pub mod lineages;
 pub mod mcp_calls;
 pub mod mcp_servers;
+pub mod messages_stream;
+pub mod messages_to_chat;
 pub mod meter;
 pub mod requests;
 pub mod sse;
 pub mod translate;
 pub mod translate_stream;
+pub mod translation;
 pub mod usage;
 
 use std::collections::HashMap;

@@ -20,6 +20,7 @@ use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::meter::{self, Call, Outcome};
 use crate::store::sse::Tap;
+use crate::store::translation::{Translated, Translator};
 use crate::store::usage::{self, Shape};
 
 /// The header naming the store's record of the call (`GET /v1/store/requests/{id}`).
@@ -210,14 +211,6 @@ struct Prepared {
     translated: Option<Translated>,
 }
 
-/// A chat completions call translated to an Anthropic model: its public id and whether the
-/// client asked for a stream's usage.
-#[derive(Clone)]
-struct Translated {
-    model: String,
-    include_usage: bool,
-}
-
 async fn admitted(
     state: &AppState,
     headers: &HeaderMap,
@@ -239,12 +232,7 @@ async fn admitted(
     let worst = meter::worst_case(model, body.len(), max_output);
     let hold_for = std::time::Duration::from_secs(provider.settings.timeout_secs);
     let sent = match &translated {
-        Some(_) => crate::store::translate::chat_to_messages(
-            &json,
-            &model.settings.upstream,
-            model.settings.max_output,
-        )
-        .map_err(ApiError::InvalidRequest)?,
+        Some(translated) => translated.request(&json, model)?,
         None => Value::Null,
     };
     let asked = meter::Asked {
@@ -256,11 +244,16 @@ async fn admitted(
         sandbox: caller.sandbox,
     };
     let call = meter::admit(state, &caller.principal, asked, worst).await?;
-    if translated.is_some() {
+    if let Some(to_messages) = translated.as_ref().map(|translated| translated.to_messages) {
+        let (path, family, shape) = if to_messages {
+            (MESSAGES.path, Family::Anthropic, Shape::Anthropic)
+        } else {
+            (CHAT.path, Family::Openai, Shape::OpenaiChat)
+        };
         let upstream = provider.post(
-            MESSAGES.path,
+            path,
             sent.to_string().into_bytes(),
-            &forwarded_headers(Family::Anthropic, headers),
+            &forwarded_headers(family, headers),
         );
         return Ok(Prepared {
             call,
@@ -268,7 +261,7 @@ async fn admitted(
             prices: model.prices,
             stream,
             hide_usage: false,
-            shape: Shape::Anthropic,
+            shape,
             translated,
         });
     }
@@ -290,8 +283,8 @@ async fn admitted(
     })
 }
 
-/// The model a call names: of the endpoint's family, or — for chat completions — an
-/// Anthropic model, answered through translation.
+/// The model a call names: of the endpoint's family, or — for chat completions and
+/// messages — of the other family, answered through translation.
 fn find_model<'a>(
     state: &'a AppState,
     endpoint: Endpoint,
@@ -308,8 +301,13 @@ fn find_model<'a>(
     if let Some((model, provider)) = state.store.model(endpoint.family.name(), model_id) {
         return Ok((model, provider, None));
     }
-    if endpoint.path == CHAT.path
-        && let Some((model, provider)) = state.store.model(Family::Anthropic.name(), model_id)
+    let other = match endpoint.path {
+        path if path == CHAT.path => Some(Family::Anthropic),
+        path if path == MESSAGES.path => Some(Family::Openai),
+        _ => None,
+    };
+    if let Some(other) = other
+        && let Some((model, provider)) = state.store.model(other.name(), model_id)
     {
         let include_usage = json
             .pointer("/stream_options/include_usage")
@@ -317,6 +315,7 @@ fn find_model<'a>(
             == Some(true);
         let translated = Translated {
             model: model.settings.id.clone(),
+            to_messages: matches!(other, Family::Anthropic),
             include_usage,
         };
         return Ok((model, provider, Some(translated)));
@@ -377,8 +376,8 @@ async fn call(state: AppState, prepared: Prepared) -> Result<Response, ApiError>
         let mut bytes = answer.bytes().await.unwrap_or_default();
         meter::release(&state, &call).await;
         let mut content_type = content_type;
-        if translated.is_some() {
-            bytes = Bytes::from(crate::store::translate::error_to_chat(&bytes));
+        if let Some(translated) = &translated {
+            bytes = translated.error(status.as_u16(), &bytes);
             content_type = Some(HeaderValue::from_static("application/json"));
         }
         let mut response = whole(status, content_type, bytes, None);
@@ -389,12 +388,7 @@ async fn call(state: AppState, prepared: Prepared) -> Result<Response, ApiError>
     }
     let id = call.id;
     if stream {
-        let translator = translated.map(|translated| {
-            crate::store::translate_stream::ChatStream::new(
-                &translated.model,
-                translated.include_usage,
-            )
-        });
+        let translator = translated.map(|translated| translated.stream());
         let taps = Taps {
             tap: Tap::new(shape, hide_usage),
             translator,
@@ -427,11 +421,9 @@ async fn call(state: AppState, prepared: Prepared) -> Result<Response, ApiError>
         }
     });
     let (content_type, bytes) = match (&translated, parsed) {
-        (Some(translated), Some(message)) => (
+        (Some(translated), Some(answer)) => (
             Some(HeaderValue::from_static("application/json")),
-            Bytes::from(
-                crate::store::translate::message_to_chat(&message, &translated.model).to_string(),
-            ),
+            translated.answer(&answer),
         ),
         _ => (content_type, bytes),
     };
@@ -460,7 +452,7 @@ fn whole(
 /// What a stream passes through: the usage tap, then the translation when there is one.
 struct Taps {
     tap: Tap,
-    translator: Option<crate::store::translate_stream::ChatStream>,
+    translator: Option<Translator>,
 }
 
 /// The stream passed through the tap as it comes; the task reading it settles the call at

@@ -44,11 +44,11 @@ pub async fn anthropic(
     headers: HeaderMap,
 ) -> Result<Json<Value>, StoreError> {
     listed(&state, &headers, Family::Anthropic).await?;
+    // OpenAI's models too: messages reach them through translation.
     let data: Vec<Value> = state
         .store
         .models()
         .iter()
-        .filter(|model| model.family == "anthropic")
         .map(|model| {
             json!({
                 "type": "model",
