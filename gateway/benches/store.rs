@@ -10,7 +10,8 @@
 //! - BENCH_STORE_OPEN (1000) streams open at once through the gateway (5 chunks 1 s apart),
 //!   counting the ones that did not arrive whole;
 //! - translation: chat completions (4 KB) answered by an Anthropic model through the gateway,
-//!   against the stand-in's Messages route called directly with the Messages request.
+//!   against the stand-in's Messages route called directly with the Messages request, and
+//!   messages answered by an OpenAI model against the chat request they become.
 //!
 //! Needs PostgreSQL and Redis (scripts/setup): `cargo bench -p sandbase-gateway --bench store`.
 
@@ -171,6 +172,37 @@ impl Bench {
         (gateway, direct)
     }
 
+    /// Messages of 4 KB to an OpenAI model through the gateway, and the chat request they
+    /// become sent to the stand-in directly: (through the gateway, directly).
+    async fn translated_back(&self, calls: usize) -> (Vec<Duration>, Vec<Duration>) {
+        let text = "x".repeat(4 * 1024);
+        let messages = json!({ "model": "openai/bench", "max_tokens": 100,
+            "messages": [{ "role": "user", "content": text }] });
+        let chat = json!({ "model": "bench", "max_completion_tokens": 100,
+            "messages": [{ "role": "user", "content": text }] });
+        let (mut gateway, mut direct) = (Vec::new(), Vec::new());
+        for _ in 0..calls {
+            let started = Instant::now();
+            let answer = self
+                .http
+                .post(format!("{}/anthropic/v1/messages", self.gateway))
+                .header("x-api-key", &self.key)
+                .json(&messages)
+                .send()
+                .await
+                .expect("an answer");
+            assert_eq!(answer.status(), 200);
+            let body: Value = answer.json().await.expect("a message");
+            assert_eq!(body["content"][0]["text"], "fine");
+            gateway.push(started.elapsed());
+            let started = Instant::now();
+            let answer = self.post(false, &chat).await;
+            answer.bytes().await.expect("a body");
+            direct.push(started.elapsed());
+        }
+        (gateway, direct)
+    }
+
     /// One stream: (time to the first chunk, gaps between chunks, whole).
     async fn stream(
         &self,
@@ -281,6 +313,8 @@ fn main() -> anyhow::Result<()> {
         row(&format!("chat, 200 KB request ({})", calls / 4), &mut gateway, "the stand-in directly", &mut direct);
         let (mut gateway, mut direct) = bench.translated(calls).await;
         row(&format!("chat to an Anthropic model, 4 KB, translated ({calls})"), &mut gateway, "its Messages request directly", &mut direct);
+        let (mut gateway, mut direct) = bench.translated_back(calls).await;
+        row(&format!("messages to an OpenAI model, 4 KB, translated ({calls})"), &mut gateway, "its chat request directly", &mut direct);
 
         let (mut first_gateway, mut first_direct, mut gaps) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..streams {

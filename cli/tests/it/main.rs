@@ -35,6 +35,27 @@ impl Server {
     pub async fn start(extra_env: &[(&str, String)]) -> Server {
         install_crypto_provider();
         let database_url = sandbase_gateway::testing::fresh_database().await;
+        // A port found free can be taken by another test's connection before the server
+        // binds it: the server then exits at once, and is started again on other ports.
+        for _ in 0..3 {
+            let mut server = Self::spawn(&database_url, extra_env);
+            if server.wait_ready().await {
+                return server;
+            }
+            let mut stderr_text = String::new();
+            if let Some(mut pipe) = server.child.stderr.take() {
+                use std::io::Read as _;
+                let _ = pipe.read_to_string(&mut stderr_text);
+            }
+            assert!(
+                stderr_text.contains("in use"),
+                "the server did not become ready: {stderr_text}"
+            );
+        }
+        panic!("the server found no free port in three tries");
+    }
+
+    fn spawn(database_url: &str, extra_env: &[(&str, String)]) -> Server {
         let port = free_port();
         let internal_port = free_port();
         let config_home =
@@ -44,7 +65,7 @@ impl Server {
             .args(["server", "--listen", &format!("127.0.0.1:{port}")])
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("DATABASE_URL", &database_url)
+            .env("DATABASE_URL", database_url)
             .env("REDIS_URL", sandbase_gateway::testing::redis_url())
             .env(
                 "SANDBASE_REDIS__KEY_PREFIX",
@@ -67,15 +88,13 @@ impl Server {
             command.env(key, value);
         }
         let child = command.spawn().expect("start sandbase server");
-        let server = Server {
+        Server {
             child,
             url: format!("http://127.0.0.1:{port}"),
             internal: format!("http://127.0.0.1:{internal_port}"),
             config_home,
-            database_url,
-        };
-        server.wait_ready().await;
-        server
+            database_url: database_url.to_owned(),
+        }
     }
 
     /// A count from this server's database (through `psql`, which `scripts/setup` installs
@@ -91,14 +110,18 @@ impl Server {
         stdout(&output).trim().parse().expect("a count")
     }
 
-    async fn wait_ready(&self) {
+    /// Until its `/readyz` answers 200 (`true`), or the process exited (`false`).
+    async fn wait_ready(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(30);
         let client = reqwest::Client::new();
         loop {
             if let Ok(response) = client.get(format!("{}/readyz", self.url)).send().await
                 && response.status() == 200
             {
-                return;
+                return true;
+            }
+            if self.child.try_wait().ok().flatten().is_some() {
+                return false;
             }
             assert!(Instant::now() < deadline, "the server did not become ready");
             tokio::time::sleep(Duration::from_millis(50)).await;
