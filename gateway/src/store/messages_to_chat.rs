@@ -269,7 +269,7 @@ pub fn chat_to_message(chat: &Value, model: &str) -> Value {
 /// Anthropic's error type for an HTTP status.
 pub fn error_type(status: u16) -> &'static str {
     match status {
-        400 | 422 => "invalid_request_error",
+        400 | 402 | 409 | 422 => "invalid_request_error",
         401 => "authentication_error",
         403 => "permission_error",
         404 => "not_found_error",

@@ -38,18 +38,10 @@ impl StoreError {
     }
 }
 
-/// Anthropic's error type for a status.
+/// Anthropic's error type for a status (one table, shared with the translation of OpenAI
+/// errors).
 fn anthropic_type(status: StatusCode) -> &'static str {
-    match status.as_u16() {
-        400 | 402 | 409 | 422 => "invalid_request_error",
-        401 => "authentication_error",
-        403 => "permission_error",
-        404 => "not_found_error",
-        413 => "request_too_large",
-        429 => "rate_limit_error",
-        529 | 503 => "overloaded_error",
-        _ => "api_error",
-    }
+    crate::store::messages_to_chat::error_type(status.as_u16())
 }
 
 /// OpenAI's error type for a status.
