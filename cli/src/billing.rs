@@ -3,7 +3,7 @@
 use sandbase_api::billing::BalanceAnswer;
 use sandbase_billing::Credits;
 
-use crate::GlobalArgs;
+use crate::args::GlobalArgs;
 use crate::client::Client;
 use crate::output::{emit, optional_time, table};
 

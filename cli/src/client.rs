@@ -7,7 +7,7 @@ use sandbase_api::ErrorBody;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::GlobalArgs;
+use crate::args::GlobalArgs;
 use crate::credentials;
 
 pub const DEFAULT_URL: &str = "http://127.0.0.1:8080";

@@ -12,7 +12,7 @@ use sandbase_api::{
 };
 use uuid::Uuid;
 
-use crate::GlobalArgs;
+use crate::args::GlobalArgs;
 use crate::client::Client;
 use crate::credentials;
 use crate::output::{emit, optional_time, table, time};

@@ -17,7 +17,7 @@ pub fn path() -> PathBuf {
     let config_dir = std::env::var_os("XDG_CONFIG_HOME")
         .filter(|dir| !dir.is_empty())
         .map(PathBuf::from)
-        .unwrap_or_else(|| crate::home_dir().join(".config"));
+        .unwrap_or_else(|| crate::args::home_dir().join(".config"));
     config_dir.join("sandbase").join("credentials.json")
 }
 

@@ -160,8 +160,8 @@ pub async fn seal(
         .vault
         .keyring()?
         .context("the dev server's vault key is missing")?;
-    let db = sandbase_gateway::startup::connect_database(settings).await?;
-    sandbase_gateway::startup::migrate(&db).await?;
+    let db = sandbase_gateway::connect_database(settings).await?;
+    sandbase_gateway::migrate(&db).await?;
     let mut connection = db.acquire().await?;
     for (name, value) in keys {
         sandbase_vault::set_operator_secret(

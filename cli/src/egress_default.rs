@@ -3,7 +3,7 @@
 
 use sandbase_api::sandboxes::EgressPolicy;
 
-use crate::GlobalArgs;
+use crate::args::GlobalArgs;
 use crate::client::Client;
 use crate::output::emit;
 

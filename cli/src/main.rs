@@ -1,6 +1,7 @@
 //! `sandbase`: the server (`server`), the all-in-one single node (`dev`), operator
 //! commands (`migrate`, `admin`) and the client verbs, which talk to `SANDBASE_URL`.
 
+mod args;
 mod billing;
 mod client;
 mod commands;
@@ -25,11 +26,12 @@ mod transfer;
 mod vault;
 mod worker;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
+
+use crate::args::GlobalArgs;
 
 #[derive(Parser)]
 #[command(
@@ -42,19 +44,6 @@ struct Cli {
     global: GlobalArgs,
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Args, Clone)]
-pub struct GlobalArgs {
-    /// Gateway URL for client commands.
-    #[arg(long, global = true, env = "SANDBASE_URL")]
-    url: Option<String>,
-    /// API key for client commands (else SANDBASE_TOKEN, else the saved credentials).
-    #[arg(long, global = true, env = "SANDBASE_API_KEY", hide_env_values = true)]
-    api_key: Option<String>,
-    /// Print the API's JSON instead of a human summary.
-    #[arg(long, global = true)]
-    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -200,28 +189,6 @@ fn run_client(global: GlobalArgs, command: ClientCommand) -> anyhow::Result<Exit
         }?;
         Ok(ExitCode::SUCCESS)
     })
-}
-
-/// A listen address argument.
-pub fn parse_listen(value: &str) -> Result<SocketAddr, String> {
-    value
-        .parse()
-        .map_err(|error| format!("`{value}` is not an address like 127.0.0.1:8080: {error}"))
-}
-
-/// Where the CLI keeps state: `$XDG_STATE_HOME/sandbase` or `~/.local/state/sandbase`.
-pub fn default_state_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|dir| !dir.is_empty()) {
-        return PathBuf::from(dir).join("sandbase");
-    }
-    home_dir().join(".local/state/sandbase")
-}
-
-pub fn home_dir() -> PathBuf {
-    std::env::var_os("HOME")
-        .filter(|home| !home.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."))
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use rmcp::ServiceExt as _;
 use sandbase_mcp::{ApiAnswer, ApiBody, ApiRequest, Backend, Sandbase};
 
-use crate::GlobalArgs;
+use crate::args::GlobalArgs;
 use crate::client::Client;
 
 /// The gateway, over HTTP.

@@ -9,7 +9,7 @@ use futures_util::StreamExt;
 use reqwest::Method;
 use uuid::Uuid;
 
-use crate::GlobalArgs;
+use crate::args::GlobalArgs;
 use crate::client::Client;
 
 #[derive(Args)]

@@ -9,7 +9,7 @@ use clap::Args;
 use reqwest::Method;
 use sandbase_api::sandboxes::ResourcesRequest;
 
-use crate::GlobalArgs;
+use crate::args::GlobalArgs;
 use crate::client::Client;
 use crate::output::emit;
 use crate::sandbox::{EgressArgs, parse_isolation, parse_pair};

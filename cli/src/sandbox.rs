@@ -17,7 +17,7 @@ use sandbase_api::sandboxes::{
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::GlobalArgs;
+use crate::args::GlobalArgs;
 use crate::client::Client;
 use crate::output::{emit, optional_time, table, time};
 use crate::transfer::{copy, download_archive, human_bytes};

@@ -10,7 +10,7 @@ use sandbase_api::secrets::{
     UpdateSecretRequest, UsableBy,
 };
 
-use crate::GlobalArgs;
+use crate::args::GlobalArgs;
 use crate::client::Client;
 use crate::output::{emit, table, time};
 

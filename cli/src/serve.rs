@@ -8,9 +8,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use rand::Rng;
 use rand::distr::Alphanumeric;
-use sandbase_api::Role;
-use sandbase_gateway::auth::api_key::{ApiKeyToken, KeyRecord};
-use sandbase_gateway::{Application, Settings, accounts, admin, startup};
+use sandbase_gateway::{Application, Settings, operator};
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -20,7 +18,7 @@ use crate::{credentials, telemetry};
 #[derive(Args)]
 pub struct ServerArgs {
     /// Address to listen on (overrides server.listen).
-    #[arg(long, value_parser = crate::parse_listen)]
+    #[arg(long, value_parser = crate::args::parse_listen)]
     listen: Option<SocketAddr>,
     /// TOML configuration file (see sandbase.example.toml).
     #[arg(long, env = "SANDBASE_CONFIG")]
@@ -30,7 +28,7 @@ pub struct ServerArgs {
 #[derive(Args)]
 pub struct DevArgs {
     /// Address to listen on.
-    #[arg(long, value_parser = crate::parse_listen, default_value = "127.0.0.1:8080")]
+    #[arg(long, value_parser = crate::args::parse_listen, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
     /// TOML configuration file, layered over the dev defaults.
     #[arg(long, env = "SANDBASE_CONFIG")]
@@ -140,7 +138,7 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     let state_dir = args
         .state_dir
         .clone()
-        .unwrap_or_else(crate::default_state_dir);
+        .unwrap_or_else(crate::args::default_state_dir);
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("creating the state directory {}", state_dir.display()))?;
     let mut state = DevState::load_or_create(&state_dir)?;
@@ -164,7 +162,8 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         let application = Application::build(settings).await?;
         let address = application.local_addr();
         let internal = format!("https://{}", application.internal_addr());
-        let api_key = ensure_dev_account(&application, &mut state).await?;
+        let api_key = operator::ensure_dev_account(&application, state.account()).await?;
+        state.api_key = Some(api_key.clone());
         state.save(&state_dir)?;
         let url = format!("http://{address}");
         let (stop_gateway, gateway_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -175,7 +174,7 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
             None
         } else {
             let worker_id = args.node.id_for("");
-            let credential = sandbase_gateway::workers::credential::derive(
+            let credential = operator::worker_credential(
                 &SecretString::from(node_token.clone()),
                 &worker_id,
             );
@@ -243,8 +242,8 @@ pub fn check_config(config: &Path) -> anyhow::Result<ExitCode> {
 
 /// Prints the OpenAPI document, as the gateway renders it, without starting one.
 pub fn openapi() -> anyhow::Result<ExitCode> {
-    let routes = sandbase_gateway::http::Routes::new(&Settings::default())?;
-    println!("{}", serde_json::to_string_pretty(&routes.openapi)?);
+    let document = sandbase_gateway::openapi_document(&Settings::default())?;
+    println!("{}", serde_json::to_string_pretty(&document)?);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -284,8 +283,8 @@ pub fn migrate(database_url: String) -> anyhow::Result<ExitCode> {
         let mut settings = Settings::default();
         settings.database.url = Some(SecretString::from(database_url));
         settings.database.max_connections = 1;
-        let db = startup::connect_database(&settings).await?;
-        startup::migrate(&db).await?;
+        let db = sandbase_gateway::connect_database(&settings).await?;
+        sandbase_gateway::migrate(&db).await?;
         println!("migrations applied");
         Ok::<(), anyhow::Error>(())
     })?;
@@ -308,10 +307,7 @@ fn print_worker_credential(worker_id: &str, config: Option<&Path>) -> anyhow::Re
         !worker_id.is_empty() && worker_id.len() <= 200,
         "--worker-id must be 1 to 200 characters"
     );
-    println!(
-        "{}",
-        sandbase_gateway::workers::credential::derive(&secret, worker_id)
-    );
+    println!("{}", operator::worker_credential(&secret, worker_id));
     Ok(())
 }
 
@@ -332,7 +328,7 @@ pub fn admin(command: AdminCommand) -> anyhow::Result<ExitCode> {
                 .filter(|amount| amount.0 > 0)
                 .context("--credits must be a positive amount with at most 6 decimals")?;
             let granted = runtime()?.block_on(async move {
-                let db = startup::connect_database(&settings).await?;
+                let db = sandbase_gateway::connect_database(&settings).await?;
                 let mut transaction = db.begin().await?;
                 let granted = sandbase_billing::grant(
                     &mut transaction,
@@ -366,7 +362,7 @@ pub fn admin(command: AdminCommand) -> anyhow::Result<ExitCode> {
         AdminCommand::Reconcile { config } => {
             let settings = load_operator_settings(config.as_deref())?;
             let mismatches = runtime()?.block_on(async move {
-                let db = startup::connect_database(&settings).await?;
+                let db = sandbase_gateway::connect_database(&settings).await?;
                 let mut connection = db.acquire().await?;
                 Ok::<_, anyhow::Error>(sandbase_billing::reconcile(&mut connection).await?)
             })?;
@@ -388,8 +384,8 @@ pub fn admin(command: AdminCommand) -> anyhow::Result<ExitCode> {
             let settings = load_operator_settings(config.as_deref())?;
             let max = if clear { None } else { max };
             runtime()?.block_on(async move {
-                let db = startup::connect_database(&settings).await?;
-                admin::set_team_sandbox_quota(&db, team, max).await
+                let db = sandbase_gateway::connect_database(&settings).await?;
+                operator::set_team_sandbox_quota(&db, team, max).await
             })?;
             match max {
                 Some(max) => println!("team {team}: at most {max} sandboxes at once"),
@@ -426,9 +422,9 @@ fn set_rate_limit(
         Some((per_second, burst))
     };
     runtime()?.block_on(async move {
-        let db = startup::connect_database(&settings).await?;
-        let redis = startup::connect_redis(&settings).await?;
-        admin::set_team_rate_limit(&db, redis, &settings.redis.key_prefix, team, limit).await
+        let db = sandbase_gateway::connect_database(&settings).await?;
+        let redis = sandbase_gateway::connect_redis(&settings).await?;
+        operator::set_team_rate_limit(&db, redis, &settings.redis.key_prefix, team, limit).await
     })?;
     match limit {
         Some((per_second, burst)) => {
@@ -522,6 +518,15 @@ impl DevState {
         }
     }
 
+    /// The dev account as the gateway makes sure of it.
+    fn account(&self) -> operator::DevAccount<'_> {
+        operator::DevAccount {
+            email: &self.email,
+            password: &self.password,
+            saved_key: self.api_key.as_deref(),
+        }
+    }
+
     fn save(&self, dir: &Path) -> anyhow::Result<()> {
         credentials::write_private(&dir.join(Self::FILE), &serde_json::to_vec_pretty(self)?)
     }
@@ -533,67 +538,6 @@ fn random_string(length: usize) -> String {
         .take(length)
         .map(char::from)
         .collect()
-}
-
-/// Makes sure the dev user, team and a working API key exist; returns the key.
-async fn ensure_dev_account(
-    application: &Application,
-    state: &mut DevState,
-) -> anyhow::Result<String> {
-    let db = &application.state().db;
-    if let Some(key) = &state.api_key
-        && let Some(token) = ApiKeyToken::parse(key)
-        && let Some(record) = KeyRecord::load(db, &token.public_id).await?
-        && token.matches(&record.secret_hash)
-        && !record.revoked
-        && record.expires_at.is_none()
-    {
-        return Ok(key.clone());
-    }
-    let mut transaction = db.begin().await?;
-    let (team_id, user_id) = match accounts::find_user_by_email(&mut transaction, &state.email)
-        .await?
-    {
-        Some(user) => {
-            let memberships = accounts::memberships(&mut transaction, user.id).await?;
-            let (team, _) = memberships
-                .first()
-                .context("the dev user belongs to no team; remove it or the state file")?;
-            (team.id, user.id)
-        }
-        None => {
-            let hash = application
-                .state()
-                .passwords
-                .hash(SecretString::from(state.password.clone()))
-                .await
-                .map_err(|error| anyhow::anyhow!("hashing the dev password: {error}"))?;
-            let (user, team) =
-                accounts::create_user_with_team(&mut transaction, &state.email, &hash, "dev", true)
-                    .await
-                    .map_err(|error| anyhow::anyhow!("creating the dev account: {error}"))?;
-            sandbase_gateway::credits::grant_starter(
-                &mut transaction,
-                team.id,
-                &application.state().settings.billing,
-            )
-            .await?;
-            (team.id, user.id)
-        }
-    };
-    let created = accounts::create_api_key(
-        &mut transaction,
-        team_id,
-        "dev",
-        Role::Owner,
-        Some(user_id),
-        None,
-    )
-    .await
-    .map_err(|error| anyhow::anyhow!("creating the dev API key: {error}"))?;
-    transaction.commit().await?;
-    state.api_key = Some(created.token.clone());
-    Ok(created.token)
 }
 
 /// Saves the dev key for the CLI unless the saved one is for this server and still works: a

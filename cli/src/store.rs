@@ -2,7 +2,7 @@
 
 use sandbase_api::store::{StoreApiList, StoreModelList, StoreRequestList};
 
-use crate::GlobalArgs;
+use crate::args::GlobalArgs;
 use crate::client::Client;
 use crate::output::{emit, table, time};
 

@@ -12,7 +12,7 @@ use reqwest::Method;
 use sandbase_api::internal::paths;
 use serde_json::{Value, json};
 
-use crate::GlobalArgs;
+use crate::args::GlobalArgs;
 use crate::client::Client;
 use crate::output::{emit, table};
 use crate::transfer::human_bytes;

@@ -7,7 +7,6 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Subcommand;
-use sandbase_gateway::startup;
 use uuid::Uuid;
 
 use crate::serve::{load_operator_settings, runtime};
@@ -73,7 +72,7 @@ pub fn vault(command: VaultCommand) -> anyhow::Result<ExitCode> {
             let (settings, keyring) = operator_keyring(config.as_deref())?;
             let current = keyring.current();
             let rewrapped = runtime()?.block_on(async move {
-                let db = startup::connect_database(&settings).await?;
+                let db = sandbase_gateway::connect_database(&settings).await?;
                 let keys = sandbase_vault::rotate(&db, &keyring).await?;
                 let secrets = sandbase_vault::reseal_operator_secrets(&db, &keyring).await?;
                 Ok::<_, anyhow::Error>((keys, secrets))
@@ -86,7 +85,7 @@ pub fn vault(command: VaultCommand) -> anyhow::Result<ExitCode> {
         VaultCommand::RotateDataKeys { team, config } => {
             let (settings, keyring) = operator_keyring(config.as_deref())?;
             let (teams, values) = runtime()?.block_on(async move {
-                let db = startup::connect_database(&settings).await?;
+                let db = sandbase_gateway::connect_database(&settings).await?;
                 let teams: Vec<Uuid> = match team {
                     Some(team) => vec![team],
                     None => sandbase_vault::teams_with_data_keys(&db).await?,
@@ -125,11 +124,11 @@ fn secret(command: SecretCommand) -> anyhow::Result<()> {
     };
     let (settings, keyring) = operator_keyring(config.as_deref())?;
     runtime()?.block_on(async move {
-        let db = startup::connect_database(&settings).await?;
+        let db = sandbase_gateway::connect_database(&settings).await?;
         match command {
             SecretCommand::Set { name, .. } => {
                 anyhow::ensure!(
-                    sandbase_gateway::secrets::validate_name(&name).is_ok(),
+                    sandbase_gateway::operator::validate_secret_name(&name).is_ok(),
                     "NAME: 1 to 64 letters, digits, `_`, `.` or `-`, starting with a letter or digit"
                 );
                 let mut value = sandbase_vault::Zeroizing::new(Vec::new());

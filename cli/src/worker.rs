@@ -53,7 +53,7 @@ pub struct WorkerArgs {
 #[derive(Args, Clone)]
 pub struct NodeArgs {
     /// Address of the worker's internal API (the gateway calls it).
-    #[arg(long = "worker-listen", value_parser = crate::parse_listen, default_value = "127.0.0.1:8090")]
+    #[arg(long = "worker-listen", value_parser = crate::args::parse_listen, default_value = "127.0.0.1:8090")]
     pub worker_listen: SocketAddr,
     /// URL the gateway uses to reach this worker (default: http://<worker-listen>).
     #[arg(long)]

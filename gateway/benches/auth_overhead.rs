@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use sandbase_gateway::{Application, admin, startup, testing};
+use sandbase_gateway::{Application, operator, testing};
 use secrecy::ExposeSecret;
 use sqlx::PgPool;
 
@@ -101,8 +101,8 @@ fn main() {
             .expect("db");
         // A limit above what this machine can serve: the limiter runs on every request (a
         // key this hot leases 1/20 s of tokens from Redis at a time) but never says no.
-        let redis = startup::connect_redis(&settings).await.expect("redis");
-        admin::set_team_rate_limit(&db, redis, &settings.redis.key_prefix, team_id, Some((100_000, 100_000)))
+        let redis = sandbase_gateway::connect_redis(&settings).await.expect("redis");
+        operator::set_team_rate_limit(&db, redis, &settings.redis.key_prefix, team_id, Some((100_000, 100_000)))
             .await
             .expect("rate limit");
 

@@ -188,7 +188,7 @@ fn main() -> anyhow::Result<()> {
             listen: "127.0.0.1:0".parse()?,
             advertise_url: None,
             gateway_url: internal.clone(),
-            credential: sandbase_gateway::workers::credential::derive(&NODE_TOKEN.to_owned().into(), "bench"),
+            credential: sandbase_gateway::operator::worker_credential(&NODE_TOKEN.to_owned().into(), "bench"),
             tls: Some(testing::channel()),
             worker_id: "bench".to_owned(),
             heartbeat_interval: Duration::from_millis(500),

@@ -27,7 +27,6 @@ use sandbase_api::internal::{
     UsageSample,
 };
 use sandbase_api::sandboxes::Isolation;
-use sandbase_gateway::workers::registry::Placement;
 use sandbase_gateway::{Application, testing};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -245,7 +244,7 @@ async fn topology(
     for index in 0..workers {
         let id = format!("{name}-{index}");
         let credential =
-            sandbase_gateway::workers::credential::derive(&NODE_TOKEN.to_owned().into(), &id);
+            sandbase_gateway::operator::worker_credential(&NODE_TOKEN.to_owned().into(), &id);
         let registered = http
             .post(format!("{internal}/internal/v1/workers/register"))
             .header(NODE_TOKEN_HEADER, &credential)
@@ -314,7 +313,7 @@ fn main() -> anyhow::Result<()> {
         let application = Application::build(settings).await?;
         let url = format!("http://{}", application.local_addr());
         let internal = format!("{scheme}://{}", application.internal_addr());
-        let state = application.state().clone();
+        let inspector = testing::Inspector::new(&application);
         tokio::spawn(application.run_until_stopped(std::future::pending()));
         // The internal channel's TLS, as workers have it.
         let http = reqwest::Client::builder()
@@ -330,19 +329,13 @@ fn main() -> anyhow::Result<()> {
         let (beat_cpu, mut beats) = sim.once_a_second(seconds).await;
 
         let team = Uuid::now_v7();
-        let placement = Placement {
-            template: "base",
-            mounts: &[],
-            isolation: Isolation::Runc,
-            team_id: team,
-        };
         let mut placed = Vec::with_capacity(10_000);
         for _ in 0..10_000 {
             let started = Instant::now();
-            let candidates = state.workers.candidates(&placement).await?;
+            let candidates = inspector.placement_candidates("base", Isolation::Runc, team).await?;
             placed.push(started.elapsed());
             // The idle baseline's workers are live too: twice as many to choose from.
-            assert_eq!(candidates.len(), 2 * workers);
+            assert_eq!(candidates, 2 * workers);
         }
         let redis = redis::Client::open(redis_url)?;
         let mut connection = redis.get_multiplexed_async_connection().await?;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use sandbase_api::internal::{NODE_TOKEN_HEADER, UsageEvent, UsageReport, UsageSample};
-use sandbase_gateway::credits::{Admission, Admitted};
+use sandbase_gateway::testing::internals::{Admission, Admitted};
 use sandbase_gateway::{Application, testing};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -114,7 +114,7 @@ async fn ingest_over_http(
         .collect();
     let (http, url) = (http.clone(), format!("{url}/internal/v1/usage"));
     let credential =
-        sandbase_gateway::workers::credential::derive(&NODE_TOKEN.to_owned().into(), WORKER);
+        sandbase_gateway::operator::worker_credential(&NODE_TOKEN.to_owned().into(), WORKER);
     drive(reports, move |report| {
         let (http, url, credential) = (http.clone(), url.clone(), credential.clone());
         async move {
@@ -143,7 +143,7 @@ async fn ingest_direct(db: &sqlx::PgPool, samples: Vec<Vec<UsageSample>>) -> Dur
         let db = db.clone();
         async move {
             let mut transaction = db.begin().await.expect("begin");
-            sandbase_gateway::usage::insert_samples(&mut transaction, &batch, WORKER)
+            sandbase_gateway::testing::internals::insert_samples(&mut transaction, &batch, WORKER)
                 .await
                 .expect("insert");
             transaction.commit().await.expect("commit");

@@ -208,7 +208,7 @@ async fn zero_credits(state: AppState) -> anyhow::Result<()> {
         let first: bool = redis::AsyncCommands::set_nx(&mut redis, &key, now).await?;
         if first {
             // The ledger says zero: admissions read it again rather than a cached balance.
-            state.admission.forget(team_id).await?;
+            state.billing.admission.forget(team_id).await?;
         }
         let since: i64 = redis::AsyncCommands::get(&mut redis, &key).await?;
         if now - since < state.settings.billing.grace_secs as i64 * 1000 {
@@ -228,7 +228,7 @@ async fn grant_expiry(state: AppState) -> anyhow::Result<()> {
 
 /// The counted failed authentications of windows that ended.
 async fn failed_auth(state: AppState) -> anyhow::Result<()> {
-    crate::failed_auth::flush(&state.failed_auth, &state.db).await?;
+    crate::failed_auth::flush(&state.auth.failed_auth, &state.db).await?;
     Ok(())
 }
 
@@ -244,6 +244,6 @@ async fn store_credentials(state: AppState) -> anyhow::Result<()> {
 }
 
 async fn key_last_used(state: AppState) -> anyhow::Result<()> {
-    state.last_used.flush(&state.db).await?;
+    state.auth.last_used.flush(&state.db).await?;
     Ok(())
 }

@@ -25,7 +25,7 @@ use crate::http::Routes;
 use crate::ratelimit::RateLimiter;
 use crate::runs::{ArtifactStore, RunQueue};
 use crate::sandboxes::route_cache::RouteCache;
-use crate::state::{AppState, Services};
+use crate::state::{AppState, AuthServices, BillingServices, SandboxServices, Services};
 use crate::workers::{WorkerClient, Workers};
 
 pub struct Application {
@@ -85,6 +85,38 @@ async fn bind(address: SocketAddr, key: &str) -> anyhow::Result<(TcpListener, So
         .local_addr()
         .with_context(|| format!("reading the address bound for {key}"))?;
     Ok((listener, bound))
+}
+
+/// Where sandboxes and runs live: the workers, their client, routes, previews, the run queue
+/// and the artifact store.
+fn sandbox_services(
+    settings: &Settings,
+    redis: &redis::aio::ConnectionManager,
+) -> anyhow::Result<SandboxServices> {
+    let (worker_client, channel) = worker_client(settings)?;
+    Ok(SandboxServices {
+        workers: Arc::new(Workers::new(settings, redis.clone())),
+        worker_client,
+        channel,
+        routes: Arc::new(RouteCache::default()),
+        preview_cache: Arc::default(),
+        run_queue: Arc::new(RunQueue::new(redis.clone(), &settings.redis.key_prefix)),
+        artifacts: Arc::new(ArtifactStore::from_settings(&settings.runs)?),
+    })
+}
+
+/// Credit reservations and the client of the payment provider.
+fn billing_services(
+    settings: &Settings,
+    redis: &redis::aio::ConnectionManager,
+) -> anyhow::Result<BillingServices> {
+    Ok(BillingServices {
+        admission: Arc::new(Admission::new(redis.clone(), &settings.redis.key_prefix)),
+        http: reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .context("building the HTTP client")?,
+    })
 }
 
 /// The internal channel's TLS (when configured) and the client of the workers that uses it.
@@ -185,31 +217,15 @@ impl Application {
         let last_used = Arc::new(LastUsed::default());
 
         let routes = Routes::new(&settings)?;
-        let (worker_client, internal_tls) = worker_client(&settings)?;
         let openapi = Arc::new(routes.openapi.clone());
         let (vault, store) = vault_and_store(&settings, &db).await?;
-        let state = AppState::new(Services {
-            vault,
-            db: db.clone(),
-            rate_limiter: RateLimiter::new(&settings.redis.key_prefix),
+        let auth = AuthServices {
             keys: keys.clone(),
             invalidator,
             last_used,
             sessions,
-            metrics: crate::http::metrics::prometheus_handle(),
-            workers: Arc::new(Workers::new(&settings, redis.clone())),
-            http: reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(5))
-                .build()
-                .context("building the HTTP client")?,
-            worker_client,
-            channel: internal_tls,
-            routes: Arc::new(RouteCache::default()),
+            rate_limiter: RateLimiter::new(&settings.redis.key_prefix),
             team_leases: Arc::default(),
-            mailer: match settings.auth.verify_email {
-                true => Some(Arc::new(crate::mail::Mailer::new(&settings.smtp)?)),
-                false => None,
-            },
             ip_guard: Arc::new(crate::ip_guard::IpGuard::new(
                 settings.server.requests_per_ip_per_second,
                 settings.server.requests_per_ip_burst,
@@ -222,13 +238,23 @@ impl Application {
             failed_auth: Arc::new(crate::failed_auth::FailedAuthBook::new(
                 Duration::from_secs(settings.auth.failed_auth_window_secs),
             )),
-            admission: Arc::new(Admission::new(redis.clone(), &settings.redis.key_prefix)),
-            store,
-            preview_cache: Arc::default(),
+            mailer: match settings.auth.verify_email {
+                true => Some(Arc::new(crate::mail::Mailer::new(&settings.smtp)?)),
+                false => None,
+            },
+        };
+        let sandboxes = sandbox_services(&settings, &redis)?;
+        let billing = billing_services(&settings, &redis)?;
+        let state = AppState::new(Services {
+            db: db.clone(),
+            vault,
+            metrics: crate::http::metrics::prometheus_handle(),
             draining: Arc::default(),
-            run_queue: Arc::new(RunQueue::new(redis.clone(), &settings.redis.key_prefix)),
-            artifacts: Arc::new(ArtifactStore::from_settings(&settings.runs)?),
             openapi,
+            auth,
+            sandboxes,
+            billing,
+            store,
             redis,
             settings: Arc::new(settings),
         });
@@ -265,7 +291,7 @@ impl Application {
         self.internal_addr
     }
 
-    pub fn state(&self) -> &AppState {
+    pub(crate) fn state(&self) -> &AppState {
         &self.state
     }
 
@@ -291,7 +317,11 @@ impl Application {
             internal_listener,
             internal_router,
             limits,
-            state.channel.as_ref().map(|tls| Arc::clone(&tls.server)),
+            state
+                .sandboxes
+                .channel
+                .as_ref()
+                .map(|tls| Arc::clone(&tls.server)),
             stop_receiver.clone(),
             grace,
         ));
@@ -324,7 +354,7 @@ impl Application {
         for task in background {
             task.abort();
         }
-        if let Err(error) = state.last_used.flush(&state.db).await {
+        if let Err(error) = state.auth.last_used.flush(&state.db).await {
             tracing::warn!(error = %error, "writing API key last-used times at shutdown failed");
         }
         state.db.close().await;

@@ -37,39 +37,32 @@ impl std::ops::Deref for AppState {
     }
 }
 
+/// Everything shared, grouped by the part of the gateway that uses it.
 pub struct Services {
-    /// The vault's key-encryption keys (`None`: not configured; secrets answer 501).
-    pub vault: Option<Arc<sandbase_vault::Keyring>>,
     pub db: PgPool,
     pub redis: redis::aio::ConnectionManager,
     pub settings: Arc<Settings>,
+    /// The vault's key-encryption keys (`None`: not configured; secrets answer 501).
+    pub vault: Option<Arc<sandbase_vault::Keyring>>,
+    pub metrics: PrometheusHandle,
+    /// Set when the gateway is shutting down: `/readyz` answers 503 `draining`.
+    pub draining: Arc<std::sync::atomic::AtomicBool>,
+    /// The served OpenAPI document, rendered once at start-up.
+    pub openapi: Arc<serde_json::Value>,
+    pub auth: AuthServices,
+    pub sandboxes: SandboxServices,
+    pub billing: BillingServices,
+    /// The models and paid APIs offered through the gateway.
+    pub store: Arc<crate::store::Store>,
+}
+
+/// Who is calling, and how often they may: keys, sessions, limits, failed attempts.
+pub struct AuthServices {
     pub keys: Arc<KeyCache>,
     pub invalidator: Invalidator,
     pub last_used: Arc<LastUsed>,
     pub sessions: Arc<SessionKeys>,
     pub rate_limiter: RateLimiter,
-    pub metrics: PrometheusHandle,
-    /// Live workers (from Redis).
-    pub workers: Arc<Workers>,
-    /// The client of outside services (Stripe).
-    pub http: reqwest::Client,
-    /// The client of the workers' internal API (and the node token).
-    pub worker_client: Arc<WorkerClient>,
-    /// The fair run queue and the artifact store.
-    pub run_queue: Arc<RunQueue>,
-    pub artifacts: Arc<ArtifactStore>,
-    /// Credit reservations in Redis.
-    pub admission: Arc<Admission>,
-    /// The models and paid APIs offered through the gateway.
-    pub store: Arc<crate::store::Store>,
-    /// Previews read recently (each request to a preview host needs one).
-    pub preview_cache: Arc<crate::sandboxes::preview_cache::PreviewCache>,
-    /// Set when the gateway is shutting down: `/readyz` answers 503 `draining`.
-    pub draining: Arc<std::sync::atomic::AtomicBool>,
-    /// TLS of the internal channel, when configured.
-    pub channel: Option<sandbase_egress::channel::ChannelTls>,
-    /// Outgoing mail, when e-mail verification is on.
-    pub mailer: Option<Arc<crate::mail::Mailer>>,
     /// This gateway's leases of team rate-limit buckets.
     pub team_leases: Arc<crate::ratelimit::TeamLeases>,
     /// Per-address request and failed-authentication limits, in memory.
@@ -78,8 +71,32 @@ pub struct Services {
     pub passwords: Arc<crate::auth::password::Passwords>,
     /// Failed authentications counted between their audit rows.
     pub failed_auth: Arc<FailedAuthBook>,
+    /// Outgoing mail, when e-mail verification is on.
+    pub mailer: Option<Arc<crate::mail::Mailer>>,
+}
+
+/// Where sandboxes and runs live: the workers, their client, routes, previews, the run queue
+/// and the artifact store.
+pub struct SandboxServices {
+    /// Live workers (from Redis).
+    pub workers: Arc<Workers>,
+    /// The client of the workers' internal API (and the node token).
+    pub worker_client: Arc<WorkerClient>,
+    /// TLS of the internal channel, when configured.
+    pub channel: Option<sandbase_egress::channel::ChannelTls>,
     /// Cached sandbox → worker routes.
     pub routes: Arc<RouteCache>,
-    /// The served OpenAPI document, rendered once at start-up.
-    pub openapi: Arc<serde_json::Value>,
+    /// Previews read recently (each request to a preview host needs one).
+    pub preview_cache: Arc<crate::sandboxes::preview_cache::PreviewCache>,
+    /// The fair run queue and the artifact store.
+    pub run_queue: Arc<RunQueue>,
+    pub artifacts: Arc<ArtifactStore>,
+}
+
+/// Money: credit reservations and the client of the payment provider.
+pub struct BillingServices {
+    /// Credit reservations in Redis.
+    pub admission: Arc<Admission>,
+    /// The client of outside services (Stripe).
+    pub http: reqwest::Client,
 }

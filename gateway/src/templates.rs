@@ -32,7 +32,7 @@ pub async fn import(
     format: String,
     archive: bytes::Bytes,
 ) -> ApiResult<Progress> {
-    let workers = state.workers.live().await?;
+    let workers = state.sandboxes.workers.live().await?;
     let (sender, receiver) = mpsc::channel(16);
     tokio::spawn(async move {
         for worker in workers.iter() {
@@ -40,6 +40,7 @@ pub async fn import(
                 .send(json!({ "worker": worker.id, "progress": "building the template" }))
                 .await;
             let answer = state
+                .sandboxes
                 .worker_client
                 .import_template(
                     &crate::workers::registry::address(worker),
@@ -57,11 +58,12 @@ pub async fn import(
 /// Pulls an image into template `name` on every live worker; each worker's progress lines
 /// are passed on with its id.
 pub async fn pull(state: AppState, name: TemplateName, pull: PullTemplate) -> ApiResult<Progress> {
-    let workers = state.workers.live().await?;
+    let workers = state.sandboxes.workers.live().await?;
     let (sender, receiver) = mpsc::channel(64);
     tokio::spawn(async move {
         for worker in workers.iter() {
             match state
+                .sandboxes
                 .worker_client
                 .pull_template(&crate::workers::registry::address(worker), &name, &pull)
                 .await
@@ -105,11 +107,12 @@ async fn relay_progress(
 
 /// Removes template `name` from every live worker.
 pub async fn remove(state: AppState, name: TemplateName) -> ApiResult<Progress> {
-    let workers = state.workers.live().await?;
+    let workers = state.sandboxes.workers.live().await?;
     let (sender, receiver) = mpsc::channel(16);
     tokio::spawn(async move {
         for worker in workers.iter() {
             let answer = state
+                .sandboxes
                 .worker_client
                 .remove_template(&crate::workers::registry::address(worker), &name)
                 .await;

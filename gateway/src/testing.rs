@@ -12,6 +12,8 @@ use sqlx::{ConnectOptions, Connection};
 use uuid::Uuid;
 
 use crate::config::Settings;
+use crate::startup::Application;
+use crate::state::AppState;
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://sandbase:sandbase@127.0.0.1:5432/sandbase";
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
@@ -108,4 +110,49 @@ pub async fn settings() -> Settings {
     settings.auth.failed_auth_per_minute = 0;
     settings.server.max_connections_per_ip = 0;
     settings
+}
+
+/// What a test reads of a running gateway that HTTP does not show.
+#[derive(Clone)]
+pub struct Inspector(AppState);
+
+impl Inspector {
+    pub fn new(application: &Application) -> Inspector {
+        Inspector(application.state().clone())
+    }
+
+    /// How many API keys the key cache has read from PostgreSQL.
+    pub fn key_lookups(&self) -> u64 {
+        self.0.auth.keys.lookups()
+    }
+
+    /// Whether the key cache is subscribed to revocations (and so answers from memory).
+    pub fn key_cache_is_live(&self) -> bool {
+        self.0.auth.keys.is_live()
+    }
+
+    /// How many live workers could host a sandbox of `template` for `team_id` with
+    /// `isolation` (the placement the scale benchmark times).
+    pub async fn placement_candidates(
+        &self,
+        template: &str,
+        isolation: sandbase_api::sandboxes::Isolation,
+        team_id: Uuid,
+    ) -> anyhow::Result<usize> {
+        let placement = crate::workers::registry::Placement {
+            template,
+            mounts: &[],
+            isolation,
+            team_id,
+        };
+        let candidates = self.0.sandboxes.workers.candidates(&placement).await?;
+        Ok(candidates.len())
+    }
+}
+
+/// What the benchmarks time of the gateway's parts below its API: credit admission and the
+/// usage samples' INSERT. Not a surface to build on.
+pub mod internals {
+    pub use crate::credits::{Admission, Admitted};
+    pub use crate::usage::ingest::insert_samples;
 }

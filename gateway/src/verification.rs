@@ -92,7 +92,7 @@ pub async fn sign_up(state: &AppState, audit: &Audit, account: NewAccount<'_>) -
         }
     };
     // Sent in the background: how long the relay takes must not tell the two cases apart.
-    if let Some(mailer) = &state.mailer {
+    if let Some(mailer) = &state.auth.mailer {
         let mailer = std::sync::Arc::clone(mailer);
         tokio::spawn(async move { mailer.send(mail).await });
     }
@@ -194,7 +194,7 @@ pub async fn open_account(
         )
         .await?;
     transaction.commit().await?;
-    let (token, expires_at) = state.sessions.issue(user.id, team.id)?;
+    let (token, expires_at) = state.auth.sessions.issue(user.id, team.id)?;
     tracing::info!(user_id = %user.id, team_id = %team.id, "account opened");
     Ok(SignupResponse {
         user: user.to_api(),

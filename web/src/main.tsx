@@ -1,7 +1,7 @@
 // The dashboard's shell: the session decides between the login pages and the app; the app
 // is a navigation bar and the page the path names. The console and the replay player are
 // loaded only when opened.
-import { render } from "preact";
+import { render, type JSX } from "preact";
 import { useEffect, useState } from "preact/hooks";
 import "./styles.css";
 import { api, ok } from "./api/client";
@@ -21,16 +21,33 @@ import { Secrets } from "./pages/secrets";
 import { Store } from "./pages/store";
 import { Lazy } from "./lazy";
 
-const NAV: [string, string, boolean][] = [
-  ["/", "Overview", false],
-  ["/sandboxes", "Sandboxes", false],
-  ["/keys", "API keys", false],
-  ["/members", "Members", false],
-  ["/credits", "Credits", false],
-  ["/usage", "Usage", false],
-  ["/audit", "Audit log", true],
-  ["/secrets", "Secrets", false],
-  ["/store", "Models", false],
+/// The dashboard's pages, in the navigation bar's order: a path pattern (see `match`), the page
+/// it shows, and its label when the navigation bar links it (`adminOnly`: only for owners and
+/// admins). The first pattern that matches wins.
+type Route = {
+  pattern: string;
+  page: (params: Record<string, string>) => JSX.Element;
+  nav?: string;
+  adminOnly?: boolean;
+};
+
+const ROUTES: Route[] = [
+  { pattern: "/", nav: "Overview", page: () => <Overview /> },
+  { pattern: "/sandboxes", nav: "Sandboxes", page: () => <Sandboxes /> },
+  {
+    pattern: "/sandboxes/:id/console",
+    page: ({ id }) => <Lazy key={id} load={() => import("./pages/console")} props={{ id }} />,
+  },
+  { pattern: "/sandboxes/:id", page: ({ id }) => <SandboxDetail key={id} id={id} /> },
+  { pattern: "/keys", nav: "API keys", page: () => <Keys /> },
+  { pattern: "/members", nav: "Members", page: () => <Members /> },
+  { pattern: "/credits", nav: "Credits", page: () => <Credits /> },
+  { pattern: "/billing/success", page: () => <CheckoutReturn /> },
+  { pattern: "/billing/cancel", page: () => <Credits cancelled /> },
+  { pattern: "/usage", nav: "Usage", page: () => <Usage /> },
+  { pattern: "/audit", nav: "Audit log", adminOnly: true, page: () => <Audit /> },
+  { pattern: "/secrets", nav: "Secrets", page: () => <Secrets /> },
+  { pattern: "/store", nav: "Models", page: () => <Store /> },
 ];
 
 function useSession() {
@@ -76,10 +93,13 @@ function Shell({ path }: { path: string }) {
           SandBase
         </a>
         <ul>
-          {NAV.filter(([, , admin]) => !admin || isAdmin()).map(([href, label]) => (
+          {ROUTES.filter(({ nav, adminOnly }) => nav && (!adminOnly || isAdmin())).map(({ pattern, nav }) => (
             <li>
-              <a href={href} aria-current={(href === "/" ? path === "/" : path.startsWith(href)) ? "page" : undefined}>
-                {label}
+              <a
+                href={pattern}
+                aria-current={(pattern === "/" ? path === "/" : path.startsWith(pattern)) ? "page" : undefined}
+              >
+                {nav}
               </a>
             </li>
           ))}
@@ -100,21 +120,10 @@ function Shell({ path }: { path: string }) {
 }
 
 function route(path: string) {
-  let params: Record<string, string> | null;
-  if (path === "/" || path === "") return <Overview />;
-  if (path === "/keys") return <Keys />;
-  if (path === "/members") return <Members />;
-  if (path === "/credits") return <Credits />;
-  if (path === "/billing/success") return <CheckoutReturn />;
-  if (path === "/billing/cancel") return <Credits cancelled />;
-  if (path === "/usage") return <Usage />;
-  if (path === "/sandboxes") return <Sandboxes />;
-  if ((params = match("/sandboxes/:id/console", path)))
-    return <Lazy key={params.id} load={() => import("./pages/console")} props={{ id: params.id }} />;
-  if ((params = match("/sandboxes/:id", path))) return <SandboxDetail key={params.id} id={params.id} />;
-  if (path === "/audit") return <Audit />;
-  if (path === "/secrets") return <Secrets />;
-  if (path === "/store") return <Store />;
+  for (const { pattern, page } of ROUTES) {
+    const params = match(pattern, path);
+    if (params) return page(params);
+  }
   return (
     <section class="page">
       <h1>Not found</h1>

@@ -26,8 +26,9 @@ export function useLocation(): URL {
 
 /// `pattern` like `/sandboxes/:id`; the named parts, or null when it does not match.
 export function match(pattern: string, path: string): Record<string, string> | null {
+  // A trailing slash does not count, and the empty path is the root.
   const want = pattern.split("/");
-  const got = path.replace(/\/$/, "").split("/");
+  const got = (path.length > 1 ? path.replace(/\/$/, "") : "/").split("/");
   if (want.length !== got.length) return null;
   const params: Record<string, string> = {};
   for (let i = 0; i < want.length; i++) {

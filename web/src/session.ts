@@ -1,7 +1,7 @@
 // The dashboard's session: the token from /v1/auth/login, held in sessionStorage (this tab
 // only, gone when it closes) and sent as a Bearer token. No cookies: nothing for another site
 // to ride on, so no CSRF surface.
-import type { S } from "./api/client";
+import type { S } from "./api/types";
 
 export type SessionState = {
   token: string;

@@ -64,6 +64,7 @@ pub async fn admit(state: &AppState, attempt: Attempt, ip: Option<IpAddr>) -> Ap
     let mut redis = state.redis.clone();
     for (bucket, count) in buckets(attempt, ip, per_address) {
         match state
+            .auth
             .rate_limiter
             .check_window(&mut redis, &bucket, count, window)
             .await

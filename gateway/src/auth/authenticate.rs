@@ -58,16 +58,16 @@ pub(crate) async fn key_record(
     state: &AppState,
     public_id: &str,
 ) -> Result<Option<Arc<KeyRecord>>, ApiError> {
-    Ok(match state.keys.get(public_id) {
+    Ok(match state.auth.keys.get(public_id) {
         Lookup::Known(record) => Some(record),
         Lookup::Unknown => None,
         Lookup::Miss => {
-            let epoch = state.keys.epoch();
-            state.keys.note_lookup();
+            let epoch = state.auth.keys.epoch();
+            state.auth.keys.note_lookup();
             match KeyRecord::load(&state.db, public_id).await? {
-                Some(record) => Some(state.keys.insert(epoch, Arc::new(record))),
+                Some(record) => Some(state.auth.keys.insert(epoch, Arc::new(record))),
                 None => {
-                    state.keys.insert_unknown(epoch, public_id);
+                    state.auth.keys.insert_unknown(epoch, public_id);
                     None
                 }
             }
@@ -94,7 +94,7 @@ pub(crate) fn key_principal(
             team_id: record.team_id,
         });
     }
-    record.touch(&state.last_used, now);
+    record.touch(&state.auth.last_used, now);
     Ok(Principal {
         team_id: record.team_id,
         role: record.role,
@@ -104,7 +104,7 @@ pub(crate) fn key_principal(
 }
 
 async fn authenticate_session(token: &str, state: &AppState) -> Result<Principal, ApiError> {
-    let claims = state.sessions.verify(token, Utc::now())?;
+    let claims = state.auth.sessions.verify(token, Utc::now())?;
     member_principal(state, claims.team, claims.sub)
         .await?
         .ok_or(ApiError::InvalidSession)
@@ -154,7 +154,7 @@ pub async fn rate_limit(principal: &Principal, state: &AppState) -> Result<(), A
         .rate_limit
         .unwrap_or((defaults.per_second, defaults.burst));
     check(state, &subject, lease, (per_second, burst)).await?;
-    let team_lease = state.team_leases.of(principal.team_id);
+    let team_lease = state.auth.team_leases.of(principal.team_id);
     let ceiling = (
         defaults.team_per_second.max(per_second),
         defaults.team_burst.max(burst),
@@ -172,6 +172,7 @@ async fn check(
 ) -> Result<(), ApiError> {
     let mut redis = state.redis.clone();
     match state
+        .auth
         .rate_limiter
         .check(&mut redis, subject, lease, per_second, burst)
         .await

@@ -72,6 +72,7 @@ impl KeyCache {
     }
 
     /// Keys read from Postgres since start-up.
+    #[cfg(feature = "testing")]
     pub fn lookups(&self) -> u64 {
         self.lookups.load(Ordering::Relaxed)
     }
@@ -170,6 +171,7 @@ impl KeyCache {
         }
     }
 
+    #[cfg(feature = "testing")]
     pub fn is_live(&self) -> bool {
         self.live.load(Ordering::Acquire)
     }

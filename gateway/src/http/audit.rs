@@ -98,7 +98,7 @@ fn failure_row(
             credential: credential.clone(),
             team_id,
         };
-        if !state.failed_auth.note(key, &target, status.as_u16()) {
+        if !state.auth.failed_auth.note(key, &target, status.as_u16()) {
             return None;
         }
         let entry = Entry {

@@ -10,7 +10,7 @@ use crate::state::AppState;
 
 pub async fn middleware(State(state): State<AppState>, request: Request, next: Next) -> Response {
     if let Some(ip) = super::client_ip::client_ip(&request, &state.settings.server.trusted_proxies)
-        && let Err(retry_after_secs) = state.ip_guard.admit_request(ip)
+        && let Err(retry_after_secs) = state.auth.ip_guard.admit_request(ip)
     {
         metrics::counter!("sandbase_ip_limited_total").increment(1);
         return ApiError::RateLimited { retry_after_secs }.into_response();

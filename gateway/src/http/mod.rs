@@ -34,6 +34,12 @@ use axum::response::{IntoResponse, Response};
 use crate::config::Settings;
 use crate::state::AppState;
 
+/// The public API's OpenAPI document as a gateway with `settings` serves it at
+/// `/v1/openapi.json`, without starting one.
+pub fn openapi_document(settings: &Settings) -> anyhow::Result<serde_json::Value> {
+    Ok(Routes::new(settings)?.openapi)
+}
+
 /// The routers of the public API and of the operational routes, before they get their
 /// state, and the OpenAPI document rendered from the same list.
 pub struct Routes {

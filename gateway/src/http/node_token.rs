@@ -35,7 +35,7 @@ impl FromRequestParts<AppState> for WorkerIdentity {
             .headers
             .get(NODE_TOKEN_HEADER)
             .and_then(|value| value.to_str().ok())
-            .and_then(|presented| state.worker_client.verify(presented))
+            .and_then(|presented| state.sandboxes.worker_client.verify(presented))
             .map(|worker_id| WorkerIdentity(worker_id.to_owned()))
             .ok_or(ApiError::InvalidNodeToken)
     }

@@ -65,6 +65,7 @@ async fn serve(state: &AppState, target: Target, mut request: Request) -> ApiRes
     strip_credentials(request.headers_mut());
     let worker = forward::route(state, preview.team_id, target.sandbox).await?;
     let stream = state
+        .sandboxes
         .worker_client
         .open_port(&worker, target.sandbox, target.port)
         .await?;

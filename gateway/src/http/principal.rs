@@ -23,6 +23,7 @@ impl FromRequestParts<AppState> for Principal {
         let ip = ClientIp::from_request_parts(parts, state).await?.0;
         if let Some(ip) = ip {
             state
+                .auth
                 .ip_guard
                 .may_authenticate(ip)
                 .map_err(|retry_after_secs| ApiError::RateLimited { retry_after_secs })?;
@@ -32,7 +33,7 @@ impl FromRequestParts<AppState> for Principal {
             && error.is_authentication_failure()
             && !matches!(error, ApiError::Unauthenticated)
         {
-            state.ip_guard.failed(ip);
+            state.auth.ip_guard.failed(ip);
         }
         if let Some(slot) = slot {
             match &result {

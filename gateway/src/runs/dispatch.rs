@@ -44,7 +44,7 @@ pub async fn dispatch_forever(state: AppState, concurrency: Arc<Semaphore>) {
                 );
             }
         }
-        let woken = state.run_queue.wake.notified();
+        let woken = state.sandboxes.run_queue.wake.notified();
         if !has_room(&state, starting.load(Ordering::Acquire)).await {
             let _ = tokio::time::timeout(Duration::from_millis(200), woken).await;
             continue;
@@ -52,7 +52,7 @@ pub async fn dispatch_forever(state: AppState, concurrency: Arc<Semaphore>) {
         let Ok(permit) = Arc::clone(&concurrency).acquire_owned().await else {
             return;
         };
-        match state.run_queue.pop().await {
+        match state.sandboxes.run_queue.pop().await {
             Ok(Some((team, run))) => {
                 let state = state.clone();
                 starting.fetch_add(1, Ordering::AcqRel);
@@ -60,7 +60,7 @@ pub async fn dispatch_forever(state: AppState, concurrency: Arc<Semaphore>) {
                 tokio::spawn(async move {
                     execute(&state, team, run, placing).await;
                     drop(permit);
-                    state.run_queue.wake.notify_waiters();
+                    state.sandboxes.run_queue.wake.notify_waiters();
                 });
             }
             Ok(None) => {
@@ -78,7 +78,7 @@ pub async fn dispatch_forever(state: AppState, concurrency: Arc<Semaphore>) {
 
 /// Whether the workers have more free places than runs already on their way to one.
 async fn has_room(state: &AppState, starting: usize) -> bool {
-    match state.workers.live().await {
+    match state.sandboxes.workers.live().await {
         Ok(workers) => {
             let free: u64 = workers
                 .iter()
@@ -105,9 +105,9 @@ async fn requeue_missing(state: &AppState) -> anyhow::Result<()> {
     let queued = lifecycle::queued_a_while(&mut connection).await?;
     drop(connection);
     for (run, team) in queued {
-        if !state.run_queue.contains(run).await? {
+        if !state.sandboxes.run_queue.contains(run).await? {
             tracing::info!(%run, "a queued run was missing from Redis; queued again");
-            state.run_queue.push(team, run).await?;
+            state.sandboxes.run_queue.push(team, run).await?;
         }
     }
     Ok(())
@@ -119,7 +119,7 @@ async fn execute(state: &AppState, team: Uuid, run: Uuid, placing: Starting) {
         Ok(claimed) => claimed,
         Err(error) => {
             tracing::warn!(%run, error = %error, "claiming a run failed; queued again");
-            let _ = state.run_queue.push_front(team, run).await;
+            let _ = state.sandboxes.run_queue.push_front(team, run).await;
             return;
         }
     };
@@ -145,8 +145,9 @@ async fn execute(state: &AppState, team: Uuid, run: Uuid, placing: Starting) {
     }
     if claimed.has_inputs {
         state
+            .sandboxes
             .artifacts
-            .delete(&state.artifacts.inputs(team, run))
+            .delete(&state.sandboxes.artifacts.inputs(team, run))
             .await;
     }
 }
@@ -176,7 +177,7 @@ async fn record_outcome(
             // Back to the front of its team's queue, to wait for room.
             let reset = lifecycle::requeue(&mut connection, run).await;
             drop(connection);
-            if let Err(error) = state.run_queue.push_front(team, run).await {
+            if let Err(error) = state.sandboxes.run_queue.push_front(team, run).await {
                 tracing::warn!(%run, error = %error, "queueing a run again failed (it will be found again)");
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -280,11 +281,12 @@ async fn in_sandbox(
     sandbox: Uuid,
     worker: &WorkerAddress,
 ) -> anyhow::Result<Outcome> {
-    let workers = &state.worker_client;
+    let workers = &state.sandboxes.worker_client;
     if claimed.has_inputs {
         let inputs = state
+            .sandboxes
             .artifacts
-            .read(&state.artifacts.inputs(claimed.team_id, run))
+            .read(&state.sandboxes.artifacts.inputs(claimed.team_id, run))
             .await?
             .context("the run's inputs are missing from the store")?;
         workers
@@ -318,8 +320,12 @@ async fn in_sandbox(
     {
         Some(answer) => Some(
             state
+                .sandboxes
                 .artifacts
-                .put_stream(state.artifacts.artifact(claimed.team_id, run), answer)
+                .put_stream(
+                    state.sandboxes.artifacts.artifact(claimed.team_id, run),
+                    answer,
+                )
                 .await?,
         ),
         None => None,

@@ -19,5 +19,5 @@ pub mod store;
 pub mod submit;
 
 pub use queue::RunQueue;
-pub use row::{RUN_COLUMNS, RunRow, RunState};
+pub use row::{RUN_COLUMNS, RunRow};
 pub use store::ArtifactStore;

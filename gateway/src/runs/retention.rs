@@ -23,8 +23,9 @@ pub async fn expire(state: &AppState) -> anyhow::Result<usize> {
     for (team, run, has_inputs) in &stale {
         if *has_inputs {
             state
+                .sandboxes
                 .artifacts
-                .delete(&state.artifacts.inputs(*team, *run))
+                .delete(&state.sandboxes.artifacts.inputs(*team, *run))
                 .await;
         }
     }
@@ -41,8 +42,9 @@ pub async fn expire(state: &AppState) -> anyhow::Result<usize> {
     .await?;
     for (team, run) in &expired {
         state
+            .sandboxes
             .artifacts
-            .delete(&state.artifacts.artifact(*team, *run))
+            .delete(&state.sandboxes.artifacts.artifact(*team, *run))
             .await;
     }
     Ok(expired.len() + stale.len())

@@ -136,6 +136,7 @@ pub async fn submit(
         user_id: None,
     };
     state
+        .sandboxes
         .workers
         .candidates(&crate::sandboxes::placement::placement_of(&sandbox, owner))
         .await?;
@@ -173,6 +174,7 @@ async fn affordable(
     let probe = Uuid::now_v7();
     placement::reserve(state, owner.team_id, &keys, probe, first_minute, 1).await?;
     let _ = state
+        .billing
         .admission
         .release(owner.team_id, &keys, probe, first_minute)
         .await;
@@ -198,8 +200,12 @@ async fn queue(
     let owner = Owner::of(principal);
     if let Some(inputs) = &run.inputs {
         state
+            .sandboxes
             .artifacts
-            .put(&state.artifacts.inputs(owner.team_id, id), inputs.clone())
+            .put(
+                &state.sandboxes.artifacts.inputs(owner.team_id, id),
+                inputs.clone(),
+            )
             .await?;
     }
     let mut transaction = state.db.begin().await?;
@@ -228,7 +234,7 @@ async fn queue(
         )
         .await?;
     transaction.commit().await?;
-    if let Err(error) = state.run_queue.push(owner.team_id, id).await {
+    if let Err(error) = state.sandboxes.run_queue.push(owner.team_id, id).await {
         // PostgreSQL has it: the dispatcher's sweep queues it again.
         tracing::warn!(%id, error = %error, "queueing a run in Redis failed");
     }

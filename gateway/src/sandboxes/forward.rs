@@ -14,7 +14,7 @@ use crate::workers::client::{SandboxCall, WorkerAnswer};
 /// The id and internal URL of the worker hosting a live sandbox of `team_id` (a paused
 /// one's worker refuses or resumes the call: it alone knows whether it paused by itself).
 pub async fn route(state: &AppState, team_id: Uuid, id: Uuid) -> ApiResult<WorkerAddress> {
-    let worker_id = match state.routes.get(id) {
+    let worker_id = match state.sandboxes.routes.get(id) {
         Some(route) if route.team_id == team_id => route.worker_id,
         Some(_) => return Err(ApiError::NotFound("sandbox")),
         None => match lifecycle::whereabouts(&state.db, team_id, id).await? {
@@ -24,7 +24,7 @@ pub async fn route(state: &AppState, team_id: Uuid, id: Uuid) -> ApiResult<Worke
                 worker_id: Some(worker_id),
                 ..
             }) => {
-                state.routes.insert(
+                state.sandboxes.routes.insert(
                     id,
                     Route {
                         team_id,
@@ -36,7 +36,7 @@ pub async fn route(state: &AppState, team_id: Uuid, id: Uuid) -> ApiResult<Worke
             Some(found) => return Err(not_running(found.state, found.stop_reason)),
         },
     };
-    state.workers.address_of(&worker_id).await
+    state.sandboxes.workers.address_of(&worker_id).await
 }
 
 /// 409 `sandbox_not_running`, saying what the sandbox is and why.
@@ -56,10 +56,15 @@ pub async fn forward(
     call: SandboxCall,
 ) -> ApiResult<WorkerAnswer> {
     let worker = route(state, team_id, id).await?;
-    match state.worker_client.sandbox_call(&worker, id, call).await {
+    match state
+        .sandboxes
+        .worker_client
+        .sandbox_call(&worker, id, call)
+        .await
+    {
         Ok(answer) => Ok(answer),
         Err(error) if error.is_sandbox_not_found() => {
-            state.routes.forget(id);
+            state.sandboxes.routes.forget(id);
             match lifecycle::whereabouts(&state.db, team_id, id).await? {
                 Some(found)
                     if !matches!(found.state, SandboxState::Running | SandboxState::Paused) =>

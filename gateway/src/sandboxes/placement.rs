@@ -30,6 +30,7 @@ pub async fn create(
         crate::secrets::ensure_usable(state, principal, &sandbox.credentials).await?;
     }
     state
+        .sandboxes
         .workers
         .candidates(&placement_of(&sandbox, owner))
         .await?;
@@ -50,6 +51,7 @@ pub async fn create(
     let created = place(state, owner, audit, sandbox, id).await;
     if created.is_err() && first_minute > 0 {
         let _ = state
+            .billing
             .admission
             .release(owner.team_id, &keys, id, first_minute)
             .await;
@@ -79,6 +81,7 @@ pub async fn reserve(
     ttl_ms: u64,
 ) -> ApiResult<()> {
     let admitted = state
+        .billing
         .admission
         .reserve(&state.db, team_id, keys, id, amount, ttl_ms)
         .await
@@ -98,6 +101,7 @@ async fn place(
     id: Uuid,
 ) -> ApiResult<Created> {
     let mut candidates = state
+        .sandboxes
         .workers
         .candidates(&placement_of(&sandbox, owner))
         .await?;
@@ -187,8 +191,13 @@ async fn send_create(
         let mut connection = state.db.acquire().await?;
         lifecycle::assign_worker(&mut connection, id, &worker.id).await?;
         drop(connection);
-        state.workers.placed(&worker.id);
-        match state.worker_client.create_sandbox(&address, request).await {
+        state.sandboxes.workers.placed(&worker.id);
+        match state
+            .sandboxes
+            .worker_client
+            .create_sandbox(&address, request)
+            .await
+        {
             Ok(()) => {
                 // The snapshot's state is in place before anyone can use the sandbox.
                 if let Some(snapshot) = snapshot
@@ -217,7 +226,7 @@ async fn send_create(
                         .await?;
                 }
                 transaction.commit().await?;
-                state.routes.insert(
+                state.sandboxes.routes.insert(
                     id,
                     Route {
                         team_id: owner.team_id,

@@ -139,7 +139,7 @@ pub async fn open(
             "a sandbox has at most {MAX_PER_SANDBOX} previews: remove one first"
         ))
     })?;
-    state.preview_cache.forget(sandbox, request.port);
+    state.sandboxes.preview_cache.forget(sandbox, request.port);
     let expires = Utc::now() + chrono::Duration::seconds(ttl as i64);
     let signature = sign(state, &row, expires.timestamp());
     let preview = row.to_api(state)?;
@@ -175,7 +175,7 @@ pub async fn close(state: &AppState, team_id: Uuid, sandbox: Uuid, port: u16) ->
             .bind(team_id)
             .execute(&state.db)
             .await?;
-    state.preview_cache.forget(sandbox, port);
+    state.sandboxes.preview_cache.forget(sandbox, port);
     if deleted.rows_affected() == 0 {
         return Err(ApiError::NotFound("preview"));
     }
@@ -186,7 +186,11 @@ pub async fn close(state: &AppState, team_id: Uuid, sandbox: Uuid, port: u16) ->
 /// in the last [`CACHE_TTL`](super::preview_cache::CACHE_TTL) (opening or closing it here drops it from the cache; another
 /// gateway's change is seen within that time).
 pub async fn find(state: &AppState, target: Target) -> ApiResult<Option<PreviewRow>> {
-    if let Some(cached) = state.preview_cache.get(target.sandbox, target.port) {
+    if let Some(cached) = state
+        .sandboxes
+        .preview_cache
+        .get(target.sandbox, target.port)
+    {
         return Ok(cached);
     }
     let row: Option<PreviewRow> = sqlx::query_as(&format!(
@@ -197,6 +201,7 @@ pub async fn find(state: &AppState, target: Target) -> ApiResult<Option<PreviewR
     .fetch_optional(&state.db)
     .await?;
     state
+        .sandboxes
         .preview_cache
         .put(target.sandbox, target.port, row.clone());
     Ok(row)

@@ -144,9 +144,10 @@ pub async fn put_chunk(
     let row = of_worker(state, worker, id).await?;
     let size = bytes.len() as i64;
     state
+        .sandboxes
         .artifacts
         .put(
-            &state.artifacts.recording(row.team_id, id, chunk),
+            &state.sandboxes.artifacts.recording(row.team_id, id, chunk),
             bytes.to_vec(),
         )
         .await?;
@@ -231,8 +232,9 @@ pub async fn put_whole(
     let (team,) = team.ok_or(ApiError::NotFound("sandbox"))?;
     let size = cast.len() as i64;
     state
+        .sandboxes
         .artifacts
-        .put(&state.artifacts.recording(team, id, 0), cast)
+        .put(&state.sandboxes.artifacts.recording(team, id, 0), cast)
         .await?;
     sqlx::query(
         "INSERT INTO recordings (id, team_id, sandbox_id, kind, shell_session, api_key_id, \
@@ -322,8 +324,8 @@ pub fn content(
     futures_util::stream::iter(0..chunks).then(move |chunk| {
         let state = state.clone();
         async move {
-            let key = state.artifacts.recording(team, id, chunk);
-            match state.artifacts.read(&key).await {
+            let key = state.sandboxes.artifacts.recording(team, id, chunk);
+            match state.sandboxes.artifacts.read(&key).await {
                 Ok(bytes) => Ok(Bytes::from(bytes.unwrap_or_default())),
                 Err(error) => Err(std::io::Error::other(format!("{error:#}"))),
             }
@@ -345,8 +347,9 @@ pub async fn expire(state: &AppState) -> anyhow::Result<usize> {
     for (team, id, chunks) in &expired {
         for chunk in 0..(*chunks).max(0) as u32 {
             state
+                .sandboxes
                 .artifacts
-                .delete(&state.artifacts.recording(*team, *id, chunk))
+                .delete(&state.sandboxes.artifacts.recording(*team, *id, chunk))
                 .await;
         }
     }

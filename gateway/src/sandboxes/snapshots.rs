@@ -39,8 +39,9 @@ pub async fn take(state: &AppState, owner: Owner, sandbox_id: Uuid) -> ApiResult
         };
         let stored = match forward(state, owner.team_id, sandbox_id, call).await {
             Ok(answer) => {
-                let key = state.artifacts.snapshot(owner.team_id, id, part);
+                let key = state.sandboxes.artifacts.snapshot(owner.team_id, id, part);
                 state
+                    .sandboxes
                     .artifacts
                     .put_stream(key, answer.into_response())
                     .await
@@ -132,15 +133,17 @@ pub async fn restore(
 ) -> ApiResult<()> {
     for (part, path) in PARTS {
         let key = state
+            .sandboxes
             .artifacts
             .snapshot(snapshot.team_id, snapshot.id, part);
-        let Some((_, stream)) = state.artifacts.get(&key).await? else {
+        let Some((_, stream)) = state.sandboxes.artifacts.get(&key).await? else {
             return Err(ApiError::Internal(anyhow::anyhow!(
                 "snapshot {} has no {part} archive",
                 snapshot.id
             )));
         };
         state
+            .sandboxes
             .worker_client
             .put_archive(
                 worker,
@@ -178,8 +181,9 @@ fn rechunked(
 async fn delete_parts(state: &AppState, team_id: Uuid, id: Uuid) {
     for (part, _) in PARTS {
         state
+            .sandboxes
             .artifacts
-            .delete(&state.artifacts.snapshot(team_id, id, part))
+            .delete(&state.sandboxes.artifacts.snapshot(team_id, id, part))
             .await;
     }
 }

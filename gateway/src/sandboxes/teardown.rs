@@ -11,7 +11,7 @@ use crate::state::AppState;
 /// once (the caller's task waits for every worker's answer).
 pub async fn remove_stopped(state: &AppState, stopped: Vec<Stopped>) {
     let removals = stopped.into_iter().map(|sandbox| async move {
-        state.routes.forget(sandbox.id);
+        state.sandboxes.routes.forget(sandbox.id);
         if let Some(worker_id) = sandbox.worker_id {
             remove_on_worker(state, &worker_id, sandbox.id).await;
         }
@@ -24,7 +24,7 @@ pub async fn destroy_for_system(state: &AppState, id: Uuid) -> anyhow::Result<()
     let mut connection = state.db.acquire().await?;
     let worker = lifecycle::stop_one(&mut connection, id, StopReason::Destroyed).await?;
     drop(connection);
-    state.routes.forget(id);
+    state.sandboxes.routes.forget(id);
     if let Some(Some(worker_id)) = worker {
         remove_on_worker(state, &worker_id, id).await;
     }
@@ -33,10 +33,15 @@ pub async fn destroy_for_system(state: &AppState, id: Uuid) -> anyhow::Result<()
 
 /// Asks a worker to remove a sandbox; failures are left to the heartbeat reconciliation.
 pub async fn remove_on_worker(state: &AppState, worker_id: &str, id: Uuid) {
-    let Ok(worker) = state.workers.address_of(worker_id).await else {
+    let Ok(worker) = state.sandboxes.workers.address_of(worker_id).await else {
         return;
     };
-    if let Err(error) = state.worker_client.remove_sandbox(&worker, id).await {
+    if let Err(error) = state
+        .sandboxes
+        .worker_client
+        .remove_sandbox(&worker, id)
+        .await
+    {
         tracing::warn!(%id, error = %error, "removing a sandbox on its worker failed");
     }
 }

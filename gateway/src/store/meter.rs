@@ -123,6 +123,7 @@ pub async fn admit(
     let id = Uuid::now_v7();
     let ttl_ms = (hold_for + state.store.drain + Duration::from_secs(60)).as_millis() as u64;
     let admitted = state
+        .billing
         .admission
         .reserve(&state.db, principal.team_id, &caps, id, worst, ttl_ms)
         .await?;
@@ -265,6 +266,7 @@ pub async fn book(state: &AppState, call: Call, settled: Settled) -> anyhow::Res
     transaction.commit().await?;
     if debit.is_some() {
         state
+            .billing
             .admission
             .charged(call.team_id, &call.caps, cost)
             .await?;
@@ -302,6 +304,7 @@ fn details(call: &Call, usage: &TokenUsage, estimated: bool, bytes: u64) -> serd
 /// Gives a call's reservation back (a call that was refused upstream costs nothing).
 pub async fn release(state: &AppState, call: &Call) {
     if let Err(error) = state
+        .billing
         .admission
         .release(call.team_id, &call.caps, call.id, call.reserved)
         .await

@@ -98,7 +98,11 @@ pub async fn charge(state: &AppState) -> anyhow::Result<usize> {
     let events = charge_events(&mut transaction, billing, &mut charged).await?;
     transaction.commit().await?;
     for (team_id, keys, amount) in charged {
-        state.admission.charged(team_id, &keys, amount).await?;
+        state
+            .billing
+            .admission
+            .charged(team_id, &keys, amount)
+            .await?;
     }
     Ok(samples.max(events))
 }

@@ -8,5 +8,3 @@
 
 pub mod charge;
 pub mod ingest;
-
-pub use ingest::insert_samples;

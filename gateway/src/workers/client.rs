@@ -268,8 +268,6 @@ impl WorkerAnswer {
 /// Who owns what an archive upload unpacks.
 #[derive(Debug, Clone, Copy)]
 pub enum ArchiveOwner {
-    /// The sandbox's user (what callers get).
-    User,
     /// The sandbox's root: read-only to the command (a run's inputs).
     Root,
     /// The owners the archive names (a snapshot restored).
@@ -548,7 +546,6 @@ impl WorkerClient {
             .query(&[("path", path)])
             .body(archive);
         match owner {
-            ArchiveOwner::User => {}
             ArchiveOwner::Root => request = request.header("x-sandbase-owner", "root"),
             ArchiveOwner::Archived => request = request.header("x-sandbase-owner", "keep"),
         }

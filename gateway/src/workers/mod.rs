@@ -1,11 +1,11 @@
 //! The gateway's view of its workers: the live set that placement reads (`registry`), the
-//! typed client of their internal API (`client`), their credentials (`credential`), and what their registrations and
-//! heartbeats change (`reconcile`).
+//! typed client of their internal API (`client`), their credentials (`credential`) and the
+//! ports their sandboxes publish (`ports`). What a registration or heartbeat changes of the
+//! sandboxes is `sandboxes::reconcile`, beside the lifecycle it drives.
 
 pub mod client;
 pub mod credential;
 pub mod ports;
-pub mod reconcile;
 pub mod registry;
 
 pub use client::{WorkerAddress, WorkerClient, WorkerError};

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 const MAX_FILE_LINES: usize = 700;
 const CRATES: &[&str] = &[
-    "agent", "api", "billing", "cli", "egress", "gateway", "vault", "worker",
+    "agent", "api", "billing", "cli", "egress", "gateway", "mcp", "vault", "worker",
 ];
 
 fn workspace() -> PathBuf {
@@ -58,16 +58,24 @@ fn modules(src: &Path) -> BTreeMap<Vec<String>, PathBuf> {
 /// The code of a file that counts: up to its test module, without `mod` declarations and
 /// re-exports (a parent declaring its children is not a use of them) and comments.
 fn code_lines(text: &str) -> Vec<&str> {
+    // A re-export may span lines (`pub use a::{\n b,\n c,\n};`): all of it is skipped.
+    let mut in_reexport = false;
     text.lines()
         .take_while(|line| !line.trim_start().starts_with("#[cfg(test)]"))
         .filter(|line| {
             let line = line.trim_start();
+            if in_reexport {
+                in_reexport = !line.contains(';');
+                return false;
+            }
+            if line.starts_with("pub use ") || line.starts_with("pub(crate) use ") {
+                in_reexport = !line.contains(';');
+                return false;
+            }
             !(line.starts_with("//")
                 || line.starts_with("mod ")
                 || line.starts_with("pub mod ")
-                || line.starts_with("pub(crate) mod ")
-                || line.starts_with("pub use ")
-                || line.starts_with("pub(crate) use "))
+                || line.starts_with("pub(crate) mod "))
         })
         .collect()
 }
@@ -141,9 +149,11 @@ fn references(module: &[String], text: &str) -> Vec<Vec<String>> {
     found
 }
 
-/// The longest prefix of `path` that is a module of the crate.
+/// The longest prefix of `path` that is a module of the crate; an item of the crate root
+/// (`crate::Cli`) resolves to the root itself (the empty path), so loops through `main.rs` or
+/// `lib.rs` count too.
 fn resolve(path: &[String], modules: &BTreeMap<Vec<String>, PathBuf>) -> Option<Vec<String>> {
-    (1..=path.len())
+    (0..=path.len())
         .rev()
         .map(|length| path[..length].to_vec())
         .find(|prefix| modules.contains_key(prefix))
@@ -245,6 +255,26 @@ fn the_checker_finds_a_cycle_and_a_clean_tree() {
     assert_eq!(
         found,
         vec![module("sandboxes::row::Owner"), module("state::AppState")]
+    );
+}
+
+#[test]
+fn an_item_of_the_crate_root_resolves_to_the_root_and_a_reexport_is_not_a_use() {
+    let modules: BTreeMap<Vec<String>, PathBuf> = [
+        (Vec::new(), PathBuf::from("main.rs")),
+        (vec!["args".to_owned()], PathBuf::from("args.rs")),
+    ]
+    .into();
+    assert_eq!(resolve(&["Cli".to_owned()], &modules), Some(Vec::new()));
+    assert_eq!(
+        resolve(&["args".to_owned(), "GlobalArgs".to_owned()], &modules),
+        Some(vec!["args".to_owned()])
+    );
+    let facade = "mod startup;\npub use startup::{\n    Application,\n    migrate,\n};\n";
+    assert!(references(&[], facade).is_empty());
+    assert_eq!(
+        references(&["serve".to_owned()], "use crate::Cli;\n"),
+        vec![vec!["Cli".to_owned()]]
     );
 }
 

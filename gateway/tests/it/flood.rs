@@ -169,7 +169,7 @@ async fn made_up_keys_cost_one_lookup_then_the_address_is_shut_out() {
     let app = forwarded_app(|settings| settings.auth.failed_auth_per_minute = 20).await;
     let owner = app.signup(&email("shutout"), "Shutout").await;
     let made_up = format!("sb_{}_{}", "a".repeat(16), "b".repeat(40));
-    let lookups = app.state.keys.lookups();
+    let lookups = app.state.key_lookups();
     let audit_rows = app.count("SELECT count(*) FROM audit_events").await;
     let (mut unauthorized, mut refused) = (0, 0);
     for _ in 0..300 {
@@ -184,7 +184,7 @@ async fn made_up_keys_cost_one_lookup_then_the_address_is_shut_out() {
     }
     assert_eq!((unauthorized, refused), (20, 280));
     // One made-up key is read from Postgres once, however often it is presented.
-    assert_eq!(app.state.keys.lookups() - lookups, 1);
+    assert_eq!(app.state.key_lookups() - lookups, 1);
     // The attempts leave a handful of audit rows, not 300.
     let added = app.count("SELECT count(*) FROM audit_events").await - audit_rows;
     assert!(added <= 3, "{added} audit rows");

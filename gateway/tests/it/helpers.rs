@@ -22,7 +22,7 @@ pub struct TestApp {
     pub settings: Settings,
     pub http: reqwest::Client,
     /// The gateway's own state, for what a test cannot see over HTTP.
-    pub state: sandbase_gateway::state::AppState,
+    pub state: testing::Inspector,
     _shutdown: oneshot::Sender<()>,
 }
 
@@ -124,7 +124,7 @@ pub async fn spawn_with_settings(settings: Settings) -> TestApp {
         .use_preconfigured_tls(testing::channel().client.as_ref().clone())
         .build()
         .expect("a client of the internal listener");
-    let state = application.state().clone();
+    let state = testing::Inspector::new(&application);
     let (shutdown, stopped) = oneshot::channel::<()>();
     tokio::spawn(application.run_until_stopped(async move {
         let _ = stopped.await;
@@ -304,10 +304,10 @@ impl TestApp {
 
     /// Sets a team's rate limit the way `sandbase admin rate-limit` does.
     pub async fn set_rate_limit(&self, team_id: Uuid, limit: Option<(u32, u32)>) {
-        let redis = sandbase_gateway::startup::connect_redis(&self.settings)
+        let redis = sandbase_gateway::connect_redis(&self.settings)
             .await
             .unwrap();
-        sandbase_gateway::admin::set_team_rate_limit(
+        sandbase_gateway::operator::set_team_rate_limit(
             &self.db,
             redis,
             &self.settings.redis.key_prefix,

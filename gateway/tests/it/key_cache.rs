@@ -80,7 +80,7 @@ async fn replica_through(
     settings.auth.key_cache_ping_secs = ping_secs;
     let replica = spawn_with_settings(settings).await;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !replica.state.keys.is_live() {
+    while !replica.state.key_cache_is_live() {
         assert!(Instant::now() < deadline, "the replica never subscribed");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -139,7 +139,7 @@ async fn a_revoked_key_stops_working_on_a_gateway_whose_subscription_stalled() {
     relay.stall(false);
     for replica in [&pinged, &expiring] {
         let deadline = Instant::now() + Duration::from_secs(15);
-        while !replica.state.keys.is_live() {
+        while !replica.state.key_cache_is_live() {
             assert!(
                 Instant::now() < deadline,
                 "the replica never subscribed again"

@@ -241,7 +241,7 @@ async fn a_team_holds_at_most_its_quota_of_sandboxes() {
     let other = app.signup(&crate::helpers::email("other"), "Other").await;
     let theirs = create_ok(&app, &other.api_key.token, json!({})).await;
     // The operator gives the team a quota of its own.
-    sandbase_gateway::admin::set_team_sandbox_quota(&app.db, greedy.team.id, Some(4))
+    sandbase_gateway::operator::set_team_sandbox_quota(&app.db, greedy.team.id, Some(4))
         .await
         .unwrap();
     held.push(create_ok(&app, token, json!({})).await);

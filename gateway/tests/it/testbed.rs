@@ -27,7 +27,7 @@ pub const LIMITS: Limits = Limits {
 
 /// What a worker named `worker_id` holds to speak to the test gateways.
 pub fn worker_credential(worker_id: &str) -> String {
-    sandbase_gateway::workers::credential::derive(&NODE_TOKEN.to_owned().into(), worker_id)
+    sandbase_gateway::operator::worker_credential(&NODE_TOKEN.to_owned().into(), worker_id)
 }
 
 /// The node token, the busybox template and the test size.

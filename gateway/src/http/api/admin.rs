@@ -109,7 +109,7 @@ async fn grant(
     }
     transaction.commit().await?;
     // Admissions read the new balance from the ledger.
-    let _ = state.admission.forget(team_id).await;
+    let _ = state.billing.admission.forget(team_id).await;
     Ok((
         StatusCode::CREATED,
         Json(AdminGrantAnswer {

@@ -194,6 +194,7 @@ async fn revoke_key(
     transaction.commit().await?;
     for public_id in revoked {
         state
+            .auth
             .invalidator
             .publish(Invalidation::Key(public_id))
             .await;

@@ -73,6 +73,7 @@ async fn signup(
     let team_name = accounts::parse_name("team_name", &request.team_name)?;
     password::check_new(&request.password)?;
     let password_hash = state
+        .auth
         .passwords
         .hash(SecretString::from(request.password))
         .await?;
@@ -142,6 +143,7 @@ async fn login(
     let user = accounts::find_user_by_email(&mut connection, request.email.trim()).await?;
     let stored_hash = user.as_ref().map(|user| user.password_hash.clone());
     let verified = state
+        .auth
         .passwords
         .verify(SecretString::from(request.password), stored_hash)
         .await?;
@@ -186,7 +188,7 @@ async fn open_session(
             serde_json::json!({}),
         )
         .await?;
-    let (token, expires_at) = state.sessions.issue(user.id, team_id)?;
+    let (token, expires_at) = state.auth.sessions.issue(user.id, team_id)?;
     let teams: Vec<TeamMembership> = memberships
         .into_iter()
         .map(|(team, role)| TeamMembership {

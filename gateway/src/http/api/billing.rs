@@ -62,7 +62,7 @@ async fn checkout(
         )));
     }
     let stripe = Stripe {
-        http: &state.http,
+        http: &state.billing.http,
         settings,
     };
     let team_name: String = sqlx::query_scalar("SELECT name FROM teams WHERE id = $1")
@@ -177,7 +177,7 @@ async fn stripe_webhook(
     transaction.commit().await?;
     // Balances changed: the admission cache reads the ledger again.
     if let Some(team) = team {
-        let _ = state.admission.forget(team).await;
+        let _ = state.billing.admission.forget(team).await;
     }
     tracing::info!(event = id, kind, outcome, "Stripe event handled");
     Ok(Json(
@@ -195,6 +195,7 @@ async fn balance(
     let mut connection = state.db.acquire().await?;
     let balance = sandbase_billing::balance(&mut connection, principal.team_id).await?;
     let reserved = state
+        .billing
         .admission
         .reserved(principal.team_id)
         .await

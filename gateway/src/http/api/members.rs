@@ -198,6 +198,7 @@ async fn update_member(
     transaction.commit().await?;
     if demoted {
         state
+            .auth
             .invalidator
             .publish(Invalidation::Team(principal.team_id))
             .await;
@@ -235,6 +236,7 @@ async fn remove_member(
         .await?;
     transaction.commit().await?;
     state
+        .auth
         .invalidator
         .publish(Invalidation::Team(principal.team_id))
         .await;

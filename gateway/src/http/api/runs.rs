@@ -114,8 +114,9 @@ async fn run_artifacts(
         return Err(ApiError::ArtifactExpired);
     }
     let Some((length, stream)) = state
+        .sandboxes
         .artifacts
-        .get(&state.artifacts.artifact(principal.team_id, id))
+        .get(&state.sandboxes.artifacts.artifact(principal.team_id, id))
         .await?
     else {
         return Err(ApiError::NoArtifact);

@@ -86,8 +86,12 @@ async fn set_paused(
         } => worker_id,
         other => return Err(not_running(other.state, other.stop_reason)),
     };
-    let worker = state.workers.address_of(&worker_id).await?;
-    state.worker_client.set_paused(&worker, id, paused).await?;
+    let worker = state.sandboxes.workers.address_of(&worker_id).await?;
+    state
+        .sandboxes
+        .worker_client
+        .set_paused(&worker, id, paused)
+        .await?;
     let row = lifecycle::set_paused(&mut transaction, id, paused).await?;
     audit
         .record(

@@ -201,7 +201,7 @@ async fn destroy_sandbox(
         )
         .await?;
     transaction.commit().await?;
-    state.routes.forget(id);
+    state.sandboxes.routes.forget(id);
     if let Some(worker_id) = worker_id {
         teardown::remove_on_worker(&state, &worker_id, id).await;
     }

@@ -39,7 +39,7 @@ async fn list_templates(
     _principal: Principal,
 ) -> ApiResult<Json<TemplateList>> {
     let mut templates: BTreeMap<String, Template> = BTreeMap::new();
-    for worker in state.workers.live().await?.iter() {
+    for worker in state.sandboxes.workers.live().await?.iter() {
         for info in &worker.templates {
             let entry = templates
                 .entry(info.name.clone())

@@ -8,8 +8,8 @@ use sandbase_api::internal::{Heartbeat, HeartbeatReply, RegisterWorker};
 use crate::error::ApiResult;
 use crate::http::extract::ApiJson;
 use crate::http::node_token::WorkerIdentity;
+use crate::sandboxes::reconcile;
 use crate::state::AppState;
-use crate::workers::reconcile;
 
 /// A worker (re)starting: it hosts nothing, so whatever it hosted before is lost.
 pub async fn register(

@@ -12,8 +12,6 @@ mod models;
 use axum::Router;
 use axum::routing::{any, get, post};
 
-pub use errors::{Family, StoreError};
-
 use crate::state::AppState;
 
 pub fn router() -> Router<AppState> {

@@ -52,9 +52,10 @@ pub async fn register(state: &AppState, worker: RegisterWorker) -> ApiResult<()>
         tracing::warn!(worker = %worker.id, count = lost.len(), "a restarted worker lost its sandboxes");
     }
     for stopped in &lost {
-        state.routes.forget(stopped.id);
+        state.sandboxes.routes.forget(stopped.id);
     }
     state
+        .sandboxes
         .workers
         .put(&WorkerStatus {
             id: worker.id,
@@ -109,11 +110,12 @@ pub async fn heartbeat(state: &AppState, beat: Heartbeat) -> ApiResult<Heartbeat
         .await?;
         transaction.commit().await?;
         for stopped in &lost {
-            state.routes.forget(stopped.id);
+            state.sandboxes.routes.forget(stopped.id);
         }
     }
     lifecycle::follow_idle_pauses(&state.db, &beat.id, &beat.paused).await?;
     state
+        .sandboxes
         .workers
         .put(&WorkerStatus {
             id: beat.id,
