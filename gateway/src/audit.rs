@@ -107,6 +107,50 @@ pub struct Audit {
     action: &'static str,
 }
 
+/// Who asks for a change. A change commits with its audit row: domain functions that write
+/// take the requester and record it in the change's own transaction.
+#[derive(Clone, Copy)]
+pub enum Requester<'a> {
+    /// A person or an API key of the team, in a request whose action is named.
+    Member {
+        audit: &'a Audit,
+        principal: &'a Principal,
+    },
+    /// A queued run's dispatcher, acting for the run: the run's own rows and its submission's
+    /// audit row record what it does.
+    Run,
+}
+
+impl<'a> Requester<'a> {
+    pub fn member(audit: &'a Audit, principal: &'a Principal) -> Requester<'a> {
+        Requester::Member { audit, principal }
+    }
+
+    /// The member asking, when a person or key asks.
+    pub fn principal(self) -> Option<&'a Principal> {
+        match self {
+            Requester::Member { principal, .. } => Some(principal),
+            Requester::Run => None,
+        }
+    }
+
+    /// Writes the change's audit row inside the change's own transaction (a run's changes
+    /// have no row of their own).
+    pub async fn record(
+        self,
+        executor: &mut sqlx::PgConnection,
+        target: Option<String>,
+        details: serde_json::Value,
+    ) -> Result<(), sqlx::Error> {
+        match self {
+            Requester::Member { audit, principal } => {
+                audit.record(executor, principal, target, details).await
+            }
+            Requester::Run => Ok(()),
+        }
+    }
+}
+
 /// One row to write.
 pub struct Entry {
     pub team_id: Option<Uuid>,

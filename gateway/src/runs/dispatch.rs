@@ -252,7 +252,7 @@ async fn carry_out(
         // Its variables are in `env` already.
         store: claimed.store,
     };
-    let created = placement::create(state, owner, None, sandbox).await;
+    let created = placement::create(state, owner, crate::audit::Requester::Run, sandbox).await;
     // Placed (and counted in the workers' snapshot), or not placed at all.
     drop(placing);
     let created = match created {

@@ -75,9 +75,8 @@ pub async fn submit(
     audit: &Audit,
     mut request: CreateRunRequest,
 ) -> ApiResult<RunRow> {
-    if request.egress.is_none() {
-        request.egress = crate::teams::default_egress(&state.db, principal.team_id).await?;
-    }
+    crate::sandboxes::create::with_team_default(state, principal.team_id, &mut request.egress)
+        .await?;
     let argv = validate::command_argv(request.cmd, request.command)?;
     // The same checks as a sandbox's.
     let sandbox = NewSandbox::parse(

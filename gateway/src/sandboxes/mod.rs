@@ -1,9 +1,11 @@
-//! Sandboxes: what callers may ask for (`validate`), the one place their state changes
+//! Sandboxes: a create as every caller makes it (`create`), what callers may ask for
+//! (`validate`), the one place their state changes
 //! (`lifecycle`), placement on a worker (`placement`), data-plane calls passed to that
 //! worker (`forward`), the sandbox → worker route cache (`route_cache`), removal after a
 //! stop (`teardown`), and what a worker's registration or heartbeat changes of its
 //! sandboxes (`reconcile`).
 
+pub mod create;
 pub mod forward;
 pub mod lifecycle;
 pub mod placement;

@@ -10,23 +10,20 @@ use super::route_cache::Route;
 use super::row::{Created, Owner};
 use super::snapshots::SnapshotRow;
 use super::validate::NewSandbox;
-use crate::auth::Principal;
+use crate::audit::Requester;
 use crate::credits::Admitted;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 
-/// Who asked for the sandbox, for its audit row (`None`: the system, for a run).
-pub type Requester<'a> = Option<(&'a crate::audit::Audit, &'a Principal)>;
-
 pub async fn create(
     state: &AppState,
     owner: Owner,
-    audit: Requester<'_>,
+    requester: Requester<'_>,
     sandbox: NewSandbox,
 ) -> ApiResult<Created> {
     // A secret the caller's role may not attach, no worker or no template: refused before
     // anything is reserved.
-    if let Some((_, principal)) = audit {
+    if let Some(principal) = requester.principal() {
         crate::secrets::ensure_usable(state, principal, &sandbox.credentials).await?;
     }
     state
@@ -48,7 +45,7 @@ pub async fn create(
     if first_minute > 0 {
         reserve(state, owner.team_id, &keys, id, first_minute, 60_000).await?;
     }
-    let created = place(state, owner, audit, sandbox, id).await;
+    let created = place(state, owner, requester, sandbox, id).await;
     if created.is_err() && first_minute > 0 {
         let _ = state
             .billing
@@ -96,7 +93,7 @@ pub async fn reserve(
 async fn place(
     state: &AppState,
     owner: Owner,
-    audit: Requester<'_>,
+    requester: Requester<'_>,
     sandbox: NewSandbox,
     id: Uuid,
 ) -> ApiResult<Created> {
@@ -163,7 +160,7 @@ async fn place(
         &request,
         candidates,
         owner,
-        audit,
+        requester,
         sandbox.snapshot.as_ref(),
     )
     .await;
@@ -181,7 +178,7 @@ async fn send_create(
     request: &CreateSandbox,
     candidates: Vec<WorkerStatus>,
     owner: Owner,
-    audit: Requester<'_>,
+    requester: Requester<'_>,
     snapshot: Option<&SnapshotRow>,
 ) -> ApiResult<Created> {
     let id = request.id;
@@ -211,20 +208,17 @@ async fn send_create(
                 }
                 let mut transaction = state.db.begin().await?;
                 let row = lifecycle::mark_running(&mut transaction, id).await?;
-                if let Some((context, principal)) = audit {
-                    context
-                        .record(
-                            &mut transaction,
-                            principal,
-                            Some(format!("sandbox:{id}")),
-                            serde_json::json!({
-                                "template": row.template,
-                                "worker": worker.id,
-                                "resources": request.resources,
-                            }),
-                        )
-                        .await?;
-                }
+                requester
+                    .record(
+                        &mut transaction,
+                        Some(format!("sandbox:{id}")),
+                        serde_json::json!({
+                            "template": row.template,
+                            "worker": worker.id,
+                            "resources": request.resources,
+                        }),
+                    )
+                    .await?;
                 transaction.commit().await?;
                 state.sandboxes.routes.insert(
                     id,

@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 use super::forward;
 use super::row::Owner;
+use crate::audit::Requester;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 
@@ -93,10 +94,12 @@ pub fn url(state: &AppState, port: u16, sandbox: Uuid) -> ApiResult<String> {
     ))
 }
 
-/// Opens (or re-opens, with a new token) a port of a live sandbox of `owner`'s team.
+/// Opens (or re-opens, with a new token) a port of a live sandbox of `owner`'s team; the row
+/// commits with `requester`'s audit row.
 pub async fn open(
     state: &AppState,
     owner: Owner,
+    requester: Requester<'_>,
     sandbox: Uuid,
     request: &NewPreview,
 ) -> ApiResult<CreatedPreview> {
@@ -116,6 +119,7 @@ pub async fn open(
     forward::route(state, owner.team_id, sandbox).await?;
     let token = new_token();
     let hash = Sha256::digest(token.as_bytes()).to_vec();
+    let mut transaction = state.db.begin().await?;
     let row: Option<PreviewRow> = sqlx::query_as(&format!(
         "INSERT INTO previews (sandbox_id, port, team_id, public, token_hash, api_key_id, user_id) \
          SELECT $1, $2, $3, $4, $5, $6, $7 \
@@ -132,13 +136,21 @@ pub async fn open(
     .bind(owner.api_key_id)
     .bind(owner.user_id)
     .bind(MAX_PER_SANDBOX)
-    .fetch_optional(&state.db)
+    .fetch_optional(&mut *transaction)
     .await?;
     let row = row.ok_or_else(|| {
         ApiError::InvalidRequest(format!(
             "a sandbox has at most {MAX_PER_SANDBOX} previews: remove one first"
         ))
     })?;
+    requester
+        .record(
+            &mut transaction,
+            Some(format!("sandbox:{sandbox}")),
+            serde_json::json!({ "port": request.port, "public": request.public }),
+        )
+        .await?;
+    transaction.commit().await?;
     state.sandboxes.preview_cache.forget(sandbox, request.port);
     let expires = Utc::now() + chrono::Duration::seconds(ttl as i64);
     let signature = sign(state, &row, expires.timestamp());
@@ -166,19 +178,35 @@ pub async fn list(state: &AppState, team_id: Uuid, sandbox: Uuid) -> ApiResult<V
     .await?)
 }
 
-/// Closes a preview: its token and signed URLs stop working at once.
-pub async fn close(state: &AppState, team_id: Uuid, sandbox: Uuid, port: u16) -> ApiResult<()> {
+/// Closes a preview: its token and signed URLs stop working at once. The removal commits
+/// with `requester`'s audit row.
+pub async fn close(
+    state: &AppState,
+    team_id: Uuid,
+    requester: Requester<'_>,
+    sandbox: Uuid,
+    port: u16,
+) -> ApiResult<()> {
+    let mut transaction = state.db.begin().await?;
     let deleted =
         sqlx::query("DELETE FROM previews WHERE sandbox_id = $1 AND port = $2 AND team_id = $3")
             .bind(sandbox)
             .bind(i32::from(port))
             .bind(team_id)
-            .execute(&state.db)
+            .execute(&mut *transaction)
             .await?;
-    state.sandboxes.preview_cache.forget(sandbox, port);
     if deleted.rows_affected() == 0 {
         return Err(ApiError::NotFound("preview"));
     }
+    requester
+        .record(
+            &mut transaction,
+            Some(format!("sandbox:{sandbox}")),
+            serde_json::json!({ "port": port }),
+        )
+        .await?;
+    transaction.commit().await?;
+    state.sandboxes.preview_cache.forget(sandbox, port);
     Ok(())
 }
 

@@ -8,6 +8,7 @@ use uuid::Uuid;
 use super::forward::forward;
 use super::row::Owner;
 pub use super::row::SnapshotRow;
+use crate::audit::Requester;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 use crate::workers::WorkerAddress;
@@ -26,8 +27,14 @@ const COLUMNS: &str =
     "id, team_id, sandbox_id, template, isolation, size_bytes, created_at, expires_at";
 
 /// Takes a snapshot of a live sandbox of `owner`'s team: each part streamed from its agent
-/// into the store, then the row (nothing of a failed snapshot is kept).
-pub async fn take(state: &AppState, owner: Owner, sandbox_id: Uuid) -> ApiResult<SnapshotRow> {
+/// into the store, then the row with `requester`'s audit row (nothing of a failed snapshot
+/// is kept).
+pub async fn take(
+    state: &AppState,
+    owner: Owner,
+    requester: Requester<'_>,
+    sandbox_id: Uuid,
+) -> ApiResult<SnapshotRow> {
     let sandbox = super::row::fetch(&state.db, owner.team_id, sandbox_id)
         .await?
         .ok_or(ApiError::NotFound("sandbox"))?;
@@ -59,7 +66,27 @@ pub async fn take(state: &AppState, owner: Owner, sandbox_id: Uuid) -> ApiResult
             }
         }
     }
-    let inserted = sqlx::query_as(&format!(
+    let inserted = insert(state, owner, requester, &sandbox, id, size).await;
+    match inserted {
+        Ok(row) => Ok(row),
+        Err(error) => {
+            delete_parts(state, owner.team_id, id).await;
+            Err(error)
+        }
+    }
+}
+
+/// The row of a snapshot whose parts are stored, and its audit row, in one transaction.
+async fn insert(
+    state: &AppState,
+    owner: Owner,
+    requester: Requester<'_>,
+    sandbox: &super::SandboxRow,
+    id: Uuid,
+    size: u64,
+) -> ApiResult<SnapshotRow> {
+    let mut transaction = state.db.begin().await?;
+    let row: SnapshotRow = sqlx::query_as(&format!(
         "INSERT INTO snapshots (id, team_id, sandbox_id, api_key_id, user_id, template, isolation, \
            size_bytes, expires_at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() + make_interval(secs => $9)) \
@@ -67,22 +94,24 @@ pub async fn take(state: &AppState, owner: Owner, sandbox_id: Uuid) -> ApiResult
     ))
     .bind(id)
     .bind(owner.team_id)
-    .bind(sandbox_id)
+    .bind(sandbox.id)
     .bind(owner.api_key_id)
     .bind(owner.user_id)
     .bind(&sandbox.template)
     .bind(&sandbox.isolation)
     .bind(i64::try_from(size).unwrap_or(i64::MAX))
     .bind(state.settings.sandboxes.snapshot_retention_secs as f64)
-    .fetch_one(&state.db)
-    .await;
-    match inserted {
-        Ok(row) => Ok(row),
-        Err(error) => {
-            delete_parts(state, owner.team_id, id).await;
-            Err(error.into())
-        }
-    }
+    .fetch_one(&mut *transaction)
+    .await?;
+    requester
+        .record(
+            &mut transaction,
+            Some(format!("snapshot:{id}")),
+            serde_json::json!({ "sandbox": sandbox.id, "size_bytes": row.size_bytes }),
+        )
+        .await?;
+    transaction.commit().await?;
+    Ok(row)
 }
 
 /// One snapshot of a team, not yet expired.
@@ -109,16 +138,30 @@ pub async fn list(state: &AppState, team_id: Uuid, limit: i64) -> ApiResult<Vec<
     .await?)
 }
 
-/// Deletes a team's snapshot (its row, then its archives).
-pub async fn delete(state: &AppState, team_id: Uuid, id: Uuid) -> ApiResult<()> {
+/// Deletes a team's snapshot: its row with `requester`'s audit row, then its archives.
+pub async fn delete(
+    state: &AppState,
+    team_id: Uuid,
+    requester: Requester<'_>,
+    id: Uuid,
+) -> ApiResult<()> {
+    let mut transaction = state.db.begin().await?;
     let deleted = sqlx::query("DELETE FROM snapshots WHERE id = $1 AND team_id = $2")
         .bind(id)
         .bind(team_id)
-        .execute(&state.db)
+        .execute(&mut *transaction)
         .await?;
     if deleted.rows_affected() == 0 {
         return Err(ApiError::NotFound("snapshot"));
     }
+    requester
+        .record(
+            &mut transaction,
+            Some(format!("snapshot:{id}")),
+            serde_json::json!({}),
+        )
+        .await?;
+    transaction.commit().await?;
     delete_parts(state, team_id, id).await;
     Ok(())
 }

@@ -364,6 +364,84 @@ fn internal_api_paths_are_written_only_in_the_api_crate() {
         "internal paths used outside the worker client and the internal router"
     );
 }
+/// A source file cut into its functions (each from its `fn` line to the next one's).
+fn functions(text: &str) -> Vec<String> {
+    let mut found: Vec<String> = Vec::new();
+    for line in code_lines(text) {
+        let trimmed = line.trim_start();
+        let starts = [
+            "fn ",
+            "async fn ",
+            "pub fn ",
+            "pub async fn ",
+            "pub(crate) async fn ",
+        ]
+        .iter()
+        .any(|prefix| trimmed.starts_with(prefix));
+        if starts || found.is_empty() {
+            found.push(String::new());
+        }
+        if let Some(function) = found.last_mut() {
+            function.push_str(line);
+            function.push('\n');
+        }
+    }
+    found
+}
+
+/// The transactions a function begins, by variable name (`let mut tx = db.begin()`).
+fn transactions_begun(function: &str) -> Vec<String> {
+    function
+        .lines()
+        .filter(|line| line.contains(".begin()"))
+        .filter_map(|line| {
+            let rest = line.trim_start().strip_prefix("let mut ")?;
+            Some(rest.split([' ', ':']).next()?.to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn a_change_and_its_audit_row_commit_together() {
+    // A function that begins a transaction and records an audit row in it makes the change
+    // in the same transaction: the transaction goes to something besides the audit row.
+    // Exceptions, whose change is a worker's and has no row to commit with: a terminal session
+    // opened or closed on the sandbox's worker (the audit row follows the worker's answer).
+    let worker_changes = [
+        "gateway/src/http/api/terminals.rs: async fn open_terminal(",
+        "gateway/src/http/api/terminals.rs: async fn close_terminal(",
+    ];
+    let mut offenders = Vec::new();
+    for (path, text) in sources("gateway") {
+        for function in functions(&text) {
+            if !function.contains(".record(") {
+                continue;
+            }
+            for name in transactions_begun(&function) {
+                let uses = function.matches(&format!("&mut {name}")).count()
+                    + function.matches(&format!("&mut *{name}")).count();
+                let head = function.lines().next().unwrap_or_default().trim();
+                let place = format!("{path}: {head}");
+                if uses < 2 && !worker_changes.contains(&place.as_str()) {
+                    offenders.push(place);
+                }
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "audit rows written in a transaction of their own, apart from their change: {offenders:?}"
+    );
+    // The checker sees the mistake it is for.
+    let apart = "async fn close() {\n    close_it(&state).await?;\n    let mut transaction = state.db.begin().await?;\n    audit.record(&mut transaction, &principal).await?;\n}\n";
+    let together = "async fn close() {\n    let mut tx = state.db.begin().await?;\n    close_it(&mut tx).await?;\n    audit.record(&mut tx, &principal).await?;\n}\n";
+    for (text, expected) in [(apart, 1), (together, 2)] {
+        let function = &functions(text)[0];
+        let name = &transactions_begun(function)[0];
+        assert_eq!(function.matches(&format!("&mut {name}")).count(), expected);
+    }
+}
+
 #[test]
 fn no_source_file_is_longer_than_700_lines() {
     let offenders: Vec<String> = CRATES

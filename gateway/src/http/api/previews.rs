@@ -10,7 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use crate::audit::RequestContext;
+use crate::audit::{RequestContext, Requester};
 use crate::auth::Principal;
 use crate::error::ApiResult;
 use crate::http::extract::{ApiJson, ApiPath};
@@ -47,17 +47,8 @@ async fn open_preview(
 ) -> ApiResult<(StatusCode, Json<CreatedPreview>)> {
     let audit = context.action("sandbox.preview.open");
     principal.require(Role::Member)?;
-    let created = previews::open(&state, Owner::of(&principal), id, &request).await?;
-    let mut transaction = state.db.begin().await?;
-    audit
-        .record(
-            &mut transaction,
-            &principal,
-            Some(format!("sandbox:{id}")),
-            serde_json::json!({ "port": request.port, "public": request.public }),
-        )
-        .await?;
-    transaction.commit().await?;
+    let requester = Requester::member(&audit, &principal);
+    let created = previews::open(&state, Owner::of(&principal), requester, id, &request).await?;
     Ok((StatusCode::CREATED, Json(created)))
 }
 
@@ -98,16 +89,7 @@ async fn close_preview(
 ) -> ApiResult<StatusCode> {
     let audit = context.action("sandbox.preview.close");
     principal.require(Role::Member)?;
-    previews::close(&state, principal.team_id, id, port).await?;
-    let mut transaction = state.db.begin().await?;
-    audit
-        .record(
-            &mut transaction,
-            &principal,
-            Some(format!("sandbox:{id}")),
-            serde_json::json!({ "port": port }),
-        )
-        .await?;
-    transaction.commit().await?;
+    let requester = Requester::member(&audit, &principal);
+    previews::close(&state, principal.team_id, requester, id, port).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -22,16 +22,14 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use crate::audit::RequestContext;
+use crate::audit::{RequestContext, Requester};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::worker_answer::worker_answer;
 use crate::sandboxes::forward::forward;
 use crate::sandboxes::lifecycle::{self, Destroyed};
-use crate::sandboxes::{
-    NewSandbox, Owner, SandboxRow, placement, row, snapshots, teardown, validate,
-};
+use crate::sandboxes::{Owner, SandboxRow, row, teardown, validate};
 use crate::state::AppState;
 use crate::workers::client::SandboxCall;
 
@@ -67,38 +65,13 @@ async fn create_sandbox(
     State(state): State<AppState>,
     principal: Principal,
     context: RequestContext,
-    ApiJson(mut request): ApiJson<CreateSandboxRequest>,
+    ApiJson(request): ApiJson<CreateSandboxRequest>,
 ) -> ApiResult<(StatusCode, Json<Sandbox>)> {
     let audit = context.action("sandbox.create");
     principal.require(Role::Member)?;
-    if request.egress.is_none() {
-        request.egress = crate::teams::default_egress(&state.db, principal.team_id).await?;
-    }
-    // A snapshot's sandbox is of the snapshot's template.
-    let snapshot = match request.snapshot {
-        Some(id) => Some(snapshots::find(&state, principal.team_id, id).await?),
-        None => None,
-    };
-    if let Some(snapshot) = &snapshot {
-        match &request.template {
-            Some(template) if *template != snapshot.template => {
-                return Err(ApiError::InvalidRequest(format!(
-                    "`template`: the snapshot is of template `{}`",
-                    snapshot.template
-                )));
-            }
-            _ => request.template = Some(snapshot.template.clone()),
-        }
-    }
-    let mut sandbox = NewSandbox::parse(request, &state.settings.sandboxes)?;
-    sandbox.snapshot = snapshot;
-    let created = placement::create(
-        &state,
-        Owner::of(&principal),
-        Some((&audit, &principal)),
-        sandbox,
-    )
-    .await?;
+    let requester = Requester::member(&audit, &principal);
+    let created =
+        crate::sandboxes::create::create(&state, Owner::of(&principal), requester, request).await?;
     Ok((StatusCode::CREATED, Json(created.row.to_api())))
 }
 

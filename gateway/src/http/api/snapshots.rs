@@ -10,7 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use crate::audit::RequestContext;
+use crate::audit::{RequestContext, Requester};
 use crate::auth::Principal;
 use crate::error::ApiResult;
 use crate::http::extract::ApiPath;
@@ -45,17 +45,8 @@ async fn take_snapshot(
 ) -> ApiResult<(StatusCode, Json<Snapshot>)> {
     let audit = context.action("sandbox.snapshot");
     principal.require(Role::Member)?;
-    let snapshot = snapshots::take(&state, Owner::of(&principal), id).await?;
-    let mut transaction = state.db.begin().await?;
-    audit
-        .record(
-            &mut transaction,
-            &principal,
-            Some(format!("snapshot:{}", snapshot.id)),
-            serde_json::json!({ "sandbox": id, "size_bytes": snapshot.size_bytes }),
-        )
-        .await?;
-    transaction.commit().await?;
+    let requester = Requester::member(&audit, &principal);
+    let snapshot = snapshots::take(&state, Owner::of(&principal), requester, id).await?;
     Ok((StatusCode::CREATED, Json(snapshot.to_api())))
 }
 
@@ -100,16 +91,7 @@ async fn delete_snapshot(
 ) -> ApiResult<StatusCode> {
     let audit = context.action("snapshot.delete");
     principal.require(Role::Member)?;
-    snapshots::delete(&state, principal.team_id, id).await?;
-    let mut transaction = state.db.begin().await?;
-    audit
-        .record(
-            &mut transaction,
-            &principal,
-            Some(format!("snapshot:{id}")),
-            serde_json::json!({}),
-        )
-        .await?;
-    transaction.commit().await?;
+    let requester = Requester::member(&audit, &principal);
+    snapshots::delete(&state, principal.team_id, requester, id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
