@@ -287,7 +287,7 @@ pub enum RunAs {
     Root,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     /// The program and its arguments (no shell).
@@ -331,6 +331,26 @@ pub struct ExecRequest {
 
 fn record_by_default() -> bool {
     true
+}
+
+/// What an absent field means, as for a request body that leaves it out: the command is
+/// recorded unless `record` says otherwise.
+impl Default for ExecRequest {
+    fn default() -> Self {
+        ExecRequest {
+            cmd: None,
+            command: None,
+            env: BTreeMap::new(),
+            cwd: None,
+            user: RunAs::default(),
+            stdin: None,
+            timeout_secs: None,
+            stream: false,
+            background: false,
+            session: None,
+            record: record_by_default(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
@@ -582,5 +602,21 @@ mod template_name_tests {
         ] {
             assert!(TemplateName::parse(bad).is_err(), "{bad:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod exec_request_tests {
+    use super::ExecRequest;
+
+    /// A request built in code means what the same request sent without those fields means.
+    #[test]
+    fn the_default_request_is_the_empty_body() {
+        let empty: ExecRequest = serde_json::from_str("{}").expect("the empty body parses");
+        assert_eq!(
+            serde_json::to_value(ExecRequest::default()).ok(),
+            serde_json::to_value(empty).ok()
+        );
+        assert!(ExecRequest::default().record);
     }
 }

@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
+use futures_util::StreamExt as _;
 use rmcp::ServiceExt as _;
-use sandbase_mcp::{ApiAnswer, ApiBody, ApiRequest, Backend, Sandbase};
+use sandbase_mcp::{ApiBody, ApiRequest, ApiStream, Backend, Sandbase};
 
 use crate::args::GlobalArgs;
 use crate::client::Client;
@@ -14,11 +15,11 @@ use crate::client::Client;
 struct Remote(Client);
 
 impl Backend for Remote {
-    async fn call(
+    async fn stream(
         &self,
         _caller: Option<&http::request::Parts>,
         request: ApiRequest,
-    ) -> Result<ApiAnswer, String> {
+    ) -> Result<ApiStream, String> {
         let body = match request.body {
             None => None,
             Some(ApiBody::Json(value)) => Some((
@@ -41,11 +42,14 @@ impl Backend for Remote {
             .and_then(|value| value.to_str().ok())
             .map(|value| value.split(';').next().unwrap_or(value).trim().to_owned());
         let body = response
-            .bytes()
-            .await
-            .map_err(|error| format!("reading the answer: {error}"))?
-            .to_vec();
-        Ok(ApiAnswer {
+            .bytes_stream()
+            .map(|chunk| {
+                chunk
+                    .map(|bytes| bytes.to_vec())
+                    .map_err(|error| format!("reading the answer: {error}"))
+            })
+            .boxed();
+        Ok(ApiStream {
             status,
             content_type,
             body,

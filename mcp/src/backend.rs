@@ -3,6 +3,9 @@
 
 use std::future::Future;
 
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+
 /// A call of SandBase's public API.
 #[derive(Debug, Clone)]
 pub struct ApiRequest {
@@ -52,12 +55,18 @@ impl ApiRequest {
     }
 }
 
-/// What the API answered.
+/// The most of an answer a backend collects whole (a file read, a listing); beyond it the
+/// answer is cut off and marked `truncated`, so no answer can fill the caller's memory.
+pub const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
+
+/// What the API answered, collected whole (at most [`MAX_ANSWER_BYTES`] of it).
 #[derive(Debug, Clone)]
 pub struct ApiAnswer {
     pub status: u16,
     pub content_type: Option<String>,
     pub body: Vec<u8>,
+    /// The answer was longer than [`MAX_ANSWER_BYTES`]: `body` is its beginning.
+    pub truncated: bool,
 }
 
 impl ApiAnswer {
@@ -70,14 +79,63 @@ impl ApiAnswer {
     }
 }
 
+/// What the API answers, as it comes (a streamed command's NDJSON events, say).
+pub struct ApiStream {
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub body: BoxStream<'static, Result<Vec<u8>, String>>,
+}
+
+impl ApiStream {
+    pub fn is_success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+
+    /// The answer whole: at most [`MAX_ANSWER_BYTES`] of it is kept, the rest read and
+    /// dropped (so the call ends as the API meant it to).
+    pub async fn collect(self) -> Result<ApiAnswer, String> {
+        let ApiStream {
+            status,
+            content_type,
+            mut body,
+        } = self;
+        let mut kept = Vec::new();
+        let mut truncated = false;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk?;
+            let room = MAX_ANSWER_BYTES - kept.len();
+            if chunk.len() > room {
+                truncated = true;
+            }
+            kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        }
+        Ok(ApiAnswer {
+            status,
+            content_type,
+            body: kept,
+            truncated,
+        })
+    }
+}
+
 /// Carries API calls for the tools. `caller` is the MCP request's HTTP head when the server
 /// is reached over HTTP (its `Authorization` is the caller's key); `None` over stdio.
 pub trait Backend: Send + Sync + 'static {
+    /// A call whose answer is read as it comes.
+    fn stream(
+        &self,
+        caller: Option<&http::request::Parts>,
+        request: ApiRequest,
+    ) -> impl Future<Output = Result<ApiStream, String>> + Send;
+
+    /// A call whose answer is collected whole (capped at [`MAX_ANSWER_BYTES`]).
     fn call(
         &self,
         caller: Option<&http::request::Parts>,
         request: ApiRequest,
-    ) -> impl Future<Output = Result<ApiAnswer, String>> + Send;
+    ) -> impl Future<Output = Result<ApiAnswer, String>> + Send {
+        async move { self.stream(caller, request).await?.collect().await }
+    }
 
     /// Tools besides SandBase's own (the operator's MCP servers', named `server.tool`).
     fn extra_tools(

@@ -5,21 +5,30 @@
 //! API router itself, in process, with the MCP request's own `Authorization` (so each tool
 //! call is authenticated, rate-limited, admitted and audited exactly like the REST call it
 //! is); in `sandbase mcp` (stdio) the gateway over HTTP with the CLI's key. `backend.rs`:
-//! the trait and the API's answers; `server.rs`: the server, the calls its tools share and
-//! the MCP handler; `tools.rs`: the tools; `params.rs`: their parameters and checks;
-//! `output.rs`: what a tool answers (sandbox output capped, errors as tool errors).
+//! the trait and the API's answers (whole, capped, or as they come); `call.rs`: the caller
+//! and the calls every tool makes; `tools.rs`: the tools as plain functions of (backend,
+//! caller, parameters), which the harness offers a model too; `router.rs`: the same for
+//! rmcp; `server.rs`: the server and the MCP handler; `params.rs`: the parameters and their
+//! checks; `output.rs`: what a tool answers (sandbox output capped, errors as tool errors).
 //!
 //! Output of a sandbox is data from a hostile program: it is only ever a tool result's
 //! content, never part of a tool description or the server's instructions.
 
 mod backend;
+mod call;
 mod output;
 mod params;
+mod router;
 mod server;
-mod tools;
+pub mod tools;
 
-pub use backend::{ApiAnswer, ApiBody, ApiRequest, Backend};
+pub use backend::{ApiAnswer, ApiBody, ApiRequest, ApiStream, Backend, MAX_ANSWER_BYTES};
+pub use call::{Caller, Outcome, Progress};
 pub use output::tool_error;
+pub use params::{
+    CreateParams, Encoding, ExecParams, ExtendParams, Language, ListParams, PathParams,
+    RunCodeParams, SandboxParams, WriteParams,
+};
 pub use server::Sandbase;
 
 /// What the server tells clients about itself (fixed text: nothing from a sandbox).

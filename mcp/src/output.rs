@@ -54,14 +54,79 @@ pub fn success(summary: String, value: Value) -> CallToolResult {
     result
 }
 
+/// One output stream of a command as a tool shows it: its first [`OUTPUT_CAP`] bytes and
+/// how long it was, collected whole or as it comes.
+#[derive(Debug, Default)]
+pub struct Captured {
+    kept: String,
+    total: usize,
+}
+
+impl Captured {
+    pub fn whole(text: &str) -> Captured {
+        let mut captured = Captured::default();
+        captured.push(text);
+        captured
+    }
+
+    /// Takes the next piece: kept while under the cap, counted either way.
+    pub fn push(&mut self, text: &str) {
+        self.total += text.len();
+        let room = OUTPUT_CAP.saturating_sub(self.kept.len());
+        let mut end = room.min(text.len());
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.kept.push_str(&text[..end]);
+    }
+
+    /// The text shown: all of it, or the kept part and a marker saying how much was left
+    /// out.
+    pub fn shown(&self) -> String {
+        if self.total <= self.kept.len() {
+            return self.kept.clone();
+        }
+        format!(
+            "{}\n[… output truncated: {} of {} bytes not shown]",
+            self.kept,
+            self.total - self.kept.len(),
+            self.total
+        )
+    }
+}
+
+/// A finished command as a tool reports it.
+#[derive(Debug)]
+pub struct Command {
+    pub exit_code: i64,
+    pub timed_out: bool,
+    pub duration_ms: u64,
+    pub stdout: Captured,
+    pub stderr: Captured,
+    /// The sandbox it ran in, when the tool made that sandbox for it.
+    pub sandbox_id: Option<String>,
+}
+
+impl Command {
+    /// A command answered whole by the API.
+    pub fn whole(result: &sandbase_api::sandboxes::ExecResult) -> Command {
+        Command {
+            exit_code: i64::from(result.exit_code),
+            timed_out: result.timed_out,
+            duration_ms: result.duration_ms,
+            stdout: Captured::whole(&result.stdout),
+            stderr: Captured::whole(&result.stderr),
+            sandbox_id: None,
+        }
+    }
+}
+
 /// A finished command: exit code, capped output, and the same as structured content.
-pub fn command(result: &Value) -> CallToolResult {
-    let stdout = capped(result["stdout"].as_str().unwrap_or_default());
-    let stderr = capped(result["stderr"].as_str().unwrap_or_default());
-    let exit_code = result["exit_code"].as_i64().unwrap_or(-1);
-    let timed_out = result["timed_out"].as_bool().unwrap_or(false);
-    let mut text = format!("exit code {exit_code}");
-    if timed_out {
+pub fn command(command: &Command) -> CallToolResult {
+    let stdout = command.stdout.shown();
+    let stderr = command.stderr.shown();
+    let mut text = format!("exit code {}", command.exit_code);
+    if command.timed_out {
         text.push_str(" (timed out)");
     }
     if !stdout.is_empty() {
@@ -73,15 +138,15 @@ pub fn command(result: &Value) -> CallToolResult {
         text.push_str(&stderr);
     }
     let mut structured = json!({
-        "exit_code": exit_code,
+        "exit_code": command.exit_code,
         "stdout": stdout,
         "stderr": stderr,
-        "timed_out": timed_out,
-        "duration_ms": result["duration_ms"],
+        "timed_out": command.timed_out,
+        "duration_ms": command.duration_ms,
     });
-    if let Some(sandbox) = result.get("sandbox_id") {
-        structured["sandbox_id"] = sandbox.clone();
-        text = format!("sandbox {}\n{text}", sandbox.as_str().unwrap_or_default());
+    if let Some(sandbox) = &command.sandbox_id {
+        structured["sandbox_id"] = json!(sandbox);
+        text = format!("sandbox {sandbox}\n{text}");
     }
     let mut answer = CallToolResult::success(vec![Content::text(text)]);
     answer.structured_content = Some(structured);
@@ -91,6 +156,18 @@ pub fn command(result: &Value) -> CallToolResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn output_collected_in_pieces_is_capped_like_output_collected_whole() {
+        let long = "abé".repeat(OUTPUT_CAP);
+        let mut pieces = Captured::default();
+        for piece in long.split_inclusive('é') {
+            pieces.push(piece);
+        }
+        assert_eq!(Captured::whole(&long).shown(), capped(&long));
+        assert_eq!(pieces.shown(), capped(&long));
+        assert_eq!(Captured::whole("short").shown(), "short");
+    }
 
     #[test]
     fn long_output_is_capped_with_a_marker_on_a_character_boundary() {

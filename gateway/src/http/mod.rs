@@ -12,6 +12,7 @@ pub mod extract;
 pub mod internal;
 pub mod ip_limit;
 mod mcp;
+mod mcp_backend;
 pub mod metrics;
 pub mod node_token;
 pub mod preview;
