@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+pub mod conversation;
 pub mod internal;
 pub mod previews;
 pub mod runs;

@@ -18,7 +18,7 @@ mod store;
 
 pub use cidr::Cidr;
 pub use store::{
-    ApiSettings, CredentialSource, McpServerSettings, ModelSettings, ProviderKind,
+    ApiSettings, CredentialSource, Injection, McpServerSettings, ModelSettings, ProviderKind,
     ProviderSettings, StoreSettings, TokenPrices,
 };
 

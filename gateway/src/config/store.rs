@@ -129,8 +129,8 @@ pub struct ApiSettings {
     pub credential_secret: Option<String>,
     /// Where the credential goes: `bearer` (`Authorization: Bearer …`), `header:NAME` or
     /// `query:NAME`.
-    #[serde(default = "default_inject")]
-    pub inject: String,
+    #[serde(default)]
+    pub inject: Injection,
     /// Credits per call (decimal string).
     pub price_per_call: String,
     /// Credits per MiB of answer (decimal string).
@@ -158,8 +158,8 @@ pub struct McpServerSettings {
     #[serde(default)]
     pub credential_secret: Option<String>,
     /// Where the credential goes: `bearer` or `header:NAME`.
-    #[serde(default = "default_inject")]
-    pub inject: String,
+    #[serde(default)]
+    pub inject: Injection,
     /// Credits per tool call (decimal string).
     pub price_per_call: String,
     /// How long a call (or listing its tools) may take; a slower one is a tool error.
@@ -167,8 +167,57 @@ pub struct McpServerSettings {
     pub timeout_secs: u64,
 }
 
-fn default_inject() -> String {
-    "bearer".to_owned()
+/// Where an upstream's credential goes, parsed once from the configuration's text
+/// (`bearer`, `header:NAME`, `query:NAME`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Injection {
+    /// `Authorization: Bearer …`.
+    #[default]
+    Bearer,
+    /// A header of its own, the credential as its value.
+    Header(String),
+    /// A query parameter (the client's own parameter of that name is dropped).
+    Query(String),
+}
+
+impl TryFrom<String> for Injection {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Injection, String> {
+        let named = |name: &str| {
+            !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        };
+        if text == "bearer" {
+            return Ok(Injection::Bearer);
+        }
+        if let Some(name) = text.strip_prefix("header:")
+            && named(name)
+        {
+            return Ok(Injection::Header(name.to_owned()));
+        }
+        if let Some(name) = text.strip_prefix("query:")
+            && named(name)
+        {
+            return Ok(Injection::Query(name.to_owned()));
+        }
+        Err(format!(
+            "`{text}` is not `bearer`, `header:NAME` or `query:NAME` (NAME of letters, digits, `-` and `_`)"
+        ))
+    }
+}
+
+impl From<Injection> for String {
+    fn from(injection: Injection) -> String {
+        match injection {
+            Injection::Bearer => "bearer".to_owned(),
+            Injection::Header(name) => format!("header:{name}"),
+            Injection::Query(name) => format!("query:{name}"),
+        }
+    }
 }
 
 /// Where an upstream's credential comes from; at most one is set (none: the upstream needs
@@ -392,22 +441,6 @@ impl StoreSettings {
                 ("base_url", &api.base_url),
                 api.credential(),
             )?;
-            let target = api
-                .inject
-                .strip_prefix("header:")
-                .or_else(|| api.inject.strip_prefix("query:"));
-            let inject_ok = api.inject == "bearer"
-                || target.is_some_and(|name| {
-                    !name.is_empty()
-                        && name
-                            .bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-                });
-            if !inject_ok {
-                return Err(ConfigError(format!(
-                    "key `{key}.inject` must be `bearer`, `header:NAME` or `query:NAME`"
-                )));
-            }
             if api.timeout_secs == 0 || api.max_response_bytes == 0 {
                 return Err(ConfigError(format!(
                     "keys `{key}.timeout_secs` and `{key}.max_response_bytes` must be at least 1"
@@ -432,11 +465,7 @@ impl StoreSettings {
                 ("url", &server.url),
                 server.credential(),
             )?;
-            let header_ok = server
-                .inject
-                .strip_prefix("header:")
-                .is_some_and(|name| http::HeaderName::from_bytes(name.as_bytes()).is_ok());
-            if server.inject != "bearer" && !header_ok {
+            if matches!(server.inject, Injection::Query(_)) {
                 return Err(ConfigError(format!(
                     "key `{key}.inject` must be `bearer` or `header:NAME`"
                 )));

@@ -14,7 +14,7 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use secrecy::ExposeSecret as _;
 
-use crate::config::McpServerSettings;
+use crate::config::{Injection, McpServerSettings};
 
 /// How long a server's tool list is reused.
 const TOOLS_TTL: Duration = Duration::from_secs(60);
@@ -135,9 +135,10 @@ fn client(
 ) -> anyhow::Result<reqwest::Client> {
     let mut headers = reqwest::header::HeaderMap::new();
     if let Some(credential) = credential {
-        let (name, value) = match settings.inject.strip_prefix("header:") {
-            Some(name) => (name.to_owned(), credential.expose_secret().to_owned()),
-            None => (
+        // Validated at start-up: an MCP server's credential is a bearer token or a header.
+        let (name, value) = match &settings.inject {
+            Injection::Header(name) => (name.clone(), credential.expose_secret().to_owned()),
+            Injection::Bearer | Injection::Query(_) => (
                 "authorization".to_owned(),
                 format!("Bearer {}", credential.expose_secret()),
             ),

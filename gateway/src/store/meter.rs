@@ -74,15 +74,18 @@ pub fn worst_case(model: &Model, request_bytes: usize, max_output: Option<u64>) 
         .input
         .max(prices.cached_input)
         .max(prices.cache_write);
-    TokenUsage {
-        input,
-        output,
+    let worst = TokenUsage {
+        input_tokens: input,
+        output_tokens: output,
         ..TokenUsage::default()
-    }
-    .cost(&TokenPrices {
-        input: dearest,
-        ..*prices
-    })
+    };
+    super::usage::cost(
+        &worst,
+        &TokenPrices {
+            input: dearest,
+            ..*prices
+        },
+    )
 }
 
 /// What a call is, before it is admitted.
@@ -172,7 +175,7 @@ pub async fn settle(
         tracing::warn!(request = %call.id, model = %call.name, "no usage came back: the reservation is billed");
         call.reserved
     } else {
-        usage.cost(prices)
+        super::usage::cost(&usage, prices)
     };
     let settled = Settled {
         status: outcome.status,
@@ -227,10 +230,10 @@ pub async fn book(state: &AppState, call: Call, settled: Settled) -> anyhow::Res
     .bind(&call.endpoint)
     .bind(call.streamed)
     .bind(i32::from(status))
-    .bind(usage.input as i64)
-    .bind(usage.cached_input as i64)
-    .bind(usage.cache_write as i64)
-    .bind(usage.output as i64)
+    .bind(usage.input_tokens as i64)
+    .bind(usage.cached_input_tokens as i64)
+    .bind(usage.cache_write_tokens as i64)
+    .bind(usage.output_tokens as i64)
     .bind(cost)
     .bind(estimated)
     .bind(latency)
@@ -284,10 +287,10 @@ fn details(call: &Call, usage: &TokenUsage, estimated: bool, bytes: u64) -> serd
             "key": call.api_key_id,
             "sandbox": call.sandbox,
             "request": call.id,
-            "input_tokens": usage.input,
-            "cached_input_tokens": usage.cached_input,
-            "cache_write_tokens": usage.cache_write,
-            "output_tokens": usage.output,
+            "input_tokens": usage.input_tokens,
+            "cached_input_tokens": usage.cached_input_tokens,
+            "cache_write_tokens": usage.cache_write_tokens,
+            "output_tokens": usage.output_tokens,
             "estimated": estimated,
         }),
         Kind::Api => serde_json::json!({

@@ -1,22 +1,22 @@
 //! The store: models and paid APIs the operator offers, called by teams with their SandBase
 //! key. `Store` is the catalog (providers with the operator's credentials, models with their
-//! prices); `usage` normalises each family's token counts; `sse` is the tap on streamed
-//! answers; `meter` admits a call against the team's credits and key caps (the worst case
-//! reserved in Redis) and settles it on the ledger.
+//! prices); `call` is a model call in named phases (admit → upstream request → answer →
+//! settle), answering whole bodies or streams of bytes to any caller — the HTTP routes, the
+//! harness; `translate` answers a family's call with the other family's model; `usage`
+//! normalises each family's token counts; `sse` is the tap on streamed answers; `meter`
+//! admits a call against the team's credits and key caps (the worst case reserved in Redis)
+//! and settles it on the ledger.
 
 pub mod allowed;
+pub mod call;
 pub mod credential;
 pub mod lineages;
 pub mod mcp_calls;
 pub mod mcp_servers;
-pub mod messages_stream;
-pub mod messages_to_chat;
 pub mod meter;
 pub mod requests;
 pub mod sse;
 pub mod translate;
-pub mod translate_stream;
-pub mod translation;
 pub mod usage;
 
 use std::collections::HashMap;
@@ -30,6 +30,28 @@ use crate::config::{
     ApiSettings, ModelSettings, ProviderKind, ProviderSettings, StoreSettings, TokenPrices,
 };
 pub use credential::{Credential, OperatorSecrets};
+
+/// A family of providers: the shape of its requests, answers and errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    Openai,
+    Anthropic,
+}
+
+impl Family {
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Openai => "openai",
+            Family::Anthropic => "anthropic",
+        }
+    }
+}
+
+/// Who calls the store: who, and the sandbox calling from inside when it is one.
+pub struct Caller {
+    pub principal: crate::auth::Principal,
+    pub sandbox: Option<uuid::Uuid>,
+}
 
 /// A provider with the operator's credential and a client of its own (its timeouts).
 pub struct Provider {

@@ -135,10 +135,10 @@ impl Tap {
                         *into = value;
                     }
                 };
-                take("output_tokens", &mut usage.output);
-                take("input_tokens", &mut usage.input);
-                take("cache_read_input_tokens", &mut usage.cached_input);
-                take("cache_creation_input_tokens", &mut usage.cache_write);
+                take("output_tokens", &mut usage.output_tokens);
+                take("input_tokens", &mut usage.input_tokens);
+                take("cache_read_input_tokens", &mut usage.cached_input_tokens);
+                take("cache_creation_input_tokens", &mut usage.cache_write_tokens);
                 self.usage = Some(usage);
             }
             _ => {}
@@ -206,13 +206,13 @@ mod tests {
         let chunks = [&content[..10], &content[10..], usage, done];
         let mut hidden = Tap::new(Shape::OpenaiChat, true);
         assert_eq!(feed_all(&mut hidden, &chunks), format!("{content}{done}"));
-        assert_eq!(hidden.usage().unwrap().input, 7);
+        assert_eq!(hidden.usage().unwrap().input_tokens, 7);
         let mut shown = Tap::new(Shape::OpenaiChat, false);
         assert_eq!(
             feed_all(&mut shown, &chunks),
             format!("{content}{usage}{done}")
         );
-        assert_eq!(shown.usage().unwrap().output, 2);
+        assert_eq!(shown.usage().unwrap().output_tokens, 2);
     }
 
     #[test]
@@ -225,6 +225,13 @@ mod tests {
         let mut tap = Tap::new(Shape::Anthropic, false);
         feed_all(&mut tap, &events);
         let usage = tap.usage().unwrap();
-        assert_eq!((usage.input, usage.cached_input, usage.output), (10, 4, 55));
+        assert_eq!(
+            (
+                usage.input_tokens,
+                usage.cached_input_tokens,
+                usage.output_tokens
+            ),
+            (10, 4, 55)
+        );
     }
 }

@@ -8,25 +8,18 @@ use serde_json::Value;
 
 use crate::config::TokenPrices;
 
-/// Tokens of one call by kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct TokenUsage {
-    pub input: u64,
-    pub cached_input: u64,
-    pub cache_write: u64,
-    pub output: u64,
-}
+/// Tokens of one call by kind: the conversation's own usage form.
+pub use sandbase_api::conversation::Usage as TokenUsage;
 
-impl TokenUsage {
-    /// Micro-credits, rounded up once over the whole call (prices are per million tokens).
-    pub fn cost(&self, prices: &TokenPrices) -> i64 {
-        let part = |tokens: u64, price: i64| u128::from(tokens) * price.max(0) as u128;
-        let total = part(self.input, prices.input)
-            + part(self.cached_input, prices.cached_input)
-            + part(self.cache_write, prices.cache_write)
-            + part(self.output, prices.output);
-        i64::try_from(total.div_ceil(1_000_000)).unwrap_or(i64::MAX)
-    }
+/// Micro-credits of `usage`, rounded up once over the whole call (prices are per million
+/// tokens).
+pub fn cost(usage: &TokenUsage, prices: &TokenPrices) -> i64 {
+    let part = |tokens: u64, price: i64| u128::from(tokens) * price.max(0) as u128;
+    let total = part(usage.input_tokens, prices.input)
+        + part(usage.cached_input_tokens, prices.cached_input)
+        + part(usage.cache_write_tokens, prices.cache_write)
+        + part(usage.output_tokens, prices.output);
+    i64::try_from(total.div_ceil(1_000_000)).unwrap_or(i64::MAX)
 }
 
 fn count(value: &Value, pointer: &str) -> u64 {
@@ -39,10 +32,10 @@ pub fn openai_chat(usage: &Value) -> Option<TokenUsage> {
     let prompt = usage.get("prompt_tokens")?.as_u64()?;
     let cached = count(usage, "/prompt_tokens_details/cached_tokens").min(prompt);
     Some(TokenUsage {
-        input: prompt - cached,
-        cached_input: cached,
-        cache_write: 0,
-        output: count(usage, "/completion_tokens"),
+        input_tokens: prompt - cached,
+        cached_input_tokens: cached,
+        cache_write_tokens: 0,
+        output_tokens: count(usage, "/completion_tokens"),
     })
 }
 
@@ -51,10 +44,10 @@ pub fn openai_responses(usage: &Value) -> Option<TokenUsage> {
     let input = usage.get("input_tokens")?.as_u64()?;
     let cached = count(usage, "/input_tokens_details/cached_tokens").min(input);
     Some(TokenUsage {
-        input: input - cached,
-        cached_input: cached,
-        cache_write: 0,
-        output: count(usage, "/output_tokens"),
+        input_tokens: input - cached,
+        cached_input_tokens: cached,
+        cache_write_tokens: 0,
+        output_tokens: count(usage, "/output_tokens"),
     })
 }
 
@@ -62,10 +55,10 @@ pub fn openai_responses(usage: &Value) -> Option<TokenUsage> {
 pub fn anthropic(usage: &Value) -> Option<TokenUsage> {
     usage.as_object()?;
     Some(TokenUsage {
-        input: count(usage, "/input_tokens"),
-        cached_input: count(usage, "/cache_read_input_tokens"),
-        cache_write: count(usage, "/cache_creation_input_tokens"),
-        output: count(usage, "/output_tokens"),
+        input_tokens: count(usage, "/input_tokens"),
+        cached_input_tokens: count(usage, "/cache_read_input_tokens"),
+        cache_write_tokens: count(usage, "/cache_creation_input_tokens"),
+        output_tokens: count(usage, "/output_tokens"),
     })
 }
 
@@ -101,14 +94,25 @@ mod tests {
             "prompt_tokens_details": { "cached_tokens": 800 }
         }))
         .unwrap();
-        assert_eq!((chat.input, chat.cached_input, chat.output), (200, 800, 20));
+        assert_eq!(
+            (
+                chat.input_tokens,
+                chat.cached_input_tokens,
+                chat.output_tokens
+            ),
+            (200, 800, 20)
+        );
         let claude = anthropic(&json!({
             "input_tokens": 5, "cache_read_input_tokens": 700,
             "cache_creation_input_tokens": 300, "output_tokens": 9
         }))
         .unwrap();
         assert_eq!(
-            (claude.input, claude.cached_input, claude.cache_write),
+            (
+                claude.input_tokens,
+                claude.cached_input_tokens,
+                claude.cache_write_tokens
+            ),
             (5, 700, 300)
         );
         let prices = TokenPrices {
@@ -118,16 +122,16 @@ mod tests {
             output: 15_000_000,
         };
         // 5×3 + 700×0.3 + 300×3.75 + 9×15 = 15 + 210 + 1125 + 135 micro.
-        assert_eq!(claude.cost(&prices), 1485);
+        assert_eq!(cost(&claude, &prices), 1485);
         // Rounded up once, over the whole call.
         let one = TokenUsage {
-            input: 1,
+            input_tokens: 1,
             ..TokenUsage::default()
         };
         let cheap = TokenPrices {
             input: 150_000,
             ..TokenPrices::default()
         };
-        assert_eq!(one.cost(&cheap), 1);
+        assert_eq!(cost(&one, &cheap), 1);
     }
 }

@@ -90,7 +90,7 @@ pub async fn store_app_with(
                 credential_env: None,
                 credential_file: file,
                 credential_secret: None,
-                inject: "query:key".to_owned(),
+                inject: sandbase_gateway::config::Injection::Query("key".to_owned()),
                 price_per_call: "0.01".to_owned(),
                 price_per_mib: "1".to_owned(),
                 max_response_bytes: 4 * 1024 * 1024,

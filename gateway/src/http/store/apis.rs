@@ -13,6 +13,7 @@ use secrecy::ExposeSecret;
 
 use super::caller::caller;
 use super::forward::REQUEST_HEADER;
+use crate::config::Injection;
 use crate::error::ApiError;
 use crate::http::extract::ApiPath;
 use crate::state::AppState;
@@ -150,7 +151,10 @@ fn upstream_url(api: &PaidApi, path: &str, query: Option<&str>) -> Result<reqwes
     };
     let mut url = reqwest::Url::parse(&joined)
         .map_err(|_| ApiError::InvalidRequest("the path is not a valid URL path".to_owned()))?;
-    let inject_query = api.settings.inject.strip_prefix("query:");
+    let inject_query = match &api.settings.inject {
+        Injection::Query(name) => Some(name.as_str()),
+        Injection::Bearer | Injection::Header(_) => None,
+    };
     let kept: Vec<&str> = query
         .unwrap_or_default()
         .split('&')
@@ -183,10 +187,11 @@ fn upstream_request(
         }
     }
     if let Some(credential) = api.credential.get() {
-        if api.settings.inject == "bearer" {
-            request = request.bearer_auth(credential.expose_secret());
-        } else if let Some(name) = api.settings.inject.strip_prefix("header:") {
-            request = request.header(name, credential.expose_secret());
+        match &api.settings.inject {
+            Injection::Bearer => request = request.bearer_auth(credential.expose_secret()),
+            Injection::Header(name) => request = request.header(name, credential.expose_secret()),
+            // In the URL (`upstream_url`).
+            Injection::Query(_) => {}
         }
     }
     request

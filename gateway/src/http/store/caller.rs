@@ -2,19 +2,12 @@
 //! sandbox's store credential (added by its node's egress proxy).
 
 use axum::http::{HeaderMap, HeaderValue};
-use uuid::Uuid;
 
-use crate::auth::Principal;
 use crate::auth::authenticate::{authenticate, rate_limit};
 use crate::auth::store_token;
 use crate::error::ApiError;
 use crate::state::AppState;
-
-/// A store caller: who, and the sandbox calling from inside when it is one.
-pub struct Caller {
-    pub principal: Principal,
-    pub sandbox: Option<Uuid>,
-}
+use crate::store::Caller;
 
 /// The caller, from `Authorization: Bearer TOKEN` or `x-api-key: TOKEN`, counted against
 /// its rate limit.

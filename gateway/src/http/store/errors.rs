@@ -8,21 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::error::ApiError;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
-    Openai,
-    Anthropic,
-}
-
-impl Family {
-    pub fn name(self) -> &'static str {
-        match self {
-            Family::Openai => "openai",
-            Family::Anthropic => "anthropic",
-        }
-    }
-}
+use crate::store::Family;
 
 pub struct StoreError {
     pub family: Family,
@@ -41,7 +27,7 @@ impl StoreError {
 /// Anthropic's error type for a status (one table, shared with the translation of OpenAI
 /// errors).
 fn anthropic_type(status: StatusCode) -> &'static str {
-    crate::store::messages_to_chat::error_type(status.as_u16())
+    crate::store::translate::messages_to_chat::error_type(status.as_u16())
 }
 
 /// OpenAI's error type for a status.

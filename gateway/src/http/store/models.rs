@@ -7,8 +7,9 @@ use axum::http::HeaderMap;
 use serde_json::{Value, json};
 
 use super::caller::caller;
-use super::errors::{Family, StoreError};
+use super::errors::StoreError;
 use crate::state::AppState;
+use crate::store::Family;
 
 async fn listed(state: &AppState, headers: &HeaderMap, family: Family) -> Result<(), StoreError> {
     caller(state, headers)

@@ -5,6 +5,7 @@
 //! in chat completions; documents and server tools are refused by name. Streams are
 //! translated by `messages_stream`.
 
+use sandbase_api::conversation::ToolCall;
 use serde_json::{Value, json};
 
 /// The chat completions request for a Messages request `messages`, to the provider's model
@@ -137,11 +138,7 @@ fn assistant_turn(content: &Value) -> Result<Value, String> {
     for block in blocks {
         match block.get("type").and_then(Value::as_str) {
             Some("text") => text.push_str(block["text"].as_str().unwrap_or_default()),
-            Some("tool_use") => calls.push(json!({
-                "id": block["id"],
-                "type": "function",
-                "function": { "name": block["name"], "arguments": block["input"].to_string() },
-            })),
+            Some("tool_use") => calls.push(ToolCall::from_tool_use(block).to_chat()),
             // The model's own thinking is not sent back to another family's model.
             Some("thinking" | "redacted_thinking") => {}
             other => {
@@ -243,16 +240,7 @@ pub fn chat_to_message(chat: &Value, model: &str) -> Value {
         .into_iter()
         .flatten()
     {
-        let arguments = call
-            .pointer("/function/arguments")
-            .and_then(Value::as_str)
-            .unwrap_or("{}");
-        content.push(json!({
-            "type": "tool_use",
-            "id": call["id"],
-            "name": call.pointer("/function/name").cloned().unwrap_or(Value::Null),
-            "input": serde_json::from_str::<Value>(arguments).unwrap_or_else(|_| json!({})),
-        }));
+        content.push(ToolCall::from_chat_answer(call).to_tool_use());
     }
     json!({
         "id": format!("msg_{}", chat["id"].as_str().unwrap_or_default()),

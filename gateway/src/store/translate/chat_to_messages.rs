@@ -2,8 +2,9 @@
 //! Messages request, the answer (and its errors) turned back into a chat completion. What
 //! has no counterpart is refused with a message saying so (`n` above 1, log probabilities,
 //! structured output, audio and file parts); sampling settings without one are dropped.
-//! Streams are translated by `translate_stream`.
+//! Streams are translated by `chat_stream`.
 
+use sandbase_api::conversation::ToolCall;
 use serde_json::{Map, Value, json};
 
 /// The Messages request for a chat completions request `chat`, to the provider's model
@@ -176,22 +177,7 @@ fn assistant_blocks(message: &Value) -> Result<Vec<Value>, String> {
         .into_iter()
         .flatten()
     {
-        let arguments = call
-            .pointer("/function/arguments")
-            .and_then(Value::as_str)
-            .unwrap_or("{}");
-        let input: Value = serde_json::from_str(if arguments.trim().is_empty() {
-            "{}"
-        } else {
-            arguments
-        })
-        .map_err(|_| "a tool call's `arguments` are not JSON".to_owned())?;
-        blocks.push(json!({
-            "type": "tool_use",
-            "id": call["id"],
-            "name": call.pointer("/function/name").cloned().unwrap_or(Value::Null),
-            "input": input,
-        }));
+        blocks.push(ToolCall::from_chat(call)?.to_tool_use());
     }
     Ok(blocks)
 }
@@ -287,11 +273,7 @@ pub fn message_to_chat(message: &Value, model: &str) -> Value {
     for block in message["content"].as_array().into_iter().flatten() {
         match block["type"].as_str() {
             Some("text") => text.push_str(block["text"].as_str().unwrap_or_default()),
-            Some("tool_use") => calls.push(json!({
-                "id": block["id"],
-                "type": "function",
-                "function": { "name": block["name"], "arguments": block["input"].to_string() },
-            })),
+            Some("tool_use") => calls.push(ToolCall::from_tool_use(block).to_chat()),
             _ => {}
         }
     }

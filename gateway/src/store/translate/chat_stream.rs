@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::sse::{data_of, event_end};
-use super::translate::{finish_reason, usage};
+use super::chat_to_messages::{finish_reason, usage};
+use crate::store::sse::{data_of, event_end};
 
 pub struct ChatStream {
     model: String,

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::messages_to_chat::{stop_reason, usage};
-use super::sse::{data_of, event_end};
+use crate::store::sse::{data_of, event_end};
 
 /// The block open now.
 #[derive(PartialEq)]
