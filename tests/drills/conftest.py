@@ -7,7 +7,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -15,12 +14,10 @@ import uuid
 
 import pytest
 
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, TESTS)
-sys.path.insert(0, os.path.join(TESTS, "store"))
-from gateways import (  # noqa: E402
+from tests.support import api
+from tests.support.gateways import (
     BINARY, SOCKET, drop_database, free_port, fresh_database, gateway_env, wait_ready)
-import standin  # noqa: E402
+from tests.support.standin import OPENAI_SECRET, StandIn
 
 NODE_TOKEN = "drill-node-token-" + "x" * 32
 HAPROXY_CONFIG = """
@@ -97,10 +94,11 @@ class Cluster:
                                SERVER__REQUESTS_PER_IP_PER_SECOND="100000",
                                SERVER__REQUESTS_PER_IP_BURST="100000")
         self.env["REDIS_URL"] = f"redis://127.0.0.1:{self.redis_port}"
-        self.provider, _ = standin.start()
+        self.standin = StandIn.spawn()
+        self.provider = self.standin.url
         credential = os.path.join(workdir, "provider.key")
         with open(credential, "w") as handle:
-            handle.write(standin.OPENAI_SECRET + "\n")
+            handle.write(OPENAI_SECRET + "\n")
         self.config = os.path.join(workdir, "sandbase.toml")
         with open(self.config, "w") as handle:
             handle.write(STORE_CONFIG.format(upstream=self.provider, credential=credential))
@@ -227,14 +225,9 @@ class Cluster:
             text = answer.read()
             return json.loads(text) if text else None
 
-    def signup(self, credits=None):
-        import json
-        body = {"email": f"drill-{uuid.uuid4().hex}@example.com",
-                "password": "a long enough password", "team_name": "Drill"}
-        request = urllib.request.Request(f"{self.url}/v1/auth/signup", data=json.dumps(body).encode(),
-                                         method="POST", headers={"content-type": "application/json"})
-        with urllib.request.urlopen(request) as answer:
-            signed = json.loads(answer.read())
+    def signup(self):
+        """A new team's key and id (starter credits)."""
+        signed = api.signup(self.url, "Drill")
         return signed["api_key"]["token"], signed["team"]["id"]
 
     def sql(self, query):
@@ -275,6 +268,7 @@ class Cluster:
         if self.redis:
             self.redis.kill()
             self.redis.wait()
+        self.standin.close()
 
 
 @pytest.fixture(scope="module")

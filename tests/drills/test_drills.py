@@ -14,7 +14,7 @@ import urllib.request
 
 from sandbase import Sandbase, Sandbox
 
-from conftest import BINARY
+from tests.support.gateways import BINARY
 
 SANDBOXES = int(os.environ.get("SANDBASE_DRILL_SANDBOXES", "60"))
 

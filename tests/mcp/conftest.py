@@ -2,21 +2,19 @@
 (`sandbase worker` on SandBase's containerd, its own namespace, the `base` template), for
 the MCP tests. The second gateway gives new teams no starter credits."""
 
-import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from gateways import (  # noqa: E402
-    BINARY, SOCKET, drop_database, free_port, fresh_database, gateway_env, start_gateway,
+from tests.support.api import new_key
+from tests.support.gateways import (
+    SOCKET, drop_database, free_port, fresh_database, gateway_env, start_gateway,
     start_worker, wait_for_base,
 )
 NODE_TOKEN = "mcp-test-node-token-0123456789"
@@ -44,25 +42,13 @@ def wait_for_port(port):
     raise RuntimeError(f"nothing listens on {port}")
 
 
-def call(url, method, path, token=None, body=None):
-    data = json.dumps(body).encode() if body is not None else None
-    headers = {"content-type": "application/json"}
-    if token:
-        headers["authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(f"{url}{path}", data=data, method=method, headers=headers)
-    with urllib.request.urlopen(request) as answer:
-        return json.loads(answer.read() or b"null")
-
-
 class Cluster:
     def __init__(self, urls, namespace):
         self.urls = urls
         self.namespace = namespace
 
     def signup(self, gateway=0):
-        body = {"email": f"mcp-{uuid.uuid4().hex}@example.com",
-                "password": "a long enough password", "team_name": "MCP"}
-        return call(self.urls[gateway], "POST", "/v1/auth/signup", body=body)["api_key"]["token"]
+        return new_key(self.urls[gateway], "MCP")
 
     def containers(self):
         listed = subprocess.run(

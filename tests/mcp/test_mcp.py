@@ -4,9 +4,7 @@
 
 import base64
 import itertools
-import json
 import os
-import subprocess
 
 import anyio
 import httpx2
@@ -15,7 +13,8 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
-from conftest import BINARY, call
+from tests.support.api import call
+from tests.support.gateways import BINARY
 
 MODES = ["2026-07-28", "legacy"]
 TOOLS = {"sandbox_create", "sandbox_list", "sandbox_extend", "sandbox_destroy", "exec",

@@ -12,8 +12,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-from gateways import (  # noqa: E402
+from tests.support.gateways import (
     BINARY, REDIS_URL, drop_database, free_port, fresh_database, wait_ready)
 
 SCHEMATHESIS = os.path.join(os.path.dirname(sys.executable), "schemathesis")

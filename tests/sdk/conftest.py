@@ -2,36 +2,24 @@
 template, for the Python SDK's scenarios. The second gateway gives new teams no starter
 credits and each key one request a second, for the SDK's 402 and 429 handling. The worker
 has an egress network: `api.test.example` and `other.test.example` lead to an upstream in a
-network namespace of the suite's own (tests/upstream.py); `loopback.test.example` is pinned to
+network namespace of the suite's own (tests/support/upstream.py); `loopback.test.example` is pinned to
 the node's loopback, which the SSRF guard must refuse however the name was resolved."""
 
 import base64
-import json
 import os
-import sys
 import tempfile
-import urllib.request
 import uuid
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from gateways import (  # noqa: E402
+from tests.support.api import new_key
+from tests.support.gateways import (
     drop_database, egress_args, free_port, fresh_database, gateway_env, internal_tls,
     start_gateway, start_worker, wait_for_base,
 )
-from upstream import Upstream  # noqa: E402
+from tests.support.upstream import Upstream
 
 NODE_TOKEN = "sdk-test-node-token-0123456789"
-
-
-def signup(url):
-    body = json.dumps({"email": f"sdk-{uuid.uuid4().hex}@example.com",
-                       "password": "a long enough password", "team_name": "SDK"}).encode()
-    request = urllib.request.Request(f"{url}/v1/auth/signup", data=body, method="POST",
-                                     headers={"content-type": "application/json"})
-    with urllib.request.urlopen(request) as answer:
-        return json.loads(answer.read())["api_key"]["token"]
 
 
 UPSTREAM_NAMES = ("api.test.example", "other.test.example")
@@ -45,11 +33,11 @@ class Cluster:
 
     def key(self):
         """A new team's key, with starter credits."""
-        return signup(self.url)
+        return new_key(self.url, "SDK")
 
     def strict_key(self):
         """A new team's key from the strict gateway: no credits, one request a second."""
-        return signup(self.strict_url)
+        return new_key(self.strict_url, "SDK")
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +69,7 @@ def run_cluster(upstream):
     worker, _ = start_worker(f"https://{internal}", uuid.uuid4().hex, workdir, NODE_TOKEN, "sdk",
                              egress_args(upstream, UPSTREAM_NAMES,
                                          ["loopback.test.example=127.0.0.1"]), tls_args)
-    wait_for_base(url, signup(url), worker, workdir)
+    wait_for_base(url, new_key(url, "SDK"), worker, workdir)
     yield Cluster(url, strict_url, upstream)
     worker.terminate()
     worker.wait(timeout=60)

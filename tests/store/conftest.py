@@ -3,22 +3,19 @@ configured with the local stand-in providers, and a fresh team per test. The Ope
 from a file, the Anthropic key from the operator's vault (`sandbase vault secret set`)."""
 
 import base64
-import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
-import uuid
 
 import pytest
 
-import standin
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from gateways import (  # noqa: E402
+from tests.support.api import call, new_key
+from tests.support.gateways import (
     BINARY, drop_database, free_port, fresh_database, gateway_env, start_gateway)
+from tests.support.standin import ANTHROPIC_SECRET, OPENAI_SECRET, StandIn
 
 CONFIG = """
 [store]
@@ -67,28 +64,20 @@ output = "1000"
 
 
 class Gateway:
-    def __init__(self, url, seen):
+    def __init__(self, url, provider):
         self.url = url
-        self.seen = seen
+        self.provider = provider
+
+    @property
+    def seen(self):
+        """What the provider received, oldest first: (headers, body) pairs."""
+        return self.provider.seen
 
     def call(self, method, path, token, body=None):
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(
-            f"{self.url}{path}", data=data, method=method,
-            headers={"authorization": f"Bearer {token}", "content-type": "application/json"},
-        )
-        with urllib.request.urlopen(request) as answer:
-            return json.loads(answer.read())
+        return call(self.url, method, path, token, body)
 
     def signup(self):
-        body = {"email": f"sdk-{uuid.uuid4().hex}@example.com",
-                "password": "a long enough password", "team_name": "SDK"}
-        request = urllib.request.Request(
-            f"{self.url}/v1/auth/signup", data=json.dumps(body).encode(), method="POST",
-            headers={"content-type": "application/json"},
-        )
-        with urllib.request.urlopen(request) as answer:
-            return json.loads(answer.read())["api_key"]["token"]
+        return new_key(self.url, "SDK")
 
     def available(self, token):
         return self.call("GET", "/v1/billing/balance", token)["available_micro"]
@@ -107,11 +96,12 @@ class Gateway:
 
 @pytest.fixture(scope="session")
 def gateway():
-    upstream, seen = standin.start()
+    provider = StandIn.spawn()
+    upstream = provider.url
     workdir = tempfile.mkdtemp(prefix="sandbase-sdk-")
     openai_file = os.path.join(workdir, "openai_file")
     with open(openai_file, "w") as handle:
-        handle.write(standin.OPENAI_SECRET + "\n")
+        handle.write(OPENAI_SECRET + "\n")
     config = os.path.join(workdir, "sandbase.toml")
     with open(config, "w") as handle:
         handle.write(CONFIG.format(upstream=upstream, openai_file=openai_file))
@@ -125,16 +115,17 @@ def gateway():
     # The operator puts the Anthropic key into the vault, as an operator would.
     subprocess.run([BINARY, "migrate"], env=env, check=True, capture_output=True)
     stored = subprocess.run([BINARY, "vault", "secret", "set", "anthropic-key"], env=env,
-                            input=standin.ANTHROPIC_SECRET + "\n", text=True,
+                            input=ANTHROPIC_SECRET + "\n", text=True,
                             capture_output=True, check=True)
     assert "stored operator secret `anthropic-key`" in stored.stdout, stored
     listed = subprocess.run([BINARY, "vault", "secret", "ls"], env=env, text=True,
                             capture_output=True, check=True).stdout
-    assert listed.startswith("anthropic-key\t") and standin.ANTHROPIC_SECRET not in listed
+    assert listed.startswith("anthropic-key\t") and ANTHROPIC_SECRET not in listed
     process, url = start_gateway(env, port, os.path.join(workdir, "gateway.log"), config)
-    yield Gateway(url, seen)
+    yield Gateway(url, provider)
     process.terminate()
     process.wait(timeout=30)
+    provider.close()
     drop_database(database)
 
 

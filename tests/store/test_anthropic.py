@@ -3,7 +3,7 @@
 import anthropic
 import pytest
 
-import standin
+from tests.support import standin
 
 HEADER = "x-sandbase-store-request"
 # 100 × 3 + 30 cached × 0.30 + 20 written × 3.75 + 77 out × 15, per million tokens.

@@ -3,7 +3,7 @@
 import openai
 import pytest
 
-import standin
+from tests.support import standin
 
 HEADER = "x-sandbase-store-request"
 # 800 uncached × 2.50 + 200 cached × 1.25 + 50 out × 10, per million tokens.

@@ -9,7 +9,7 @@ import anthropic
 import openai
 import pytest
 
-import standin
+from tests.support import standin
 
 HEADER = "x-sandbase-store-request"
 # Anthropic's usage in the stand-in: 100 input × 3 + 30 cache reads × 0.30 + 20 cache

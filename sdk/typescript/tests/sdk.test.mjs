@@ -1,7 +1,7 @@
 // The TypeScript SDK's scenario table against a real `sandbase dev` (started by the
 // dashboard's test harness: fresh database, own Redis prefix, containerd namespace, ports),
 // whose worker has an egress network leading `api.test.example` and `other.test.example` to
-// an upstream in a network namespace of the test's own (tests/upstream.py).
+// an upstream in a network namespace of the test's own (tests/support/upstream.py).
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
@@ -13,15 +13,16 @@ import { fileURLToPath } from "node:url";
 import { InsufficientCredits, NotFound, RateLimited, Sandbase, Sandbox } from "../dist/index.js";
 import { signup, start, waitFor } from "../../../web/tests/harness.mjs";
 
-const TESTS = resolve(dirname(fileURLToPath(import.meta.url)), "../../../tests");
+const REPOSITORY = resolve(dirname(fileURLToPath(import.meta.url)), "../../..");
 const TOKEN = randomBytes(16).toString("hex");
 let server;
 let upstream;
 
-/// The upstream (tests/upstream.py), once it serves: its address, CA, request log and the
+/// The upstream (tests/support/upstream.py), once it serves: its address, CA, request log and the
 /// worker's options for `names`; it ends when its stdin closes.
 async function startUpstream(names) {
-  const child = spawn("python3", [resolve(TESTS, "upstream.py"), ...names], {
+  const child = spawn("python3", ["-m", "tests.support.upstream", ...names], {
+    cwd: REPOSITORY,
     env: { ...process.env, SANDBASE_UPSTREAM_TOKEN: TOKEN },
     stdio: ["pipe", "pipe", "inherit"],
   });

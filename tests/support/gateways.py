@@ -112,7 +112,7 @@ def proxy_ports():
 
 def egress_args(upstream, names, pinned=()):
     """A worker's egress options: the node's pool and a proxy port of its own, `names`
-    resolved to `upstream` (tests/upstream.py), its CA trusted, and `pinned` NAME=ADDRESS
+    resolved to `upstream` (tests/support/upstream.py), its CA trusted, and `pinned` NAME=ADDRESS
     pairs besides."""
     args = ["--egress-pool", "10.213.0.0", "--egress-proxy-port", str(proxy_ports()),
             "--egress-extra-ca", upstream.ca]
@@ -125,7 +125,7 @@ def internal_tls(workdir):
     """TLS for the internal channel (a CA made for the run, one certificate for 127.0.0.1 that
     the gateways and the worker both serve and present): the gateways' settings (for
     `gateway_env`) and the worker's options. Credentials travel to workers only over it."""
-    import certs
+    from tests.support import certs
     ca, chain, key = certs.issue(os.path.join(workdir, "internal-tls"), ["127.0.0.1", "localhost"],
                                  "serverAuth,clientAuth")
     settings = {"INTERNAL_TLS__CA_FILE": ca, "INTERNAL_TLS__CERT_FILE": chain,

@@ -9,8 +9,8 @@ It answers `GET /whoami` with 200 `hello` only when the request carries
 `Authorization: Bearer <token>` (the token the test gave it: the proof that the proxy injected
 a credential), 401 otherwise; any other path with its request line. Every request is logged.
 
-From Python: `with Upstream(token) as upstream: …`. From another language: run this file with
-the names to lead to it (the token in SANDBASE_UPSTREAM_TOKEN); it prints one JSON line
+From Python: `with Upstream(token) as upstream: …`. From another language: run
+`python3 -m tests.support.upstream` from the repository with the names to lead to it (the token in SANDBASE_UPSTREAM_TOKEN); it prints one JSON line
 (`address`, `ca`, `log`, and `worker_args`: the worker's egress options for those names) once
 serving, and tears everything down when its stdin closes. Needs root, iproute2, openssl and python3."""
 
@@ -22,8 +22,7 @@ import tempfile
 import time
 import uuid
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import certs  # noqa: E402
+from tests.support import certs
 
 SERVER = r"""
 import http.server, ssl, sys, threading
@@ -112,7 +111,7 @@ class Upstream:
 
 
 if __name__ == "__main__":
-    from gateways import egress_args
+    from tests.support.gateways import egress_args
     with Upstream(os.environ.get("SANDBASE_UPSTREAM_TOKEN", "")) as running:
         print(json.dumps({"address": running.address, "ca": running.ca, "log": running.log,
                           "worker_args": egress_args(running, sys.argv[1:])}), flush=True)
