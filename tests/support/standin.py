@@ -14,12 +14,17 @@ What it answers is chosen per request, so concurrent tests share one process:
   sent back once its result arrives, then the next step or a final answer
   (``{"text": "…"}``). Past its end a script repeats its last step.
 * Failures on demand, in the last user message: ``busy`` (429 with ``Retry-After: 7``),
-  ``overloaded`` (Anthropic's 529 with ``Retry-After: 3``), ``broken`` (500), ``slow`` (the
-  answer after a second), ``[[first-byte:SECONDS]]`` (nothing at all for that long),
-  ``[[cut]]`` (a stream that breaks off before its final usage).
+  ``overloaded`` (Anthropic's 529 with ``Retry-After: 3``), ``broken`` (500, body
+  ``BROKEN``), ``slow`` (a whole answer after a second, a stream 200 ms between events),
+  ``[[first-byte:SECONDS]]`` (nothing at all for that long), ``[[cut]]`` (a stream that
+  breaks off before its final usage), ``no usage`` (a chat stream that ends without the
+  usage it was asked for).
 * ``thinking`` asked of an Anthropic model: a thinking block with a signature comes first.
 * Without a script, given tools: ``weather`` calls the first tool with ``{"city": "Paris"}``;
   a tool's result is answered with ``SUNNY``. Otherwise ``TEXT``.
+
+A paid API at ``/api/PATH`` (its credential ``API_SECRET`` as the query parameter ``key``):
+``search`` echoes ``q``, ``big`` answers 2 MiB, anything else 500.
 
 It keeps every request: ``GET /_standin/requests`` (each ``{path, headers, body}``), so a test
 can say a model was, or was not, called.
@@ -35,11 +40,14 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 OPENAI_SECRET = "upstream-secret-openai"
 ANTHROPIC_SECRET = "upstream-secret-anthropic"
+# A paid API's credential, as a query parameter: characters a URL must encode.
+API_SECRET = "upstream-secret-api&=?"
 TEXT = "Hello from the stand-in"
 SIGNATURE = "sig-standin-1"
 
@@ -62,6 +70,13 @@ ANTHROPIC_USAGE = {
     "cache_creation_input_tokens": 20,
     "output_tokens": 77,
 }
+
+def compact(value):
+    """JSON as providers send it: no spaces."""
+    return json.dumps(value, separators=(",", ":"))
+
+
+BROKEN = compact({"error": {"message": "broke", "type": "server_error"}})
 
 SCRIPTS = {}
 REQUESTS = []
@@ -128,7 +143,7 @@ def decide(body, tools):
 
 def sse(data, kind=None):
     head = f"event: {kind}\n" if kind else ""
-    return f"{head}data: {json.dumps(data)}\n\n"
+    return f"{head}data: {compact(data)}\n\n"
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -138,7 +153,7 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def send_json(self, status, body, headers=()):
-        data = json.dumps(body).encode()
+        data = compact(body).encode()
         self.send_response(status)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(data)))
@@ -157,12 +172,14 @@ class Handler(BaseHTTPRequestHandler):
         for event in events[:-2] if cut else events:
             self.wfile.write(event.encode())
             self.wfile.flush()
-            time.sleep(0.005)
+            time.sleep(self.pause)
         self.close_connection = True
 
     # -- control ---------------------------------------------------------------------------
 
     def do_GET(self):
+        if self.path.startswith("/api/"):
+            return self.paid_api()
         if self.path.startswith("/_standin/requests"):
             with LOCK:
                 return self.send_json(200, list(REQUESTS))
@@ -176,6 +193,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_json(404, {"error": {"message": "no such route"}})
 
     def do_POST(self):
+        if self.path.startswith("/api/"):
+            return self.paid_api()
         body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
         if self.path == "/_standin/scripts":
             with LOCK:
@@ -192,7 +211,7 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_json(401, {"error": {"message": "bad key"}})
         texts = user_texts(body)
         last = texts[-1] if texts else ""
-        if self.failed(last):
+        if self.failed(last, body.get("stream") is True):
             return
         route = {
             "/v1/chat/completions": self.chat,
@@ -204,21 +223,28 @@ class Handler(BaseHTTPRequestHandler):
         if route is None:
             return self.send_json(404, {"error": {"message": "no such route"}})
         self.cut = "[[cut]]" in last
+        self.no_usage = "no usage" in last
+        self.pause = 0.2 if "slow" in last and body.get("stream") else 0.005
         route(body)
 
-    def failed(self, last):
+    def failed(self, last, streamed):
         """Answers a failure the last message asks for; whether it did."""
         first_byte = re.search(r"\[\[first-byte:([\d.]+)\]\]", last)
         if first_byte:
             time.sleep(float(first_byte.group(1)))
         if "broken" in last:
-            self.send_json(500, {"error": {"message": "broke", "type": "server_error"}})
+            data = BROKEN.encode()
+            self.send_response(500)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
             return True
         if "overloaded" in last:
             error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
             self.send_json(529, error, [("retry-after", "3")])
             return True
-        if "slow" in last:
+        if "slow" in last and not streamed:
             time.sleep(1)
         if "busy" in last:
             error = {"error": {"message": "slow down", "type": "rate_limit_error"}}
@@ -268,9 +294,10 @@ class Handler(BaseHTTPRequestHandler):
             ]
         else:
             events = [chunk({"role": "assistant", "content": ""})]
-            events += [chunk({"content": word}) for word in said[1].split(" ") if word]
+            # Words with the space after them, as providers stream them.
+            events += [chunk({"content": word}) for word in re.findall(r"\S+\s*", said[1])]
         events.append(chunk({}, finish))
-        if with_usage:
+        if with_usage and not self.no_usage:
             events.append(sse({"id": "chatcmpl-1", "object": "chat.completion.chunk",
                                "created": 1, "model": model, "choices": [],
                                "usage": CHAT_USAGE}))
@@ -406,6 +433,30 @@ class Handler(BaseHTTPRequestHandler):
 
     def count_tokens(self, body):
         self.send_json(200, {"input_tokens": 42})
+
+    # -- a paid API ------------------------------------------------------------------------
+
+    def paid_api(self):
+        path, _, query = self.path[len("/api/"):].partition("?")
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        with LOCK:
+            REQUESTS.append({"path": self.path.split("?")[0], "headers": headers,
+                             "body": {"path": path, "query": pairs}})
+        if [value for name, value in pairs if name == "key"] != [API_SECRET]:
+            data = b"bad key"
+            status = 401
+        elif path == "search":
+            q = next((value for name, value in pairs if name == "q"), None)
+            return self.send_json(200, {"q": q, "results": ["one", "two"]})
+        elif path == "big":
+            data, status = b"x" * (2 * 1024 * 1024), 200
+        else:
+            data, status = b"broken", 500
+        self.send_response(status)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
 
 class StandIn:

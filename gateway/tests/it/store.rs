@@ -180,7 +180,7 @@ async fn model_calls_are_forwarded_with_the_operators_key_and_metered_exactly() 
         ),
         (Some(2750), Some(800), Some(200))
     );
-    let (headers, sent) = seen.last();
+    let (headers, sent) = seen.last().await;
     assert_eq!(headers["authorization"], format!("Bearer {OPENAI_SECRET}"));
     assert_eq!(sent["model"], "gpt-test");
     assert_eq!(available(&app, key).await, before - 2750);
@@ -199,7 +199,7 @@ async fn model_calls_are_forwarded_with_the_operators_key_and_metered_exactly() 
         "{text}"
     );
     assert!(!text.contains("prompt_tokens"), "{text}");
-    assert_eq!(seen.last().1["stream_options"]["include_usage"], true);
+    assert_eq!(seen.last().await.1["stream_options"]["include_usage"], true);
     assert_eq!(record["cost"], 2750);
     // Streamed asking for usage: the client gets it.
     let mut asked = chat("openai/gpt-test", "hi", true);
@@ -224,7 +224,7 @@ async fn model_calls_are_forwarded_with_the_operators_key_and_metered_exactly() 
     assert!(text_of(answer).await.contains("message_stop"));
     assert_eq!(record["output"], 77);
     assert_eq!(record["cost"], 1568);
-    let (headers, sent) = seen.last();
+    let (headers, sent) = seen.last().await;
     assert_eq!(headers["x-api-key"], ANTHROPIC_SECRET);
     assert_eq!(headers["anthropic-beta"], "test-beta");
     assert_eq!(sent["model"], "claude-test");
@@ -600,7 +600,7 @@ async fn paid_apis_are_forwarded_with_the_operators_credential_and_priced_per_ca
     let record = settled(&app, &answer).await;
     let body: Value = answer.json().await.unwrap();
     assert_eq!(body["q"], "rust", "{body}");
-    let (headers, sent) = seen.last();
+    let (headers, sent) = seen.last().await;
     assert!(headers.get("authorization").is_none(), "{headers:?}");
     assert!(!sent.to_string().contains("attacker"), "{sent}");
     assert!(!body.to_string().contains("upstream-secret"));
