@@ -90,7 +90,18 @@ impl ToolCall {
             serde_json::from_str(arguments)
                 .map_err(|_| "a tool call's `arguments` are not JSON".to_owned())?
         };
-        Ok(ToolCall {
+        Ok(ToolCall::named_in_chat(call, arguments))
+    }
+
+    /// The same, for a model's answer: arguments that are not JSON read as `{}` (the model's
+    /// answer is passed on rather than refused).
+    pub fn from_chat_answer(call: &Value) -> ToolCall {
+        ToolCall::from_chat(call).unwrap_or_else(|_| ToolCall::named_in_chat(call, json!({})))
+    }
+
+    /// The id and name of a chat `tool_calls` entry, with `arguments`.
+    fn named_in_chat(call: &Value, arguments: Value) -> ToolCall {
+        ToolCall {
             id: call["id"].as_str().unwrap_or_default().to_owned(),
             name: call
                 .pointer("/function/name")
@@ -98,21 +109,7 @@ impl ToolCall {
                 .unwrap_or_default()
                 .to_owned(),
             arguments,
-        })
-    }
-
-    /// The same, for a model's answer: arguments that are not JSON read as `{}` (the model's
-    /// answer is passed on rather than refused).
-    pub fn from_chat_answer(call: &Value) -> ToolCall {
-        ToolCall::from_chat(call).unwrap_or_else(|_| ToolCall {
-            id: call["id"].as_str().unwrap_or_default().to_owned(),
-            name: call
-                .pointer("/function/name")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned(),
-            arguments: json!({}),
-        })
+        }
     }
 
     /// As an entry of an OpenAI chat message's `tool_calls`.

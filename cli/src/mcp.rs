@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use futures_util::StreamExt as _;
 use rmcp::ServiceExt as _;
 use sandbase_mcp::{ApiBody, ApiRequest, ApiStream, Backend, Sandbase};
 
@@ -40,20 +39,12 @@ impl Backend for Remote {
             .headers()
             .get(reqwest::header::CONTENT_TYPE)
             .and_then(|value| value.to_str().ok())
-            .map(|value| value.split(';').next().unwrap_or(value).trim().to_owned());
-        let body = response
-            .bytes_stream()
-            .map(|chunk| {
-                chunk
-                    .map(|bytes| bytes.to_vec())
-                    .map_err(|error| format!("reading the answer: {error}"))
-            })
-            .boxed();
-        Ok(ApiStream {
+            .map(str::to_owned);
+        Ok(ApiStream::new(
             status,
-            content_type,
-            body,
-        })
+            content_type.as_deref(),
+            response.bytes_stream(),
+        ))
     }
 }
 

@@ -87,6 +87,30 @@ pub struct ApiStream {
 }
 
 impl ApiStream {
+    /// An answer of `status` whose `Content-Type` header is `content_type` (its media type
+    /// kept, parameters dropped) and whose body comes as `chunks`.
+    pub fn new<S, B, E>(status: u16, content_type: Option<&str>, chunks: S) -> ApiStream
+    where
+        S: futures_util::Stream<Item = Result<B, E>> + Send + 'static,
+        B: AsRef<[u8]>,
+        E: std::fmt::Display,
+    {
+        let content_type =
+            content_type.map(|value| value.split(';').next().unwrap_or(value).trim().to_owned());
+        let body = chunks
+            .map(|chunk| {
+                chunk
+                    .map(|bytes| bytes.as_ref().to_vec())
+                    .map_err(|error| format!("reading the answer: {error}"))
+            })
+            .boxed();
+        ApiStream {
+            status,
+            content_type,
+            body,
+        }
+    }
+
     pub fn is_success(&self) -> bool {
         (200..300).contains(&self.status)
     }

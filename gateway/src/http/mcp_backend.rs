@@ -8,7 +8,6 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
-use futures_util::StreamExt as _;
 use rmcp::model::{CallToolResult, JsonObject, Tool};
 use sandbase_mcp::{ApiBody, ApiRequest, ApiStream, Backend, tool_error};
 use tower::ServiceExt as _;
@@ -46,22 +45,10 @@ impl Backend for InProcess {
             .headers()
             .get(CONTENT_TYPE)
             .and_then(|value| value.to_str().ok())
-            .map(|value| value.split(';').next().unwrap_or(value).trim().to_owned());
+            .map(str::to_owned);
         // Read as it comes: a streamed command's events reach the tool one by one.
-        let body = response
-            .into_body()
-            .into_data_stream()
-            .map(|chunk| {
-                chunk
-                    .map(|bytes| bytes.to_vec())
-                    .map_err(|error| format!("reading the answer: {error}"))
-            })
-            .boxed();
-        Ok(ApiStream {
-            status,
-            content_type,
-            body,
-        })
+        let body = response.into_body().into_data_stream();
+        Ok(ApiStream::new(status, content_type.as_deref(), body))
     }
 
     async fn extra_tools(&self, _caller: Option<&http::request::Parts>) -> Vec<Tool> {
