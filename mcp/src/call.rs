@@ -7,7 +7,9 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use rmcp::model::CallToolResult;
+use rmcp::RoleServer;
+use rmcp::model::{CallToolResult, ProgressNotificationParam};
+use rmcp::service::RequestContext;
 use sandbase_api::sandboxes::{ExecEvent, ExecRequest, ExecResult};
 use serde_json::Value;
 
@@ -27,6 +29,26 @@ pub struct Caller<'a> {
     pub parts: Option<&'a http::request::Parts>,
     /// Where a long command's progress goes, when the caller asked for progress.
     pub progress: Option<Progress>,
+}
+
+/// The caller of an MCP request: its HTTP head, and its progress token as a notifier when it
+/// asked for progress.
+pub(crate) fn caller(context: &RequestContext<RoleServer>) -> Caller<'_> {
+    let progress = context.meta.get_progress_token().map(|token| {
+        let peer = context.peer.clone();
+        Box::new(move |seconds: u32| {
+            let (peer, token) = (peer.clone(), token.clone());
+            Box::pin(async move {
+                let progress = ProgressNotificationParam::new(token, seconds.into())
+                    .with_message(format!("running for {seconds} s"));
+                peer.notify_progress(progress).await.is_ok()
+            }) as std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>
+        }) as crate::call::Progress
+    });
+    Caller {
+        parts: context.extensions.get::<http::request::Parts>(),
+        progress,
+    }
 }
 
 /// A call of the API: its answer whatever the status, or a tool error when the backend

@@ -3,12 +3,12 @@
 //! text: nothing from a sandbox.
 
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, ProgressNotificationParam};
+use rmcp::model::CallToolResult;
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, tool, tool_router};
 
 use crate::backend::Backend;
-use crate::call::{Caller, Outcome};
+use crate::call::{Outcome, caller};
 use crate::params::{
     CreateParams, ExecParams, ExtendParams, ListParams, PathParams, RunCodeParams, SandboxParams,
     WriteParams,
@@ -20,26 +20,6 @@ use crate::tools;
 /// errors).
 fn done(outcome: Outcome) -> Result<CallToolResult, ErrorData> {
     Ok(outcome.unwrap_or_else(|error| error))
-}
-
-/// The caller of an MCP request: its HTTP head, and its progress token as a notifier when it
-/// asked for progress.
-pub(crate) fn caller(context: &RequestContext<RoleServer>) -> Caller<'_> {
-    let progress = context.meta.get_progress_token().map(|token| {
-        let peer = context.peer.clone();
-        Box::new(move |seconds: u32| {
-            let (peer, token) = (peer.clone(), token.clone());
-            Box::pin(async move {
-                let progress = ProgressNotificationParam::new(token, seconds.into())
-                    .with_message(format!("running for {seconds} s"));
-                peer.notify_progress(progress).await.is_ok()
-            }) as std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>
-        }) as crate::call::Progress
-    });
-    Caller {
-        parts: context.extensions.get::<http::request::Parts>(),
-        progress,
-    }
 }
 
 #[tool_router(vis = "pub(crate)")]

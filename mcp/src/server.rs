@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::backend::{ApiRequest, Backend};
-use crate::router::caller;
+use crate::call::caller;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ListToolsResult, PaginatedRequestParams,

@@ -48,11 +48,14 @@ def test_a_scripted_conversation_calls_a_tool_then_answers_from_its_result(gatew
 def test_thinking_comes_back_signed_and_a_stream_cut_before_its_final_usage_bills_what_came(
         gateway, key):
     client = anthropic.Anthropic(base_url=f"{gateway.url}/anthropic", api_key=key, max_retries=0)
-    message = client.messages.create(
+    thought = client.messages.with_raw_response.create(
         model="anthropic/claude-test", max_tokens=2048,
         thinking={"type": "enabled", "budget_tokens": 1024},
         messages=[{"role": "user", "content": "think first"}])
+    message = thought.parse()
     assert message.content[0].type == "thinking" and message.content[0].signature
+    # Settled (its debit booked) before the balance is read.
+    gateway.store_request(key, thought.headers[HEADER])
     before = gateway.available(key)
     raw = client.messages.with_raw_response.create(
         model="anthropic/claude-test", max_tokens=100, stream=True,
