@@ -178,17 +178,42 @@ impl DataReader<'_> {
     }
 }
 
+/// Opens a file to be read whole: only a regular file. Opened without blocking (a FIFO
+/// with no writer would hold the open forever) and without becoming a controlling terminal;
+/// a directory, device (`/dev/zero`, `/dev/urandom`: endless), FIFO or socket is refused.
+fn open_regular(path: &str) -> io::Result<fs::File> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOCTTY).bits() as i32)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    let what = if kind.is_file() {
+        return Ok(file);
+    } else if kind.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::IsADirectory,
+            "is a directory",
+        ));
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    };
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{what}: only regular files are read (use exec to read from it)"),
+    ))
+}
+
 pub(crate) fn read_file(path: &str, writer: &Mutex<UnixStream>) -> io::Result<()> {
-    let opened = fs::File::open(path).and_then(|file| {
-        let metadata = file.metadata()?;
-        if metadata.is_dir() {
-            return Err(io::Error::new(
-                io::ErrorKind::IsADirectory,
-                "is a directory",
-            ));
-        }
-        Ok(file)
-    });
+    let opened = open_regular(path);
     let mut file = match opened {
         Ok(file) => file,
         Err(error) => return reply_error(writer, &error, path),

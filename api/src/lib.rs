@@ -14,6 +14,7 @@ pub mod previews;
 pub mod runs;
 pub mod sandboxes;
 pub mod secrets;
+pub mod segments;
 pub mod snapshots;
 pub mod store;
 pub mod terminals;
@@ -253,7 +254,9 @@ pub struct CreateApiKeyRequest {
         pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*[^\\s\\x00-\\x1f\\x7f-\\x9f][^\\x00-\\x1f\\x7f-\\x9f]*$"
     )]
     pub name: String,
-    /// Role of the key; at most the creator's role. Defaults to the creator's role.
+    /// Role of the key; at most the creator's role. Defaults to `member`: ask for `admin` or
+    /// `owner` for a key that manages the team (a key with a cap, an expiry or a parent key
+    /// never changes membership, whatever its role).
     #[serde(default)]
     pub role: Option<Role>,
     /// Absolute expiry time.

@@ -198,6 +198,8 @@ pub async fn login(global: &GlobalArgs, args: LoginArgs) -> anyhow::Result<()> {
             "/v1/api-keys",
             &CreateApiKeyRequest {
                 name: format!("cli on {host}"),
+                // The person's own role: the terminal is them (a key's default is `member`).
+                role: Some(response.role),
                 ..CreateApiKeyRequest::default()
             },
         )

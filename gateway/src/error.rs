@@ -50,6 +50,10 @@ pub enum ApiError {
     /// 403 `exceeds_parent_key`: a key asked for more than the key making it has.
     #[error("{0}")]
     ExceedsParentKey(String),
+    /// 403 `restricted_key`: a key with a cap, an expiry or a parent key may not do this
+    /// (membership changes are for people and unrestricted keys).
+    #[error("{0}")]
+    RestrictedKey(String),
     /// 404: no such resource in the caller's team.
     #[error("{0} not found")]
     NotFound(&'static str),
@@ -93,6 +97,11 @@ pub enum ApiError {
         "the team's credits do not cover this sandbox's first minute; buy credits or ask an admin"
     )]
     InsufficientCredits,
+    /// 409 `recording_quota_reached`: the team's kept recordings fill its quota.
+    #[error(
+        "the team's recordings hold {used_mb} MiB of its {quota_mb} MiB quota: delete some (DELETE /v1/recordings/{{id}}) or ask with `record: false`"
+    )]
+    RecordingQuotaReached { used_mb: u64, quota_mb: u64 },
     /// 402 `spend_cap_reached`: the API key's cap does not cover the first minute.
     #[error("this API key's spend cap (`max_credits`) does not cover this sandbox's first minute")]
     SpendCapReached,
@@ -239,12 +248,14 @@ impl ApiError {
             | ApiError::InvalidCredentials => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_)
             | ApiError::ExceedsParentKey(_)
+            | ApiError::RestrictedKey(_)
             | ApiError::CredentialNotUsable(..) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) | ApiError::RouteNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::EmailTaken
             | ApiError::AlreadyMember(_)
             | ApiError::LastOwner
+            | ApiError::RecordingQuotaReached { .. }
             | ApiError::SecretExists(_)
             | ApiError::EgressNotEnabled
             | ApiError::RunNotFinished(_) => StatusCode::CONFLICT,
@@ -304,12 +315,14 @@ impl ApiError {
             ApiError::InvalidCredentials => "invalid_credentials",
             ApiError::Forbidden(_) => "forbidden",
             ApiError::ExceedsParentKey(_) => "exceeds_parent_key",
+            ApiError::RestrictedKey(_) => "restricted_key",
             ApiError::NotFound(_) => "not_found",
             ApiError::RouteNotFound(_) => "route_not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::EmailTaken => "email_taken",
             ApiError::AlreadyMember(_) => "already_member",
             ApiError::LastOwner => "last_owner",
+            ApiError::RecordingQuotaReached { .. } => "recording_quota_reached",
             ApiError::SecretExists(_) => "secret_exists",
             ApiError::UnknownCredential(_) => "unknown_credential",
             ApiError::CredentialNotUsable(..) => "credential_not_usable",

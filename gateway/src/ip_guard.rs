@@ -18,7 +18,13 @@ const SWEEP_AT: usize = 4096;
 pub struct IpGuard {
     requests: Option<Gcra>,
     failures: Option<Gcra>,
+    /// Postgres reads for credentials presented by addresses that spent their failures, for
+    /// the whole gateway (one key): a flood of made-up keys from them costs at most this.
+    shut_out_lookups: Gcra,
 }
+
+/// Reads a second (burst twice that) for the credentials of shut-out addresses.
+const SHUT_OUT_LOOKUPS_PER_SECOND: u32 = 10;
 
 impl IpGuard {
     /// `requests_per_second`/`burst` for every request, `failures_per_minute` for failed
@@ -33,6 +39,10 @@ impl IpGuard {
                     failures_per_minute,
                 )
             }),
+            shut_out_lookups: Gcra::new(
+                Duration::from_secs(1) / SHUT_OUT_LOOKUPS_PER_SECOND,
+                2 * SHUT_OUT_LOOKUPS_PER_SECOND,
+            ),
         }
     }
 
@@ -44,13 +54,20 @@ impl IpGuard {
         }
     }
 
-    /// Whether the address may still try a credential (`Err(retry after)` once it has used
-    /// its failures); counts nothing.
-    pub fn may_authenticate(&self, ip: IpAddr) -> Result<(), u64> {
+    /// Whether the address has failed authentications left (`Err(retry after)` once it has
+    /// used them); counts nothing. A shut-out address's credentials are still checked (a
+    /// valid key behind a shared proxy must pass), but its failures are refused with 429
+    /// and its cache misses go through [`IpGuard::may_look_up`].
+    pub fn may_fail(&self, ip: IpAddr) -> Result<(), u64> {
         match &self.failures {
             Some(gcra) => gcra.peek(key(ip)),
             None => Ok(()),
         }
+    }
+
+    /// Whether a credential of a shut-out address may be read from Postgres now.
+    pub fn may_look_up(&self) -> Result<(), u64> {
+        self.shut_out_lookups.take(0)
     }
 
     /// Counts a failed authentication from the address.
@@ -144,13 +161,13 @@ mod tests {
         let one: IpAddr = "2001:db8:1:2::1".parse().unwrap();
         let neighbour: IpAddr = "2001:db8:1:2::ffff".parse().unwrap();
         let elsewhere: IpAddr = "2001:db8:1:3::1".parse().unwrap();
-        assert!(guard.may_authenticate(one).is_ok());
+        assert!(guard.may_fail(one).is_ok());
         guard.failed(one);
-        assert!(guard.may_authenticate(one).is_ok());
+        assert!(guard.may_fail(one).is_ok());
         guard.failed(neighbour);
-        assert!(guard.may_authenticate(one).is_err());
-        assert!(guard.may_authenticate(neighbour).is_err());
-        assert!(guard.may_authenticate(elsewhere).is_ok());
+        assert!(guard.may_fail(one).is_err());
+        assert!(guard.may_fail(neighbour).is_err());
+        assert!(guard.may_fail(elsewhere).is_ok());
         // Requests are unlimited with a zero rate.
         assert!(guard.admit_request(one).is_ok());
     }

@@ -316,7 +316,7 @@ impl Application {
         let internal = tokio::spawn(crate::http::serve::serve(
             internal_listener,
             internal_router,
-            limits,
+            limits.clone(),
             state
                 .sandboxes
                 .channel

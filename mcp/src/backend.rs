@@ -59,6 +59,9 @@ impl ApiRequest {
 /// answer is cut off and marked `truncated`, so no answer can fill the caller's memory.
 pub const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
 
+/// The longest a backend waits for an answer it collects whole.
+pub const COLLECT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// What the API answered, collected whole (at most [`MAX_ANSWER_BYTES`] of it).
 #[derive(Debug, Clone)]
 pub struct ApiAnswer {
@@ -115,8 +118,9 @@ impl ApiStream {
         (200..300).contains(&self.status)
     }
 
-    /// The answer whole: at most [`MAX_ANSWER_BYTES`] of it is kept, the rest read and
-    /// dropped (so the call ends as the API meant it to).
+    /// The answer whole: at most [`MAX_ANSWER_BYTES`] of it, within [`COLLECT_DEADLINE`].
+    /// Past the cap the rest is not read (the stream is dropped, which ends the request): an
+    /// endless answer (`/dev/zero`) costs the cap and no more.
     pub async fn collect(self) -> Result<ApiAnswer, String> {
         let ApiStream {
             status,
@@ -125,13 +129,26 @@ impl ApiStream {
         } = self;
         let mut kept = Vec::new();
         let mut truncated = false;
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk?;
-            let room = MAX_ANSWER_BYTES - kept.len();
-            if chunk.len() > room {
-                truncated = true;
+        let reading = async {
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk?;
+                let room = MAX_ANSWER_BYTES - kept.len();
+                kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                if chunk.len() > room {
+                    truncated = true;
+                    break;
+                }
             }
-            kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            Ok::<(), String>(())
+        };
+        match tokio::time::timeout(COLLECT_DEADLINE, reading).await {
+            Ok(read) => read?,
+            Err(_) => {
+                return Err(format!(
+                    "the answer did not come whole within {} s",
+                    COLLECT_DEADLINE.as_secs()
+                ));
+            }
         }
         Ok(ApiAnswer {
             status,

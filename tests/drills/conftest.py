@@ -31,6 +31,7 @@ defaults
     option redispatch
 frontend public
     mode http
+    option forwardfor
     bind 127.0.0.1:{public}
     default_backend gateways
 backend gateways
@@ -56,6 +57,9 @@ backend internals
 # (1 000 input tokens at 400 credits a million, 50 output tokens at 8 000), so that an
 # admission that let more calls through than the credits cover would show as an overdraft.
 STORE_CONFIG = """
+[server]
+trusted_proxies = ["127.0.0.1"]
+
 [store]
 [[store.providers]]
 name = "oa"

@@ -153,6 +153,39 @@ def test_the_worker_daemonset(tmp_path):
     assert "--containerd-socket=/run/containerd/containerd.sock" in pod["containers"][0]["args"]
 
 
+def referenced_secrets(spec):
+    """Every Secret a pod spec names: volumes, env and envFrom of every container."""
+    names = {volume["secret"]["secretName"] for volume in spec.get("volumes", [])
+             if "secret" in volume}
+    for container in containers(spec):
+        for env in container.get("env", []):
+            ref = env.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                names.add(ref["name"])
+        for source in container.get("envFrom", []):
+            if "secretRef" in source:
+                names.add(source["secretRef"]["name"])
+    return names
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_a_sandbox_node_can_read_the_node_token_and_nothing_else(values):
+    """The Node authorizer lets a node read the Secrets its pods reference: the worker's pods
+    reference one holding the node token alone (and the internal TLS Secret), never the
+    platform Secret with the database URL, session secret, vault keys and Stripe keys."""
+    objects = render(values)
+    workers = [obj for obj in of_kind(objects, "DaemonSet") if obj["metadata"]["name"].endswith("-worker")]
+    if not workers:
+        return
+    spec = workers[0]["spec"]["template"]["spec"]
+    platform = {"sb-sandbase-secrets", "sandbase-managed"}
+    names = referenced_secrets(spec)
+    assert not names & platform, names
+    node_secrets = [obj for obj in of_kind(objects, "Secret") if obj["metadata"]["name"] in names]
+    for secret in node_secrets:
+        assert set(secret.get("stringData", {})) <= {"SANDBASE_WORKERS__NODE_TOKEN"}, secret
+
+
 def test_hooks_order_the_secret_before_the_migration_and_the_gateways_do_not_migrate():
     objects = render("minimal-values.yaml")
     secret = named(objects, "Secret", "-secrets")
@@ -215,6 +248,13 @@ def test_scaling_ingress_and_tls_when_asked():
     assert "--gateway=https://sb-sandbase-internal.sandbase.svc:8081" in worker["args"]
     image = gateway["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image == "registry.example.com/sandbase/gateway:0.1.0"
+    # Behind the ingress, the gateway believes the controller's X-Forwarded-For only.
+    toml = named(objects, "ConfigMap", "-config")["data"]["sandbase.toml"]
+    assert 'trusted_proxies = ["10.0.0.0/8"]' in toml, toml
+    # A LoadBalancer that keeps clients' addresses needs no proxies named.
+    kept = render("minimal-values.yaml", "--set", "gateway.service.type=LoadBalancer",
+                  "--set", "gateway.service.externalTrafficPolicy=Local")
+    assert named(kept, "Service", "sb-sandbase")["spec"]["externalTrafficPolicy"] == "Local"
 
 
 @pytest.mark.parametrize("values", VALUES)
@@ -241,7 +281,11 @@ REFUSED = [
     (["--set", "secrets.vaultKeys="], "secrets.vaultKeys"),
     (["--set", "networkPolicy.workerNodeCIDRs=null"], "networkPolicy.workerNodeCIDRs"),
     (["--set", "internalTLS.enabled=true"], "internalTLS.secretName"),
+    (["--set", "secrets.existingSecret=managed"], "secrets.existingNodeSecret"),
     (["--set", "ingress.enabled=true"], "ingress.host"),
+    (["--set", "ingress.enabled=true", "--set", "ingress.host=x.example.com"], "trustedProxies"),
+    (["--set", "gateway.service.type=LoadBalancer"], "trustedProxies"),
+    (["--set", "trustedProxies[0]=the-proxy"], "trustedProxies"),
     (["--set", "gateway.replicaz=2"], "replicaz"),
     (["--set", "gateway.replicas=0"], "replicas"),
     (["--set", "worker.advertise=podIP"], "advertise"),

@@ -91,6 +91,7 @@ def cluster():
     worker, namespace = start_worker(f"http://{internal}", unique, workdir, NODE_TOKEN, "mcp")
     cluster = Cluster([url, url2], namespace)
     cluster.upstream_calls = counter
+    cluster.gateway_pids = [first.pid, second.pid]
     probe = cluster.signup()
     wait_for_base(url, probe, worker, workdir)
     yield cluster

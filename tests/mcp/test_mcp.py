@@ -4,7 +4,9 @@
 
 import base64
 import itertools
+import json
 import os
+import urllib.error
 
 import anyio
 import httpx2
@@ -93,6 +95,47 @@ def test_an_agent_drives_a_sandbox_through_mcp(cluster, mode):
             assert not any(sandbox in container for container in cluster.containers())
             balance = structured(await session.call_tool("credits_balance", {}))
             assert balance["available_micro"] > 0
+
+    anyio.run(scenario)
+
+
+def resident_mib(pid):
+    with open(f"/proc/{pid}/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) // 1024
+
+
+def test_one_files_read_cannot_swell_the_gateway(cluster):
+    """files_read of an endless device, of a FIFO nobody writes and of a file larger than the
+    cap: each a clear tool error, at once, and the gateway stays within a few MiB of where it
+    was (reading /dev/zero used to grow it by 2 GiB in seconds). The REST download of a
+    character device is refused the same way."""
+    token = cluster.signup()
+    pid = cluster.gateway_pids[0]
+
+    async def scenario():
+        async with client(cluster.urls[0], token, MODES[0]) as session:
+            sandbox = await create(session)
+            structured(await session.call_tool("exec", {
+                "sandbox_id": sandbox,
+                "command": "mkfifo /work/pipe && head -c 20000000 /dev/zero > /work/big.bin"}))
+            before = resident_mib(pid)
+            started = anyio.current_time()
+            for path, code in (("/dev/zero", "invalid_request"), ("/dev/urandom", "invalid_request"),
+                               ("/work/pipe", "invalid_request"), ("/work/big.bin", "file_too_large")):
+                result = await session.call_tool("files_read", {"sandbox_id": sandbox, "path": path})
+                assert result.is_error, (path, result)
+                assert result.structured_content["error"]["code"] == code, (path, result)
+            assert anyio.current_time() - started < 30
+            grown = resident_mib(pid) - before
+            assert grown < 96, f"the gateway grew by {grown} MiB"
+            with pytest.raises(urllib.error.HTTPError) as raised:
+                call(cluster.urls[0], "GET", f"/v1/sandboxes/{sandbox}/files?path=/dev/zero", token)
+            assert raised.value.code == 422
+            refused = json.loads(raised.value.read())
+            assert refused["error"]["code"] == "invalid_request"
+            assert "character device" in refused["error"]["message"]
+            structured(await session.call_tool("sandbox_destroy", {"sandbox_id": sandbox}))
 
     anyio.run(scenario)
 

@@ -67,7 +67,23 @@ def test_thinking_comes_back_signed_and_a_stream_cut_before_its_final_usage_bill
     except anthropic.APIError:
         pass
     record = gateway.store_request(key, request_id)
-    # The final count (77 output tokens) never came: the call is billed for the usage its
-    # stream did report (40 so far), not estimated.
-    assert (record["tokens"]["output"], record["estimated"]) == (40, False)
+    # The final count (77 output tokens) never came: the call is billed for the input and the
+    # output its stream did report (40 so far, more than its deltas carried), estimated.
+    assert (record["tokens"]["output"], record["estimated"]) == (40, True)
     assert before - gateway.available(key) == record["credits_micro"] > 0
+    # 200 deltas then the connection closes: at least a token a delta is billed, not the
+    # single output token `message_start` reported.
+    raw = client.messages.with_raw_response.create(
+        model="anthropic/claude-test", max_tokens=1000, stream=True,
+        messages=[{"role": "user", "content": "[[cut]] [[deltas:200]] a long story"}])
+    received = 0
+    try:
+        for event in raw.parse():
+            received += event.type == "content_block_delta"
+    except anthropic.APIError:
+        pass
+    assert received == 200
+    record = gateway.store_request(key, raw.headers[HEADER])
+    assert record["estimated"] is True, record
+    assert record["tokens"]["output"] >= 200, record
+    assert record["tokens"]["input"] > 0, record

@@ -17,14 +17,16 @@ What it answers is chosen per request, so concurrent tests share one process:
   ``overloaded`` (Anthropic's 529 with ``Retry-After: 3``), ``broken`` (500, body
   ``BROKEN``), ``slow`` (a whole answer after a second, a stream 200 ms between events),
   ``[[first-byte:SECONDS]]`` (nothing at all for that long), ``[[cut]]`` (a stream that
-  breaks off before its final usage), ``no usage`` (a chat stream that ends without the
+  breaks off before its final usage), ``[[deltas:N]]`` (an Anthropic text streamed as N
+  deltas of ``word ``), ``no usage`` (a chat stream that ends without the
   usage it was asked for).
 * ``thinking`` asked of an Anthropic model: a thinking block with a signature comes first.
 * Without a script, given tools: ``weather`` calls the first tool with ``{"city": "Paris"}``;
   a tool's result is answered with ``SUNNY``. Otherwise ``TEXT``.
 
 A paid API at ``/api/PATH`` (its credential ``API_SECRET`` as the query parameter ``key``):
-``search`` echoes ``q``, ``big`` answers 2 MiB, anything else 500.
+``search`` echoes ``q``, ``big`` answers 2 MiB, ``redirect`` sends a 302 to ``/stolen``,
+anything else 500. A GET outside ``/api/`` answers 404 and is logged like the rest.
 
 It keeps every request: ``GET /_standin/requests`` (each ``{path, headers, body}``), so a test
 can say a model was, or was not, called.
@@ -183,6 +185,10 @@ class Handler(BaseHTTPRequestHandler):
         if self.path.startswith("/_standin/requests"):
             with LOCK:
                 return self.send_json(200, list(REQUESTS))
+        # Anything else is logged too: a request that escaped its base shows here.
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        with LOCK:
+            REQUESTS.append({"path": self.path.split("?")[0], "headers": headers, "body": {}})
         self.send_json(404, {"error": {"message": "no such route"}})
 
     def do_DELETE(self):
@@ -223,6 +229,8 @@ class Handler(BaseHTTPRequestHandler):
         if route is None:
             return self.send_json(404, {"error": {"message": "no such route"}})
         self.cut = "[[cut]]" in last
+        many = re.search(r"\[\[deltas:(\d+)\]\]", last)
+        self.deltas = int(many.group(1)) if many else None
         self.no_usage = "no usage" in last
         self.pause = 0.2 if "slow" in last and body.get("stream") else 0.005
         route(body)
@@ -405,8 +413,7 @@ class Handler(BaseHTTPRequestHandler):
         events.append(event("message_stop", {}))
         self.send_events(events, self.cut)
 
-    @staticmethod
-    def block_events(event, index, block):
+    def block_events(self, event, index, block):
         """One content block as a stream: its start, its deltas in two pieces, its stop."""
         kind = block["type"]
         if kind == "thinking":
@@ -425,6 +432,8 @@ class Handler(BaseHTTPRequestHandler):
             half = max(1, len(words) // 2)
             pieces = [" ".join(words[:half]) + (" " if len(words) > half else ""),
                       " ".join(words[half:])]
+            if self.deltas:
+                pieces = ["word "] * self.deltas
             deltas = [{"type": "text_delta", "text": piece} for piece in pieces if piece]
         return ([event("content_block_start", {"index": index, "content_block": start})]
                 + [event("content_block_delta", {"index": index, "delta": delta})
@@ -451,6 +460,13 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_json(200, {"q": q, "results": ["one", "two"]})
         elif path == "big":
             data, status = b"x" * (2 * 1024 * 1024), 200
+        elif path == "redirect":
+            # A careless (or hostile) API sending its callers elsewhere.
+            self.send_response(302)
+            self.send_header("location", "/stolen")
+            self.send_header("content-length", "0")
+            self.end_headers()
+            return
         else:
             data, status = b"broken", 500
         self.send_response(status)

@@ -93,6 +93,8 @@ pub struct KeyRecord {
     pub rate_limit: Option<(u32, u32)>,
     /// The key's spend cap, in micro-credits.
     pub max_credits: Option<i64>,
+    /// Whether the key was made by another key (its lineage is not empty).
+    pub has_parent: bool,
     /// What `GET /v1/me` shows, cached so that answering it needs no Postgres round trip.
     pub name: String,
     pub created_at: DateTime<Utc>,
@@ -136,6 +138,7 @@ impl KeyRecord {
         let row: Option<KeyRow> = sqlx::query_as(
             "SELECT k.id, k.team_id, k.public_id, k.secret_hash, k.role, k.created_by, \
                     k.expires_at, k.revoked_at IS NOT NULL AS revoked, k.max_credits, \
+                    cardinality(k.lineage) > 0 AS has_parent, \
                     t.rate_limit_per_sec, t.rate_limit_burst, k.name, k.created_at, \
                     t.name AS team_name, t.created_at AS team_created_at, \
                     u.email AS creator_email, u.created_at AS creator_created_at \
@@ -161,6 +164,7 @@ struct KeyRow {
     expires_at: Option<DateTime<Utc>>,
     revoked: bool,
     max_credits: Option<i64>,
+    has_parent: bool,
     rate_limit_per_sec: Option<i32>,
     rate_limit_burst: Option<i32>,
     name: String,
@@ -187,6 +191,7 @@ impl KeyRow {
             revoked: self.revoked,
             rate_limit,
             max_credits: self.max_credits,
+            has_parent: self.has_parent,
             name: self.name,
             created_at: self.created_at,
             team: sandbase_api::Team {

@@ -16,9 +16,12 @@ use crate::ratelimit::Decision;
 use crate::state::AppState;
 
 /// The caller behind an `Authorization` header (`Bearer <API key | session token>`).
+/// `budgeted`: a key missing from the cache is read from Postgres only within the gateway's
+/// budget for addresses that spent their failed authentications (429 beyond it).
 pub async fn authenticate(
     header: Option<&http::HeaderValue>,
     state: &AppState,
+    budgeted: bool,
 ) -> Result<Principal, ApiError> {
     let header = header.ok_or(ApiError::Unauthenticated)?;
     let value = header
@@ -30,7 +33,7 @@ pub async fn authenticate(
         .map(str::trim)
         .ok_or(ApiError::Unauthenticated)?;
     if token.starts_with("sb_") {
-        authenticate_api_key(token, state).await
+        authenticate_api_key(token, state, budgeted).await
     } else if session::looks_like_jwt(token) {
         authenticate_session(token, state).await
     } else {
@@ -38,9 +41,13 @@ pub async fn authenticate(
     }
 }
 
-async fn authenticate_api_key(token: &str, state: &AppState) -> Result<Principal, ApiError> {
+async fn authenticate_api_key(
+    token: &str,
+    state: &AppState,
+    budgeted: bool,
+) -> Result<Principal, ApiError> {
     let token = ApiKeyToken::parse(token).ok_or(ApiError::InvalidApiKey { team_id: None })?;
-    let record = key_record(state, &token.public_id)
+    let record = key_record(state, &token.public_id, budgeted)
         .await?
         .ok_or(ApiError::InvalidApiKey { team_id: None })?;
     // Check the secret before saying anything about the key's state, so a guessed
@@ -57,11 +64,19 @@ async fn authenticate_api_key(token: &str, state: &AppState) -> Result<Principal
 pub(crate) async fn key_record(
     state: &AppState,
     public_id: &str,
+    budgeted: bool,
 ) -> Result<Option<Arc<KeyRecord>>, ApiError> {
     Ok(match state.auth.keys.get(public_id) {
         Lookup::Known(record) => Some(record),
         Lookup::Unknown => None,
         Lookup::Miss => {
+            if budgeted {
+                state
+                    .auth
+                    .ip_guard
+                    .may_look_up()
+                    .map_err(|retry_after_secs| ApiError::RateLimited { retry_after_secs })?;
+            }
             let epoch = state.auth.keys.epoch();
             state.auth.keys.note_lookup();
             match KeyRecord::load(&state.db, public_id).await? {

@@ -51,6 +51,30 @@ impl Principal {
         }
     }
 
+    /// `restricted_key` for a key with a spend cap, an expiry or a parent key: such a key is
+    /// given to automation with a bound, and `action` (a membership change) would let it
+    /// bring in someone free of that bound. People (sessions) and unrestricted keys pass.
+    pub fn require_unrestricted(&self, action: &str) -> Result<(), ApiError> {
+        let Actor::ApiKey(record) = &self.actor else {
+            return Ok(());
+        };
+        let bound = if record.max_credits.is_some() {
+            Some("a spend cap")
+        } else if record.expires_at.is_some() {
+            Some("an expiry")
+        } else if record.has_parent {
+            Some("a parent key")
+        } else {
+            None
+        };
+        match bound {
+            Some(bound) => Err(ApiError::RestrictedKey(format!(
+                "{action} is not allowed to a key with {bound}: use the dashboard or an unrestricted key"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// The user acting: the session's user, or the key's creator.
     pub fn user_id(&self) -> Option<Uuid> {
         match &self.actor {

@@ -62,7 +62,7 @@ pub async fn authenticate(state: &AppState, token: &str) -> Result<(Principal, U
         row.ok_or(ApiError::InvalidApiKey { team_id: None })?;
     let principal = match (public_id, user_id) {
         (Some(public_id), _) => {
-            let record = key_record(state, &public_id)
+            let record = key_record(state, &public_id, false)
                 .await?
                 .ok_or(ApiError::InvalidApiKey { team_id: None })?;
             key_principal(record, state)?

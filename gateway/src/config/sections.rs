@@ -216,6 +216,10 @@ pub struct SandboxSettings {
     pub snapshot_retention_secs: u64,
     /// Terminal recordings are deleted this long after their session began.
     pub recording_retention_secs: u64,
+    /// MiB of recordings a team may keep at once (metered as storage meanwhile); a command
+    /// or session asking to be recorded past it is refused (`recording_quota_reached`).
+    /// 0: no quota.
+    pub recording_quota_mb: u64,
 }
 
 /// Preview URLs: a sandbox's ports at `{port}-{sandbox_id}.{domain}`, routed by `Host` on
@@ -454,6 +458,7 @@ impl Default for SandboxSettings {
             max_per_team: 20,
             snapshot_retention_secs: 7 * 24 * 3600,
             recording_retention_secs: 30 * 24 * 3600,
+            recording_quota_mb: 2048,
         }
     }
 }

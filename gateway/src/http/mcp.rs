@@ -56,8 +56,12 @@ pub fn router(api: Router, state: AppState) -> Router {
 /// before the MCP layer answers anything; it counts against the caller's rate limit.
 async fn gate(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let authorization = request.headers().get(AUTHORIZATION).cloned();
+    let ip = super::client_ip::client_ip(&request, &state.settings.server.trusted_proxies);
     let checked = async {
-        let principal = authenticate(authorization.as_ref(), &state).await?;
+        let principal = super::principal::guarded(&state, ip, |budgeted| {
+            authenticate(authorization.as_ref(), &state, budgeted)
+        })
+        .await?;
         rate_limit(&principal, &state).await
     };
     match checked.await {

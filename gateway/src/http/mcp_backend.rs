@@ -82,7 +82,7 @@ impl Backend for InProcess {
             .iter()
             .find(|candidate| candidate.settings.name == server)?;
         let authorization = caller.and_then(|parts| parts.headers.get(AUTHORIZATION));
-        let principal = match authenticate(authorization, &self.state).await {
+        let principal = match authenticate(authorization, &self.state, false).await {
             Ok(principal) => principal,
             Err(error) => return Some(refusal(&error)),
         };

@@ -1,8 +1,9 @@
 //! Serving a router on a listener with hyper directly, so that slow and greedy clients are
 //! bounded: a timer and a header-read timeout (a client that trickles its headers is cut
 //! off), at most `max_connections` open connections (the next waits to be accepted) and
-//! `max_connections_per_ip` from one address (the next is closed at once), and a graceful
-//! shutdown that lets in-flight requests finish.
+//! `max_connections_per_ip` from one address (the next is closed at once; a trusted proxy
+//! carries many clients' connections, so it is held by `max_connections` only and its
+//! clients by their per-request limits), and a graceful shutdown that lets in-flight requests finish.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -18,12 +19,14 @@ use tokio::sync::{Semaphore, watch};
 use tower::ServiceExt;
 
 /// How a listener bounds its clients.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Limits {
     pub header_read_timeout: Duration,
     pub max_connections: usize,
     /// 0: no limit per address.
     pub max_connections_per_ip: usize,
+    /// Peers exempt from the per-address cap: the configured trusted proxies.
+    pub trusted_proxies: Arc<[crate::config::Cidr]>,
 }
 
 impl Limits {
@@ -32,6 +35,7 @@ impl Limits {
             header_read_timeout: Duration::from_secs(server.header_read_timeout_secs),
             max_connections: server.max_connections,
             max_connections_per_ip: server.max_connections_per_ip,
+            trusted_proxies: server.trusted_proxies.clone().into(),
         }
     }
 }
@@ -58,12 +62,22 @@ pub async fn serve(
         let Some((stream, peer, slot)) = accepted else {
             continue;
         };
-        let Some(entry) = per_ip.enter(peer.ip(), limits.max_connections_per_ip) else {
-            metrics::counter!("sandbase_connections_refused_total").increment(1);
-            drop(stream);
-            continue;
+        let proxied = limits
+            .trusted_proxies
+            .iter()
+            .any(|cidr| cidr.contains(peer.ip()));
+        let entry = if proxied {
+            None
+        } else {
+            let Some(entry) = per_ip.enter(peer.ip(), limits.max_connections_per_ip) else {
+                metrics::counter!("sandbase_connections_refused_total").increment(1);
+                drop(stream);
+                continue;
+            };
+            Some(entry)
         };
         let router = router.clone();
+        let limits = limits.clone();
         let stop = stop.clone();
         let tls = tls.clone();
         tokio::spawn(async move {

@@ -51,7 +51,7 @@ pub async fn expire(state: &AppState) -> anyhow::Result<usize> {
 }
 
 /// Records the current metering period's storage usage of every kept artifact, queued
-/// run's inputs and snapshot (once per object and period); the charger prices and debits it like any other usage.
+/// run's inputs, snapshot and recording (once per object and period); the charger prices and debits it like any other usage.
 pub async fn meter(state: &AppState) -> anyhow::Result<u64> {
     let period = state.settings.runs.storage_meter_secs.max(1);
     let now = chrono::Utc::now().timestamp().max(0) as u64;
@@ -69,6 +69,10 @@ pub async fn meter(state: &AppState) -> anyhow::Result<u64> {
          SELECT 'storage-snapshot:' || id || ':' || $1::text, team_id, api_key_id, \
                 'storage_mb_seconds', '', ((size_bytes + 1048575) / 1048576) * $2, now() \
          FROM snapshots WHERE expires_at > now() \
+         UNION ALL \
+         SELECT 'storage-recording:' || id || ':' || $1::text, team_id, api_key_id, \
+                'storage_mb_seconds', '', ((bytes + 1048575) / 1048576) * $2, now() \
+         FROM recordings WHERE expires_at > now() AND bytes > 0 \
          ON CONFLICT (event_key) DO NOTHING",
     )
     .bind(bucket.to_string())

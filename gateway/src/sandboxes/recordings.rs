@@ -77,6 +77,56 @@ pub struct NewRecording<'a> {
     pub with_input: bool,
 }
 
+/// `recording_quota_reached` when the team's kept recordings fill its quota
+/// (`sandboxes.recording_quota_mb`): asked before a command or session is recorded, and
+/// before a worker's recording is kept.
+pub async fn check_quota(state: &AppState, team_id: Uuid) -> ApiResult<()> {
+    let quota_mb = state.settings.sandboxes.recording_quota_mb;
+    if quota_mb == 0 {
+        return Ok(());
+    }
+    let used: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(bytes), 0)::bigint FROM recordings \
+         WHERE team_id = $1 AND expires_at > now()",
+    )
+    .bind(team_id)
+    .fetch_one(&state.db)
+    .await?;
+    let used = used.max(0) as u64;
+    if used >= quota_mb.saturating_mul(1024 * 1024) {
+        return Err(ApiError::RecordingQuotaReached {
+            used_mb: used.div_ceil(1024 * 1024),
+            quota_mb,
+        });
+    }
+    Ok(())
+}
+
+/// Deletes one recording's row of a team; its chunk count, for [`delete_chunks`] once the
+/// transaction is committed.
+pub async fn delete_row(
+    connection: &mut sqlx::PgConnection,
+    team_id: Uuid,
+    id: Uuid,
+) -> ApiResult<u32> {
+    let deleted: Option<(i32,)> =
+        sqlx::query_as("DELETE FROM recordings WHERE id = $1 AND team_id = $2 RETURNING chunks")
+            .bind(id)
+            .bind(team_id)
+            .fetch_optional(&mut *connection)
+            .await?;
+    let (chunks,) = deleted.ok_or(ApiError::NotFound("recording"))?;
+    Ok(chunks.max(0) as u32)
+}
+
+/// Deletes a deleted recording's chunks from the artifact store.
+pub async fn delete_chunks(state: &AppState, team_id: Uuid, id: Uuid, chunks: u32) {
+    for chunk in 0..chunks {
+        let key = state.sandboxes.artifacts.recording(team_id, id, chunk);
+        state.sandboxes.artifacts.delete(&key).await;
+    }
+}
+
 /// The row of a session about to open, for a sandbox of the owner's team only (another
 /// team's sandbox, or none, is not found and leaves no row).
 pub async fn create(state: &AppState, new: NewRecording<'_>) -> ApiResult<Uuid> {
@@ -142,6 +192,7 @@ pub async fn put_chunk(
         )));
     }
     let row = of_worker(state, worker, id).await?;
+    check_quota(state, row.team_id).await?;
     let size = bytes.len() as i64;
     state
         .sandboxes
@@ -230,6 +281,18 @@ pub async fn put_whole(
             .fetch_optional(&state.db)
             .await?;
     let (team,) = team.ok_or(ApiError::NotFound("sandbox"))?;
+    // An id already taken is a resend of this sandbox's recording (nothing to do) or another
+    // recording's (refused): its content is never overwritten.
+    let taken: Option<(Uuid,)> = sqlx::query_as("SELECT sandbox_id FROM recordings WHERE id = $1")
+        .bind(id)
+        .fetch_optional(&state.db)
+        .await?;
+    match taken {
+        Some((sandbox,)) if sandbox == meta.sandbox => return Ok(()),
+        Some(_) => return Err(ApiError::NotFound("sandbox")),
+        None => {}
+    }
+    check_quota(state, team).await?;
     let size = cast.len() as i64;
     state
         .sandboxes

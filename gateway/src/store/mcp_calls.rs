@@ -29,6 +29,7 @@ pub async fn call(
     let asked = Asked {
         kind: Kind::Api,
         name: &server.settings.name,
+        listed_as: format!("mcp:{}", server.settings.name),
         endpoint: format!("tools/call {}", tool.chars().take(128).collect::<String>()),
         streamed: false,
         hold_for: std::time::Duration::from_secs(server.settings.timeout_secs),

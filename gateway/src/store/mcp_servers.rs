@@ -156,6 +156,8 @@ fn client(
         .default_headers(headers)
         .connect_timeout(Duration::from_secs(10))
         .tcp_nodelay(true)
+        // A 3xx is an error of the server, never followed with the operator's credential.
+        .redirect(reqwest::redirect::Policy::none())
         .build()
         .context("building an MCP server's HTTP client")
 }

@@ -57,6 +57,8 @@ pub struct Call {
 pub struct Outcome {
     pub status: u16,
     pub usage: Option<TokenUsage>,
+    /// `usage` is the provider's final count (not an estimate from a stream cut short).
+    pub complete: bool,
     /// Bill the reservation when no usage arrived (an answer was given, its count was not).
     pub estimate_if_unknown: bool,
     pub first_byte: Option<Duration>,
@@ -92,6 +94,9 @@ pub fn worst_case(model: &Model, request_bytes: usize, max_output: Option<u64>) 
 pub struct Asked<'a> {
     pub kind: Kind,
     pub name: &'a str,
+    /// What a key's allow-list must name for the call: the model's id, `api:NAME` for a paid
+    /// API, `mcp:NAME` for an operator's MCP server. One rule for every store surface.
+    pub listed_as: String,
     pub endpoint: String,
     pub streamed: bool,
     /// How long the call may take (the reservation outlives it).
@@ -111,16 +116,14 @@ pub async fn admit(
     let Asked {
         kind,
         name,
+        listed_as,
         endpoint,
         streamed,
         hold_for,
         sandbox,
     } = asked;
     let api_key_id = principal.api_key_id();
-    let keys = match kind {
-        Kind::Model => super::allowed::lineage_allowing(state, api_key_id, name).await?,
-        Kind::Api => crate::keys::with_ancestors(&state.db, api_key_id).await?,
-    };
+    let keys = super::allowed::lineage_allowing(state, api_key_id, &listed_as).await?;
     let mut caps: Vec<Cap> = keys.into_iter().map(Cap::Key).collect();
     caps.extend(sandbox.map(Cap::Sandbox));
     let id = Uuid::now_v7();
@@ -168,14 +171,21 @@ pub async fn settle(
     prices: &TokenPrices,
     outcome: Outcome,
 ) -> anyhow::Result<i64> {
-    let estimated = outcome.usage.is_none() && outcome.estimate_if_unknown;
-    let usage = outcome.usage.unwrap_or_default();
-    let cost = if estimated {
-        metrics::counter!("sandbase_store_estimated_total").increment(1);
-        tracing::warn!(request = %call.id, model = %call.name, "no usage came back: the reservation is billed");
-        call.reserved
-    } else {
-        super::usage::cost(&usage, prices)
+    let (usage, cost, estimated) = match outcome.usage {
+        Some(usage) => {
+            if !outcome.complete {
+                metrics::counter!("sandbase_store_estimated_total").increment(1);
+                tracing::warn!(request = %call.id, model = %call.name, "the stream ended before its final usage: its input and the output its deltas carried are billed");
+            }
+            let cost = super::usage::cost(&usage, prices);
+            (usage, cost, !outcome.complete)
+        }
+        None if outcome.estimate_if_unknown => {
+            metrics::counter!("sandbase_store_estimated_total").increment(1);
+            tracing::warn!(request = %call.id, model = %call.name, "no usage came back: the reservation is billed");
+            (TokenUsage::default(), call.reserved, true)
+        }
+        None => (TokenUsage::default(), 0, false),
     };
     let settled = Settled {
         status: outcome.status,

@@ -155,6 +155,8 @@ impl Store {
                 .connect_timeout(Duration::from_secs(provider.connect_timeout_secs))
                 .timeout(Duration::from_secs(provider.timeout_secs))
                 .tcp_nodelay(true)
+                // A 3xx is passed back, never followed with the operator's credential.
+                .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .context("building a provider's HTTP client")?;
             providers.insert(
@@ -284,6 +286,8 @@ fn paid_api(api: &ApiSettings, credential: Arc<Credential>) -> anyhow::Result<Pa
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(api.timeout_secs))
             .tcp_nodelay(true)
+            // A 3xx is passed back, never followed with the operator's credential.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .context("building a paid API's HTTP client")?,
         per_call: price(&api.price_per_call),

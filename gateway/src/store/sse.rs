@@ -18,6 +18,21 @@ pub struct Tap {
     hide_usage: bool,
     pending: Vec<u8>,
     usage: Option<TokenUsage>,
+    /// Whether the stream's final usage report arrived (Anthropic's `message_delta`, the
+    /// usage chunk of a chat stream, a Responses terminal event with its usage).
+    complete: bool,
+    /// Output the deltas carried: events, and characters of their text and arguments.
+    delta_events: u64,
+    delta_chars: u64,
+}
+
+/// A stream's usage as the tap saw it.
+pub struct Report {
+    /// `None`: not even the input count came (the reservation is billed).
+    pub usage: Option<TokenUsage>,
+    /// The provider's own final count; otherwise the output is at least what the deltas
+    /// carried (a token per delta, or per four characters, whichever is more, rounded up).
+    pub complete: bool,
 }
 
 impl Tap {
@@ -27,12 +42,29 @@ impl Tap {
             hide_usage,
             pending: Vec::new(),
             usage: None,
+            complete: false,
+            delta_events: 0,
+            delta_chars: 0,
         }
     }
 
-    /// The usage seen so far (the last report: Anthropic's counts are cumulative).
-    pub fn usage(&self) -> Option<TokenUsage> {
-        self.usage
+    /// The usage to bill: the provider's final count when it came; for a stream cut before
+    /// it, the input it reported and at least the output its deltas carried.
+    pub fn report(&self) -> Report {
+        if self.complete {
+            return Report {
+                usage: self.usage,
+                complete: true,
+            };
+        }
+        let carried = self.delta_events.max(self.delta_chars.div_ceil(4));
+        Report {
+            usage: self.usage.map(|mut usage| {
+                usage.output_tokens = usage.output_tokens.max(carried);
+                usage
+            }),
+            complete: false,
+        }
     }
 
     /// Takes an upstream chunk; returns what to send the client now.
@@ -75,24 +107,33 @@ impl Tap {
         let Some(data) = data_of(event) else {
             return true;
         };
-        // Most events carry text, not usage: only those that can hold a count are parsed.
+        // Most events carry text, not usage: only those that can hold a count are parsed,
+        // and the deltas, whose output is counted in case the final count never comes.
         let may_count = match self.shape {
             Shape::OpenaiChat | Shape::OpenaiEmbeddings => data.contains("prompt_tokens"),
             Shape::OpenaiResponses => data.contains("input_tokens"),
             Shape::Anthropic => data.contains("message_start") || data.contains("message_delta"),
         };
-        if !may_count {
+        let carries_output = data.contains("delta");
+        if !may_count && !carries_output {
             return true;
         }
         let Ok(json) = serde_json::from_str::<Value>(&data) else {
             return true;
         };
+        if carries_output {
+            self.count_output(&json);
+        }
+        if !may_count {
+            return true;
+        }
         match self.shape {
             Shape::OpenaiChat | Shape::OpenaiEmbeddings => {
                 let Some(found) = json.get("usage").and_then(usage::openai_chat) else {
                     return true;
                 };
                 self.usage = Some(found);
+                self.complete = true;
                 let usage_only = json
                     .get("choices")
                     .and_then(Value::as_array)
@@ -105,6 +146,12 @@ impl Tap {
                     .and_then(usage::openai_responses)
                 {
                     self.usage = Some(found);
+                    // Only a terminal event's count is final.
+                    let kind = json.get("type").and_then(Value::as_str).unwrap_or_default();
+                    self.complete = matches!(
+                        kind,
+                        "response.completed" | "response.incomplete" | "response.failed"
+                    );
                 }
                 true
             }
@@ -112,6 +159,47 @@ impl Tap {
                 self.observe_anthropic(&json);
                 true
             }
+        }
+    }
+
+    /// Counts the output text, thinking and tool arguments a delta event carries.
+    fn count_output(&mut self, json: &Value) {
+        let mut chars = 0;
+        let mut add = |value: Option<&Value>| {
+            if let Some(text) = value.and_then(Value::as_str) {
+                chars += text.chars().count() as u64;
+            }
+        };
+        match self.shape {
+            Shape::Anthropic => {
+                if let Some(delta) = json.get("delta") {
+                    for field in ["text", "partial_json", "thinking"] {
+                        add(delta.get(field));
+                    }
+                }
+            }
+            Shape::OpenaiChat => {
+                let choices = json.get("choices").and_then(Value::as_array);
+                for delta in choices.into_iter().flatten().filter_map(|c| c.get("delta")) {
+                    add(delta.get("content"));
+                    add(delta.get("reasoning_content"));
+                    let calls = delta.get("tool_calls").and_then(Value::as_array);
+                    for call in calls.into_iter().flatten() {
+                        add(call.pointer("/function/arguments"));
+                    }
+                }
+            }
+            Shape::OpenaiResponses => {
+                let kind = json.get("type").and_then(Value::as_str).unwrap_or_default();
+                if kind.ends_with(".delta") {
+                    add(json.get("delta"));
+                }
+            }
+            Shape::OpenaiEmbeddings => {}
+        }
+        if chars > 0 {
+            self.delta_events += 1;
+            self.delta_chars += chars;
         }
     }
 
@@ -140,6 +228,10 @@ impl Tap {
                 take("cache_read_input_tokens", &mut usage.cached_input_tokens);
                 take("cache_creation_input_tokens", &mut usage.cache_write_tokens);
                 self.usage = Some(usage);
+                // The last one, with the stop reason, is the final count.
+                self.complete = json
+                    .pointer("/delta/stop_reason")
+                    .is_some_and(|reason| !reason.is_null());
             }
             _ => {}
         }
@@ -206,13 +298,13 @@ mod tests {
         let chunks = [&content[..10], &content[10..], usage, done];
         let mut hidden = Tap::new(Shape::OpenaiChat, true);
         assert_eq!(feed_all(&mut hidden, &chunks), format!("{content}{done}"));
-        assert_eq!(hidden.usage().unwrap().input_tokens, 7);
+        assert_eq!(hidden.report().usage.unwrap().input_tokens, 7);
         let mut shown = Tap::new(Shape::OpenaiChat, false);
         assert_eq!(
             feed_all(&mut shown, &chunks),
             format!("{content}{usage}{done}")
         );
-        assert_eq!(shown.usage().unwrap().output_tokens, 2);
+        assert_eq!(shown.report().usage.unwrap().output_tokens, 2);
     }
 
     #[test]
@@ -224,7 +316,7 @@ mod tests {
         ];
         let mut tap = Tap::new(Shape::Anthropic, false);
         feed_all(&mut tap, &events);
-        let usage = tap.usage().unwrap();
+        let usage = tap.report().usage.unwrap();
         assert_eq!(
             (
                 usage.input_tokens,
@@ -233,5 +325,35 @@ mod tests {
             ),
             (10, 4, 55)
         );
+    }
+
+    #[test]
+    fn a_stream_cut_before_its_final_usage_bills_the_output_its_deltas_carried() {
+        let start = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":13,\"output_tokens\":1}}}\n\n";
+        let delta = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"word \"}}\n\n";
+        let mut tap = Tap::new(Shape::Anthropic, false);
+        let mut chunks = vec![start];
+        chunks.extend(std::iter::repeat_n(delta, 200));
+        feed_all(&mut tap, &chunks);
+        let report = tap.report();
+        assert!(!report.complete);
+        let usage = report.usage.unwrap();
+        // 200 deltas of five characters: 1 000 characters, 250 tokens at four a token.
+        assert_eq!((usage.input_tokens, usage.output_tokens), (13, 250));
+        // With its final count, the provider's word stands.
+        let end = "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":180}}\n\n";
+        feed_all(&mut tap, &[end]);
+        let report = tap.report();
+        assert!(report.complete);
+        assert_eq!(report.usage.unwrap().output_tokens, 180);
+        // A Responses stream cut short: its text deltas counted (9 characters: 3 tokens,
+        // but 4 deltas).
+        let mut tap = Tap::new(Shape::OpenaiResponses, false);
+        let text = "data: {\"type\":\"response.output_text.delta\",\"delta\":\"abc\"}\n\n";
+        let created = "data: {\"type\":\"response.in_progress\",\"response\":{\"usage\":{\"input_tokens\":5,\"output_tokens\":0}}}\n\n";
+        // An in-progress count is no final one.
+        feed_all(&mut tap, &[created, text, text, text, text]);
+        let report = tap.report();
+        assert_eq!(report.usage.unwrap().output_tokens, 4);
     }
 }

@@ -94,7 +94,10 @@ async fn roles_govern_what_members_may_do() {
     assert_eq!(promoted.status, 200, "{}", promoted.body);
     assert_eq!(promoted.body["role"], "admin");
     let (_, bob_admin_key) = app
-        .create_key(&bob_session, json!({ "name": "admin key" }))
+        .create_key(
+            &bob_session,
+            json!({ "name": "admin key", "role": "admin" }),
+        )
         .await;
     assert_eq!(
         app.get("/v1/me", &bob_admin_key).await.body["role"],
@@ -272,4 +275,81 @@ async fn nobody_is_put_in_a_team_without_accepting() {
         .assert_error(404, "not_found");
     let members = app.get("/v1/team/members", attacker_key).await;
     assert_eq!(members.body["items"].as_array().unwrap().len(), 2);
+}
+
+/// A capped, expiring key (made by the owner, say for an agent) must not escape its cap by
+/// inviting an outside account that then mints uncapped keys or removes the owner.
+#[tokio::test]
+async fn a_restricted_key_never_changes_membership() {
+    let app = spawn_app().await;
+    let owner_email = email("owner");
+    let owner = app.signup(&owner_email, "Team").await;
+    let owner_key = owner.api_key.token.as_str();
+    let session = app.login(&owner_email, None).await;
+    let outsider_email = email("outsider");
+    app.signup(&outsider_email, "Outside").await;
+
+    // A key made without a role is a member's key, whoever makes it.
+    let (_, plain) = app.create_key(&session, json!({ "name": "plain" })).await;
+    assert_eq!(app.get("/v1/me", &plain).await.body["role"], "member");
+    app.post(
+        "/v1/team/members",
+        &plain,
+        json!({ "email": outsider_email }),
+    )
+    .await
+    .assert_error(403, "forbidden");
+
+    // Even asked for with the owner's role, a key with a cap, an expiry or a parent is
+    // refused every membership change.
+    let (_, capped) = app
+        .create_key(
+            &session,
+            json!({ "name": "agent", "role": "owner", "max_credits": "1", "expires_in_secs": 3600 }),
+        )
+        .await;
+    let (_, expiring) = app
+        .create_key(
+            &session,
+            json!({ "name": "ci", "role": "owner", "expires_in_secs": 3600 }),
+        )
+        .await;
+    let (_, uncapped_parent) = app
+        .create_key(&session, json!({ "name": "parent", "role": "owner" }))
+        .await;
+    let (_, child) = app
+        .create_key(
+            &uncapped_parent,
+            json!({ "name": "child", "role": "owner" }),
+        )
+        .await;
+    let owner_path = format!("/v1/team/members/{}", owner.user.id);
+    for key in [&capped, &expiring, &child] {
+        app.post(
+            "/v1/team/members",
+            key,
+            json!({ "email": outsider_email, "role": "owner" }),
+        )
+        .await
+        .assert_error(403, "restricted_key");
+        app.patch(&owner_path, key, json!({ "role": "member" }))
+            .await
+            .assert_error(403, "restricted_key");
+        app.delete(&owner_path, key)
+            .await
+            .assert_error(403, "restricted_key");
+    }
+    // Nothing was changed: no invitation, the owner still the owner.
+    let pending = app.get("/v1/team/invitations", owner_key).await;
+    assert_eq!(pending.body["items"].as_array().unwrap().len(), 0);
+    assert_eq!(app.get(&owner_path, owner_key).await.body["role"], "owner");
+    // An unrestricted owner's key (the CLI's) still manages the team.
+    let invited = app
+        .post(
+            "/v1/team/members",
+            &uncapped_parent,
+            json!({ "email": outsider_email }),
+        )
+        .await;
+    assert_eq!(invited.status, 201, "{}", invited.body);
 }

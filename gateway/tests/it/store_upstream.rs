@@ -29,14 +29,19 @@ pub struct Seen {
 static RUNNING: Mutex<Vec<Child>> = Mutex::new(Vec::new());
 
 impl Seen {
-    /// The last request it received: its headers (names in lower case) and its body.
-    pub async fn last(&self) -> (Value, Value) {
-        let requests: Vec<Value> = reqwest::get(format!("{}/_standin/requests", self.url))
+    /// Every request it received (`{path, headers, body}`), in order.
+    pub async fn all(&self) -> Vec<Value> {
+        reqwest::get(format!("{}/_standin/requests", self.url))
             .await
             .expect("the stand-in's request log")
             .json()
             .await
-            .expect("the request log is JSON");
+            .expect("the request log is JSON")
+    }
+
+    /// The last request it received: its headers (names in lower case) and its body.
+    pub async fn last(&self) -> (Value, Value) {
+        let requests = self.all().await;
         let last = requests.last().expect("the stand-in received a request");
         (last["headers"].clone(), last["body"].clone())
     }

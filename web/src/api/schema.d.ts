@@ -410,7 +410,11 @@ export interface paths {
         get: operations["get_recording"];
         put?: never;
         post?: never;
-        delete?: never;
+        /**
+         * Delete a recording (admins and owners): it stops counting against the team's recording
+         *     quota and its storage stops being metered.
+         */
+        delete: operations["delete_recording"];
         options?: never;
         head?: never;
         patch?: never;
@@ -4212,6 +4216,81 @@ export interface operations {
             };
         };
     };
+    delete_recording: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Recording id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Missing, malformed, unknown, revoked or expired credentials (`unauthenticated`, `invalid_api_key`, `session_expired`, …) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not an admin (`forbidden`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not in the caller's team */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A field or parameter is invalid (`invalid_request`) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too many requests from this address or key (`rate_limited`, with `Retry-After`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     list_runs: {
         parameters: {
             query?: never;
@@ -5265,7 +5344,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Not running (`sandbox_not_running`) */
+            /** @description Not running (`sandbox_not_running`), or a command asking to be recorded past the team's recording quota (`recording_quota_reached`) */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -6341,7 +6420,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Not running (`sandbox_not_running`) or paused (`sandbox_paused`) */
+            /** @description Not running (`sandbox_not_running`), paused (`sandbox_paused`), or a recorded session past the team's recording quota (`recording_quota_reached`) */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -8130,7 +8209,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Role does not allow this (`forbidden`) */
+            /** @description Role does not allow this (`forbidden`), or a key with a cap, an expiry or a parent key (`restricted_key`) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -8289,7 +8368,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Role does not allow this (`forbidden`) */
+            /** @description Role does not allow this (`forbidden`), or a key with a cap, an expiry or a parent key (`restricted_key`) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -8387,7 +8466,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Role does not allow this (`forbidden`) */
+            /** @description Role does not allow this (`forbidden`), or a key with a cap, an expiry or a parent key (`restricted_key`) */
             403: {
                 headers: {
                     [name: string]: unknown;

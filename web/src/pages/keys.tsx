@@ -42,7 +42,10 @@ function NewKey({ onMade }: { onMade: (key: S<"CreatedApiKey">) => void }) {
       <Field label="Name">
         <input name="name" required maxLength={100} placeholder="ci, agent-prod…" />
       </Field>
-      <Field label="Role">
+      <Field
+        label="Role"
+        hint="Member unless you choose. Only an admin's or owner's key with no expiry, no cap and no parent key changes membership."
+      >
         <select name="role">
           {["member", "admin", "owner"]
             .filter((role) => RANK[role] <= RANK[session()?.role ?? "member"])

@@ -4,7 +4,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use chrono::{Duration, Utc};
-use sandbase_api::{ApiKey, ApiKeyList, CreateApiKeyRequest, CreatedApiKey, ErrorBody};
+use sandbase_api::{ApiKey, ApiKeyList, CreateApiKeyRequest, CreatedApiKey, ErrorBody, Role};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
@@ -84,7 +84,7 @@ async fn create_key(
 ) -> ApiResult<(StatusCode, Json<CreatedApiKey>)> {
     let audit = context.action("api_key.create");
     let name = accounts::parse_name("name", &request.name)?;
-    let role = request.role.unwrap_or(principal.role);
+    let role = request.role.unwrap_or(Role::Member);
     if !principal.role.at_least(role) {
         return Err(ApiError::Forbidden(format!(
             "a key with the {role} role can only be created by an {role} or above"

@@ -70,7 +70,7 @@ async fn get_member(
     request_body = AddMemberRequest,
     responses(
         (status = 201, description = "Invitation made (or renewed)", body = Invitation),
-        (status = 403, description = "Role does not allow this (`forbidden`)", body = ErrorBody),
+        (status = 403, description = "Role does not allow this (`forbidden`), or a key with a cap, an expiry or a parent key (`restricted_key`)", body = ErrorBody),
         (status = 409, description = "Already a member (`already_member`)", body = ErrorBody),
     ))]
 async fn add_member(
@@ -79,6 +79,7 @@ async fn add_member(
     context: RequestContext,
     ApiJson(request): ApiJson<AddMemberRequest>,
 ) -> ApiResult<(StatusCode, Json<Invitation>)> {
+    principal.require_unrestricted("inviting a member")?;
     let audit = context.action("member.invite");
     let mut transaction = state.db.begin().await?;
     let invitation =
@@ -171,7 +172,7 @@ async fn accept_invitation(
     request_body = UpdateMemberRequest,
     responses(
         (status = 200, description = "OK", body = Member),
-        (status = 403, description = "Role does not allow this (`forbidden`)", body = ErrorBody),
+        (status = 403, description = "Role does not allow this (`forbidden`), or a key with a cap, an expiry or a parent key (`restricted_key`)", body = ErrorBody),
         (status = 404, description = "Not found in the caller's team (`not_found`)", body = ErrorBody),
         (status = 409, description = "Would leave the team without an owner (`last_owner`)", body = ErrorBody),
     ))]
@@ -182,6 +183,7 @@ async fn update_member(
     ApiPath(user_id): ApiPath<Uuid>,
     ApiJson(request): ApiJson<UpdateMemberRequest>,
 ) -> ApiResult<Json<Member>> {
+    principal.require_unrestricted("changing a member's role")?;
     let audit = context.action("member.update");
     let mut transaction = state.db.begin().await?;
     let change = teams::change_role(&mut transaction, &principal, user_id, request.role).await?;
@@ -212,7 +214,7 @@ async fn update_member(
     params(("user_id" = Uuid, Path)),
     responses(
         (status = 204, description = "Removed"),
-        (status = 403, description = "Role does not allow this (`forbidden`)", body = ErrorBody),
+        (status = 403, description = "Role does not allow this (`forbidden`), or a key with a cap, an expiry or a parent key (`restricted_key`)", body = ErrorBody),
         (status = 404, description = "Not found in the caller's team (`not_found`)", body = ErrorBody),
         (status = 409, description = "Would leave the team without an owner (`last_owner`)", body = ErrorBody),
     ))]
@@ -222,6 +224,7 @@ async fn remove_member(
     context: RequestContext,
     ApiPath(user_id): ApiPath<Uuid>,
 ) -> ApiResult<StatusCode> {
+    principal.require_unrestricted("removing a member")?;
     let audit = context.action("member.remove");
     let mut transaction = state.db.begin().await?;
     let (current_role, revoked) =

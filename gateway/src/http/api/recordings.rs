@@ -3,10 +3,10 @@
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use sandbase_api::ErrorBody;
 use sandbase_api::terminals::RecordingList;
+use sandbase_api::{ErrorBody, Role};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
@@ -25,7 +25,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(session_recording))
         .routes(routes!(list_recordings))
-        .routes(routes!(get_recording))
+        .routes(routes!(get_recording, delete_recording))
 }
 
 fn cast(state: &AppState, row: &RecordingRow) -> Response {
@@ -84,4 +84,32 @@ async fn get_recording(
 ) -> ApiResult<Response> {
     let row = recordings::find(&state, principal.team_id, id).await?;
     Ok(cast(&state, &row))
+}
+
+/// Delete a recording (admins and owners): it stops counting against the team's recording
+/// quota and its storage stops being metered.
+#[utoipa::path(delete, path = "/v1/recordings/{id}", tag = "sandboxes", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Recording id")),
+    responses((status = 204, description = "Deleted"), (status = 403, description = "Not an admin (`forbidden`)", body = ErrorBody), (status = 404, description = "Not in the caller's team", body = ErrorBody)))]
+async fn delete_recording(
+    State(state): State<AppState>,
+    principal: Principal,
+    context: crate::audit::RequestContext,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<StatusCode> {
+    principal.require(Role::Admin)?;
+    let audit = context.action("recording.delete");
+    let mut transaction = state.db.begin().await?;
+    let chunks = recordings::delete_row(&mut transaction, principal.team_id, id).await?;
+    audit
+        .record(
+            &mut transaction,
+            &principal,
+            Some(format!("recording:{id}")),
+            serde_json::json!({}),
+        )
+        .await?;
+    transaction.commit().await?;
+    recordings::delete_chunks(&state, principal.team_id, id, chunks).await;
+    Ok(StatusCode::NO_CONTENT)
 }

@@ -236,7 +236,7 @@ async fn extend_timeout(
         )),
         (status = 201, description = "Started in the background", body = BackgroundStarted),
         (status = 404, description = "Not in the caller's team", body = ErrorBody),
-        (status = 409, description = "Not running (`sandbox_not_running`)", body = ErrorBody),
+        (status = 409, description = "Not running (`sandbox_not_running`), or a command asking to be recorded past the team's recording quota (`recording_quota_reached`)", body = ErrorBody),
         (status = 422, description = "Invalid command", body = ErrorBody),
     ))]
 async fn exec(
@@ -273,6 +273,9 @@ async fn exec(
         return Err(ApiError::InvalidRequest(
             "`stream` and `background` exclude each other".to_owned(),
         ));
+    }
+    if request.record && !request.background {
+        crate::sandboxes::recordings::check_quota(&state, principal.team_id).await?;
     }
     let exec = Exec {
         argv,

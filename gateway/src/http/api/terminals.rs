@@ -53,7 +53,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     responses(
         (status = 201, description = "Opened", body = Terminal),
         (status = 404, description = "Not in the caller's team", body = ErrorBody),
-        (status = 409, description = "Not running (`sandbox_not_running`) or paused (`sandbox_paused`)", body = ErrorBody),
+        (status = 409, description = "Not running (`sandbox_not_running`), paused (`sandbox_paused`), or a recorded session past the team's recording quota (`recording_quota_reached`)", body = ErrorBody),
         (status = 422, description = "A bad size, command or directory, or too many sessions", body = ErrorBody),
     ))]
 async fn open_terminal(
@@ -68,6 +68,7 @@ async fn open_terminal(
     check_terminal(&request)?;
     // A recorded session's row comes first, so the worker's chunks have a place.
     let recording = if request.record {
+        recordings::check_quota(&state, principal.team_id).await?;
         Some(
             recordings::create(
                 &state,

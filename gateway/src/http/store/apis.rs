@@ -15,6 +15,7 @@ use super::caller::caller;
 use super::forward::REQUEST_HEADER;
 use crate::config::Injection;
 use crate::error::ApiError;
+use crate::http::client_ip::ClientIp;
 use crate::http::extract::ApiPath;
 use crate::state::AppState;
 use crate::store::PaidApi;
@@ -26,6 +27,7 @@ const FORWARDED: [header::HeaderName; 3] =
 
 pub async fn forward_root(
     state: State<AppState>,
+    ip: ClientIp,
     ApiPath(name): ApiPath<String>,
     method: Method,
     uri: Uri,
@@ -34,6 +36,7 @@ pub async fn forward_root(
 ) -> Result<Response, ApiError> {
     forward(
         state,
+        ip,
         ApiPath((name, String::new())),
         method,
         uri,
@@ -45,30 +48,32 @@ pub async fn forward_root(
 
 pub async fn forward(
     State(state): State<AppState>,
+    ClientIp(ip): ClientIp,
     ApiPath((name, path)): ApiPath<(String, String)>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let caller = caller(&state, &headers).await?;
+    let caller = caller(&state, &headers, ip).await?;
     let api = state
         .store
         .api(&name)
         .ok_or_else(|| ApiError::StoreApiNotFound(name.clone()))?;
-    if path
-        .split('/')
-        .any(|segment| segment == ".." || segment == ".")
-    {
-        return Err(ApiError::InvalidRequest(
-            "the path may not hold `.` or `..` segments".to_owned(),
-        ));
-    }
-    let url = upstream_url(api, &path, uri.query())?;
+    // The segments from the raw path, decoded once here (not the router's decoding, which
+    // would hide `%2F` and let `%252e` through as `%2e`).
+    let raw = uri
+        .path()
+        .strip_prefix("/store/apis/")
+        .and_then(|rest| rest.split_once('/'))
+        .map_or("", |(_, rest)| rest);
+    let segments = sandbase_api::segments::decoded(raw).map_err(ApiError::InvalidRequest)?;
+    let url = upstream_url(api, &segments, uri.query())?;
     let worst = api.cost(api.settings.max_response_bytes);
     let asked = Asked {
         kind: Kind::Api,
         name: &api.settings.name,
+        listed_as: format!("api:{}", api.settings.name),
         endpoint: format!("{method} /{}", path.chars().take(200).collect::<String>()),
         streamed: false,
         hold_for: std::time::Duration::from_secs(api.settings.timeout_secs),
@@ -139,18 +144,34 @@ pub async fn forward(
     Ok(response)
 }
 
-/// The upstream URL: `{base_url}/{path}?{query}`, with the operator's credential as a
-/// query parameter when the API takes it so (the client's own parameter of that name is
-/// dropped, not passed beside it).
-fn upstream_url(api: &PaidApi, path: &str, query: Option<&str>) -> Result<reqwest::Url, ApiError> {
-    let base = api.settings.base_url.trim_end_matches('/');
-    let joined = if path.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}/{path}")
-    };
-    let mut url = reqwest::Url::parse(&joined)
-        .map_err(|_| ApiError::InvalidRequest("the path is not a valid URL path".to_owned()))?;
+/// The upstream URL: `{base_url}/{segments}?{query}`, each segment pushed on its own
+/// (percent-encoded again, so none can be read as `/`, `..` or a query) and the result
+/// checked to be under the base; with the operator's credential as a query parameter when
+/// the API takes it so (the client's own parameter of that name is dropped, not passed
+/// beside it).
+fn upstream_url(
+    api: &PaidApi,
+    segments: &[String],
+    query: Option<&str>,
+) -> Result<reqwest::Url, ApiError> {
+    let invalid = || ApiError::InvalidRequest("the path is not a valid URL path".to_owned());
+    let base = reqwest::Url::parse(&api.settings.base_url).map_err(|_| invalid())?;
+    let mut url = base.clone();
+    if !segments.is_empty() {
+        url.path_segments_mut()
+            .map_err(|()| invalid())?
+            .pop_if_empty()
+            .extend(segments);
+    }
+    let base_path = base.path().trim_end_matches('/');
+    if url.host() != base.host()
+        || url.port_or_known_default() != base.port_or_known_default()
+        || !url.path().starts_with(base_path)
+    {
+        return Err(ApiError::InvalidRequest(
+            "the path leads outside the API".to_owned(),
+        ));
+    }
     let inject_query = match &api.settings.inject {
         Injection::Query(name) => Some(name.as_str()),
         Injection::Bearer | Injection::Header(_) => None,

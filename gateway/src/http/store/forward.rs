@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::caller::caller;
 use super::errors::StoreError;
+use crate::http::client_ip::ClientIp;
 use crate::state::AppState;
 use crate::store::Family;
 use crate::store::call::{self, Answer, ClientHeaders, Endpoint, ModelCall};
@@ -16,39 +17,52 @@ use crate::store::call::{self, Answer, ClientHeaders, Endpoint, ModelCall};
 /// The header naming the store's record of the call (`GET /v1/store/requests/{id}`).
 pub const REQUEST_HEADER: &str = "x-sandbase-store-request";
 
-pub async fn openai_chat(state: State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    forward(state, headers, body, Endpoint::Chat).await
+pub async fn openai_chat(
+    state: State<AppState>,
+    ip: ClientIp,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    forward(state, ip, headers, body, Endpoint::Chat).await
 }
 
-pub async fn openai_responses(state: State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    forward(state, headers, body, Endpoint::Responses).await
+pub async fn openai_responses(
+    state: State<AppState>,
+    ip: ClientIp,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    forward(state, ip, headers, body, Endpoint::Responses).await
 }
 
 pub async fn openai_embeddings(
     state: State<AppState>,
+    ip: ClientIp,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    forward(state, headers, body, Endpoint::Embeddings).await
+    forward(state, ip, headers, body, Endpoint::Embeddings).await
 }
 
 pub async fn anthropic_messages(
     state: State<AppState>,
+    ip: ClientIp,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    forward(state, headers, body, Endpoint::Messages).await
+    forward(state, ip, headers, body, Endpoint::Messages).await
 }
 
 /// Token counting is free: forwarded for an authenticated caller, not metered.
 pub async fn anthropic_count_tokens(
     State(state): State<AppState>,
+    ClientIp(ip): ClientIp,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     let counted = async {
-        caller(&state, &headers).await?;
-        call::count_tokens(&state, &body, &client_headers(&headers)).await
+        let caller = caller(&state, &headers, ip).await?;
+        call::count_tokens(&state, &caller, &body, &client_headers(&headers)).await
     };
     match counted.await {
         Ok(answer) => response(answer),
@@ -58,12 +72,13 @@ pub async fn anthropic_count_tokens(
 
 async fn forward(
     State(state): State<AppState>,
+    ClientIp(ip): ClientIp,
     headers: HeaderMap,
     body: Bytes,
     endpoint: Endpoint,
 ) -> Response {
     let answered = async {
-        let caller = caller(&state, &headers).await?;
+        let caller = caller(&state, &headers, ip).await?;
         let request = ModelCall {
             endpoint,
             body,

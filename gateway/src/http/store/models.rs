@@ -8,11 +8,17 @@ use serde_json::{Value, json};
 
 use super::caller::caller;
 use super::errors::StoreError;
+use crate::http::client_ip::ClientIp;
 use crate::state::AppState;
 use crate::store::Family;
 
-async fn listed(state: &AppState, headers: &HeaderMap, family: Family) -> Result<(), StoreError> {
-    caller(state, headers)
+async fn listed(
+    state: &AppState,
+    headers: &HeaderMap,
+    ip: ClientIp,
+    family: Family,
+) -> Result<(), StoreError> {
+    caller(state, headers, ip.0)
         .await
         .map_err(|error| StoreError::new(family, error))?;
     Ok(())
@@ -20,9 +26,10 @@ async fn listed(state: &AppState, headers: &HeaderMap, family: Family) -> Result
 
 pub async fn openai(
     State(state): State<AppState>,
+    ip: ClientIp,
     headers: HeaderMap,
 ) -> Result<Json<Value>, StoreError> {
-    listed(&state, &headers, Family::Openai).await?;
+    listed(&state, &headers, ip, Family::Openai).await?;
     let data: Vec<Value> = state
         .store
         .models()
@@ -42,9 +49,10 @@ pub async fn openai(
 
 pub async fn anthropic(
     State(state): State<AppState>,
+    ip: ClientIp,
     headers: HeaderMap,
 ) -> Result<Json<Value>, StoreError> {
-    listed(&state, &headers, Family::Anthropic).await?;
+    listed(&state, &headers, ip, Family::Anthropic).await?;
     // OpenAI's models too: messages reach them through translation.
     let data: Vec<Value> = state
         .store

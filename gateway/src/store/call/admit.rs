@@ -71,6 +71,7 @@ pub(super) async fn admit(
     let asked = meter::Asked {
         kind: meter::Kind::Model,
         name: &model.settings.id,
+        listed_as: model.settings.id.clone(),
         endpoint: endpoint.path().to_owned(),
         streamed: stream,
         hold_for: std::time::Duration::from_secs(provider.settings.timeout_secs),

@@ -44,7 +44,13 @@ pub(super) async fn answer(state: AppState, admitted: Admitted) -> Result<Answer
     let answer = match upstream.send().await {
         Ok(answer) => answer,
         Err(error) => {
-            meter::release(&state, &call).await;
+            // A timeout came after the provider had the request (and may bill it): the
+            // reservation is billed. A refused connection cost nothing.
+            if error.is_timeout() {
+                bill_reservation(state, call, prices, 504).await;
+            } else {
+                meter::release(&state, &call).await;
+            }
             return Err(upstream_error(error));
         }
     };
@@ -89,7 +95,9 @@ pub(super) async fn answer(state: AppState, admitted: Admitted) -> Result<Answer
     let body = match answer.bytes().await {
         Ok(body) => body,
         Err(error) => {
-            meter::release(&state, &call).await;
+            // The provider accepted the call and was answering: billed like a stream that
+            // ended without its usage.
+            bill_reservation(state, call, prices, 502).await;
             return Err(upstream_error(error));
         }
     };
@@ -99,6 +107,7 @@ pub(super) async fn answer(state: AppState, admitted: Admitted) -> Result<Answer
         usage: parsed
             .as_ref()
             .and_then(|json| usage::from_body(shape, json)),
+        complete: true,
         estimate_if_unknown: true,
         first_byte: Some(first_byte),
     };
@@ -122,6 +131,23 @@ pub(super) async fn answer(state: AppState, admitted: Admitted) -> Result<Answer
         body,
         request_id: Some(request_id),
     }))
+}
+
+/// Settles a call whose answer never came whole with its reservation (marked estimated).
+async fn bill_reservation(state: AppState, call: Call, prices: TokenPrices, status: u16) {
+    let outcome = Outcome {
+        status,
+        usage: None,
+        complete: false,
+        estimate_if_unknown: true,
+        first_byte: None,
+    };
+    if let Err(error) = meter::settle(&state, call, &prices, outcome).await {
+        tracing::error!(
+            error = format!("{error:#}"),
+            "settling a store call that timed out"
+        );
+    }
 }
 
 /// What a stream passes through: the usage tap, then the translation when there is one.
@@ -188,9 +214,11 @@ fn streamed(
             let _ = sender.send(Ok(rest)).await;
         }
         drop(sender);
+        let report = tap.report();
         let outcome = Outcome {
             status,
-            usage: tap.usage(),
+            usage: report.usage,
+            complete: report.complete,
             estimate_if_unknown: true,
             first_byte,
         };

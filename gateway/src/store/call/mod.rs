@@ -152,6 +152,7 @@ pub async fn call(
 /// metered).
 pub async fn count_tokens(
     state: &AppState,
+    caller: &super::Caller,
     body: &Bytes,
     headers: &ClientHeaders,
 ) -> Result<Answer, ApiError> {
@@ -161,6 +162,9 @@ pub async fn count_tokens(
         .store
         .model(family.name(), &model_id)
         .ok_or_else(|| ApiError::ModelNotFound(model_id.clone()))?;
+    // Free, but only for a model the caller's key may call.
+    super::allowed::lineage_allowing(state, caller.principal.api_key_id(), &model.settings.id)
+        .await?;
     json["model"] = Value::String(model.settings.upstream.clone());
     let request = provider.post(
         "messages/count_tokens",

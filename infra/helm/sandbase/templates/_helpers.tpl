@@ -30,6 +30,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (printf "%s-secrets" (include "sandbase.fullname" .)) .Values.secrets.existingSecret -}}
 {{- end -}}
 
+{{/* The Secret sandbox nodes may read: the node token alone. A worker pod references only
+it, so the Node authorizer never lets a sandbox node read the platform Secret. */}}
+{{- define "sandbase.nodeSecretName" -}}
+{{- default (printf "%s-node" (include "sandbase.fullname" .)) .Values.secrets.existingNodeSecret -}}
+{{- end -}}
+
 {{- define "sandbase.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "sandbase.fullname" .) .Values.serviceAccount.name -}}
@@ -68,6 +74,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- fail "secrets.nodeToken must be at least 32 characters" -}}
 {{- end -}}
 {{- end -}}
+{{- if and .Values.secrets.existingSecret .Values.worker.enabled (not .Values.secrets.existingNodeSecret) -}}
+{{- fail "secrets.existingNodeSecret is required with secrets.existingSecret when worker.enabled: a Secret holding only SANDBASE_WORKERS__NODE_TOKEN, so sandbox nodes never reference the platform Secret" -}}
+{{- end -}}
 {{- if and .Values.internalTLS.enabled (not .Values.internalTLS.secretName) -}}
 {{- fail "internalTLS.secretName is required when internalTLS.enabled (a kubernetes.io/tls Secret with ca.crt)" -}}
 {{- end -}}
@@ -76,6 +85,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- if and .Values.ingress.enabled (not .Values.ingress.host) -}}
 {{- fail "ingress.host is required when ingress.enabled" -}}
+{{- end -}}
+{{- if and .Values.ingress.enabled (empty .Values.trustedProxies) -}}
+{{- fail "trustedProxies is required when ingress.enabled: behind the ingress every client has the controller's address, so name the controller's pod network (e.g. 10.0.0.0/8) for per-address limits to see each client" -}}
+{{- end -}}
+{{- if and (eq $gateway.service.type "LoadBalancer") (ne $gateway.service.externalTrafficPolicy "Local") (empty .Values.trustedProxies) -}}
+{{- fail "trustedProxies is required with a LoadBalancer Service (or set gateway.service.externalTrafficPolicy=Local, which keeps clients' addresses): otherwise every client shares the balancer's address" -}}
 {{- end -}}
 {{- end -}}
 
@@ -87,6 +102,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- if .Values.gateway.dashboard -}}
 {{- $_ := set $server "web_dir" "/usr/share/sandbase/web" -}}
+{{- end -}}
+{{- with .Values.trustedProxies -}}
+{{- $_ := set $server "trusted_proxies" . -}}
 {{- end -}}
 {{- $runs := dict "artifacts_dir" "/var/lib/sandbase/artifacts" -}}
 {{- $s3 := .Values.gateway.artifacts.s3 -}}

@@ -1,0 +1,155 @@
+//! Recordings are storage like any other: metered while kept, held to the team's quota (a
+//! command asking to be recorded past it is refused clearly, one that asks not to be is
+//! not), deletable by admins; and a worker cannot overwrite another recording's content.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use sandbase_api::internal::{CommandRecording, NODE_TOKEN_HEADER, RECORDING_HEADER, RecordFor};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::helpers::{TestApp, spawn_app_with};
+use crate::testbed::{TestWorker, configure_sandboxes, create_ok, exec, wait_until, worker_config};
+
+async fn quota_app() -> TestApp {
+    spawn_app_with(|settings| {
+        configure_sandboxes(settings);
+        settings.sandboxes.recording_quota_mb = 1;
+        settings.runs.storage_meter_secs = 1;
+        settings.runs.artifacts_dir =
+            std::env::temp_dir().join(format!("sandbase-artifacts-{}", Uuid::new_v4().simple()));
+    })
+    .await
+}
+
+async fn recordings_of(app: &TestApp, token: &str, sandbox: &str) -> Vec<Value> {
+    let listed = app
+        .get(&format!("/v1/recordings?sandbox={sandbox}"), token)
+        .await;
+    listed.body["recordings"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn recordings_are_metered_and_held_to_the_teams_quota() {
+    let app = quota_app().await;
+    let worker = TestWorker::start(worker_config(&app, "rq", 2, 0)).await;
+    let owner = app.signup("recorder@example.com", "Recorder").await;
+    let token = owner.api_key.token.as_str();
+    let sandbox = create_ok(&app, token, json!({})).await;
+    // 1.5 MB of output, recorded: the team's 1 MiB quota is full once it is kept.
+    let loud = exec(
+        &app,
+        token,
+        &sandbox,
+        json!({ "command": "head -c 1500000 /dev/zero | tr '\\0' x" }),
+    )
+    .await;
+    assert_eq!(loud.status.as_u16(), 200, "{}", loud.body);
+    wait_until(
+        "the loud command's recording",
+        Duration::from_secs(15),
+        || async { !recordings_of(&app, token, &sandbox).await.is_empty() },
+    )
+    .await;
+    let recording = recordings_of(&app, token, &sandbox).await[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Kept recordings are metered as storage, like snapshots.
+    wait_until("the recording's storage usage", Duration::from_secs(20), || async {
+        app.count(&format!(
+            "SELECT count(*) FROM usage_events WHERE event_key LIKE 'storage-recording:{recording}:%'"
+        ))
+        .await
+            > 0
+    })
+    .await;
+    // Past the quota: a recorded command is refused, saying why and what to do; an
+    // unrecorded one runs.
+    let refused = exec(&app, token, &sandbox, json!({ "command": "echo again" })).await;
+    refused.assert_error(409, "recording_quota_reached");
+    assert!(
+        refused.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("1 MiB quota"),
+        "{}",
+        refused.body
+    );
+    let quiet = exec(
+        &app,
+        token,
+        &sandbox,
+        json!({ "command": "echo quiet", "record": false }),
+    )
+    .await;
+    assert_eq!(quiet.status.as_u16(), 200, "{}", quiet.body);
+    assert_eq!(quiet.body["stdout"], "quiet\n");
+    // Deleting the recording frees the quota.
+    let deleted = app
+        .delete(&format!("/v1/recordings/{recording}"), token)
+        .await;
+    assert_eq!(deleted.status.as_u16(), 204, "{}", deleted.body);
+    app.get(&format!("/v1/recordings/{recording}"), token)
+        .await
+        .assert_error(404, "not_found");
+    let again = exec(&app, token, &sandbox, json!({ "command": "echo again" })).await;
+    assert_eq!(again.status.as_u16(), 200, "{}", again.body);
+    worker.clean_up().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_cannot_overwrite_another_recording() {
+    let app = quota_app().await;
+    let worker = TestWorker::start(worker_config(&app, "ow", 2, 0)).await;
+    let credential = crate::testbed::worker_credential(&worker.config.worker_id);
+    let owner = app.signup("overwrite@example.com", "Overwrite").await;
+    let token = owner.api_key.token.as_str();
+    let first = create_ok(&app, token, json!({})).await;
+    let second = create_ok(&app, token, json!({})).await;
+    let ran = exec(&app, token, &first, json!({ "command": "echo original" })).await;
+    assert_eq!(ran.status.as_u16(), 200);
+    wait_until("the first recording", Duration::from_secs(15), || async {
+        !recordings_of(&app, token, &first).await.is_empty()
+    })
+    .await;
+    let id = recordings_of(&app, token, &first).await[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let before = app.get_text(&format!("/v1/recordings/{id}"), token).await;
+    assert!(before.contains("original"), "{before}");
+    // The same worker hosts the second sandbox and sends "its" recording under the first's id.
+    let meta = CommandRecording {
+        sandbox: second.parse().unwrap(),
+        kind: "exec".to_owned(),
+        command: vec!["sh".to_owned(), "-c".to_owned(), "forged".to_owned()],
+        shell_session: None,
+        by: RecordFor::default(),
+        duration_ms: 1,
+        exit_code: Some(0),
+    };
+    let forged = "{\"version\":2,\"width\":80,\"height\":24}\n[0.0,\"o\",\"forged\"]\n";
+    let status = app
+        .internal_http
+        .post(format!(
+            "{}{}",
+            app.internal,
+            sandbase_api::internal::paths::recording_whole(&id)
+        ))
+        .header(NODE_TOKEN_HEADER, &credential)
+        .header(RECORDING_HEADER, serde_json::to_string(&meta).unwrap())
+        .body(forged)
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_ne!(status, StatusCode::NO_CONTENT);
+    let after = app.get_text(&format!("/v1/recordings/{id}"), token).await;
+    assert_eq!(after, before);
+    worker.clean_up().await;
+}

@@ -1,0 +1,128 @@
+//! Attacks on the store's forwarding: a paid API's path climbing out of its base however it is
+//! encoded, an upstream's redirect carrying the operator's credential elsewhere, and a key's
+//! model allow-list skipped by one of the store's surfaces.
+
+use serde_json::{Value, json};
+
+use crate::store::{call, chat, store_app};
+
+#[tokio::test]
+async fn a_paid_apis_path_stays_under_its_base_and_redirects_are_not_followed() {
+    let (app, seen) = store_app().await;
+    let team = app.signup("escape@example.com", "Escape").await;
+    let key = team.api_key.token.as_str();
+    let raw_get = |path: &str| {
+        // Sent as written: no client-side normalisation of the path.
+        let url = format!("{}/store/apis/search/{path}", app.address);
+        let url = reqwest::Url::parse(&url).unwrap();
+        app.http.get(url).bearer_auth(key).send()
+    };
+    for attack in [
+        "%252e%252e/admin",
+        "%252e%252e/%252e%252e/admin",
+        "..%5Cadmin",
+        "..%5C..%5Cadmin",
+        ".%09./admin",
+        ".%09./.%09./admin",
+        "x%2F..%2F..%2Fadmin",
+    ] {
+        let answer = raw_get(attack).await.unwrap();
+        let status = answer.status();
+        let body: Value = answer.json().await.unwrap_or(Value::Null);
+        assert_eq!(status, 422, "{attack}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_request", "{attack}: {body}");
+    }
+    // A redirect is passed back, not followed with the operator's credential.
+    let redirected = raw_get("redirect").await.unwrap();
+    assert_eq!(redirected.status(), 302);
+    // Nothing outside the API's base was ever asked for, and the redirect's target never.
+    let paths: Vec<String> = seen
+        .all()
+        .await
+        .iter()
+        .map(|request| request["path"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert!(
+        paths.iter().all(|path| path.starts_with("/api/")),
+        "the upstream saw {paths:?}"
+    );
+    assert!(
+        paths.iter().any(|path| path == "/api/redirect"),
+        "{paths:?}"
+    );
+    // And the API still works.
+    let answer = raw_get("search?q=ok").await.unwrap();
+    assert_eq!(answer.status(), 200);
+}
+
+#[tokio::test]
+async fn a_keys_allowed_models_hold_on_every_store_surface() {
+    let (app, _) = store_app().await;
+    let team = app.signup("surfaces@example.com", "Surfaces").await;
+    let owner = team.api_key.token.as_str();
+    let created = app
+        .post(
+            "/v1/api-keys",
+            owner,
+            json!({ "name": "openai only", "allowed_models": ["openai/*"] }),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let restricted = created.body["token"].as_str().unwrap().to_owned();
+    // Counting tokens for a model the key may not use is refused like calling it.
+    let counted = call(
+        &app,
+        "/anthropic/v1/messages/count_tokens",
+        &restricted,
+        json!({ "model": "anthropic/claude-test", "messages": [{ "role": "user", "content": "hi" }] }),
+    )
+    .await;
+    assert_eq!(counted.status(), 403);
+    let body: Value = counted.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "model_not_allowed", "{body}");
+    // A paid API is not a model: a key restricted to models reaches no API…
+    let api = app
+        .http
+        .get(format!("{}/store/apis/search/search?q=x", app.address))
+        .bearer_auth(&restricted)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(api.status(), 403);
+    let body: Value = api.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "model_not_allowed", "{body}");
+    // …unless its list names it (`api:NAME`), and the owner's key reaches everything.
+    let created = app
+        .post(
+            "/v1/api-keys",
+            owner,
+            json!({ "name": "search", "allowed_models": ["openai/*", "api:search"] }),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let with_api = created.body["token"].as_str().unwrap().to_owned();
+    let api = app
+        .http
+        .get(format!("{}/store/apis/search/search?q=x", app.address))
+        .bearer_auth(&with_api)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(api.status(), 200);
+    let counted = call(
+        &app,
+        "/anthropic/v1/messages/count_tokens",
+        owner,
+        json!({ "model": "anthropic/claude-test", "messages": [{ "role": "user", "content": "hi" }] }),
+    )
+    .await;
+    assert_eq!(counted.status(), 200);
+    let allowed = call(
+        &app,
+        "/openai/v1/chat/completions",
+        &restricted,
+        chat("openai/gpt-test", "hi", false),
+    )
+    .await;
+    assert_eq!(allowed.status(), 200);
+}
