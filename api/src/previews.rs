@@ -12,6 +12,9 @@ pub const PREVIEW_TOKEN_HEADER: &str = "x-sandbase-preview-token";
 pub const PREVIEW_SIGNATURE_PARAM: &str = "sandbase_preview";
 /// The cookie a signed URL leaves on the preview's host (its own origin).
 pub const PREVIEW_COOKIE: &str = "sandbase_preview";
+/// The preview cookie's name over https: `__Host-` keeps it to the preview's own host,
+/// `Secure`, path `/` (no sibling preview can set or shadow it).
+pub const PREVIEW_COOKIE_SECURE: &str = "__Host-sandbase_preview";
 
 /// Open a port of a sandbox at `{port}-{sandbox_id}.{preview domain}`. Asking again for the
 /// same port replaces its token (the old one and its signed URLs stop working).

@@ -188,6 +188,12 @@ pub enum ApiError {
         "this preview needs its token in x-sandbase-preview-token, or a signed URL that has not expired"
     )]
     PreviewUnauthorized,
+    /// 403 `preview_cross_site`: a request riding a preview's cookie from another site (a
+    /// `fetch`, a script, an image, a frame, a WebSocket of another origin).
+    #[error(
+        "this preview's cookie is not accepted on requests another site makes: open the preview itself, or send its token in x-sandbase-preview-token"
+    )]
+    PreviewCrossSite,
     /// 502 `preview_failed`: the server in the sandbox did not answer.
     #[error("{0}")]
     PreviewFailed(String),
@@ -249,6 +255,7 @@ impl ApiError {
             ApiError::Forbidden(_)
             | ApiError::ExceedsParentKey(_)
             | ApiError::RestrictedKey(_)
+            | ApiError::PreviewCrossSite
             | ApiError::CredentialNotUsable(..) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) | ApiError::RouteNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -359,6 +366,7 @@ impl ApiError {
             ApiError::InvalidTicket => "invalid_ticket",
             ApiError::PreviewsNotConfigured => "previews_not_configured",
             ApiError::PreviewUnauthorized => "preview_unauthorized",
+            ApiError::PreviewCrossSite => "preview_cross_site",
             ApiError::PreviewFailed(_) => "preview_failed",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::ModelNotAllowed(_) => "model_not_allowed",

@@ -12,11 +12,13 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use hyper_util::rt::TokioIo;
-use sandbase_api::previews::{PREVIEW_COOKIE, PREVIEW_SIGNATURE_PARAM, PREVIEW_TOKEN_HEADER};
+use sandbase_api::previews::{
+    PREVIEW_COOKIE, PREVIEW_COOKIE_SECURE, PREVIEW_SIGNATURE_PARAM, PREVIEW_TOKEN_HEADER,
+};
 
 use crate::error::{ApiError, ApiResult};
 use crate::sandboxes::forward;
-use crate::sandboxes::previews::{self, Presented, PreviewRow, Target};
+use crate::sandboxes::previews::{self, Admitted, Presented, PreviewRow, Target};
 use crate::state::AppState;
 
 /// Serves requests to preview hosts; passes every other request on.
@@ -51,7 +53,8 @@ async fn serve(state: &AppState, target: Target, mut request: Request) -> ApiRes
             .ok_or(ApiError::PreviewUnauthorized)?;
         return Ok(trade_for_cookie(state, request.uri(), &signature, expires));
     }
-    let cookie = cookie_value(request.headers(), PREVIEW_COOKIE);
+    let cookie_name = cookie_name(&state.settings.previews.scheme);
+    let cookie = cookie_value(request.headers(), cookie_name);
     let presented = Presented {
         token: request
             .headers()
@@ -59,10 +62,12 @@ async fn serve(state: &AppState, target: Target, mut request: Request) -> ApiRes
             .and_then(|value| value.to_str().ok()),
         signature: cookie.as_deref(),
     };
-    if !previews::admits(state, &preview, &presented) {
-        return Err(ApiError::PreviewUnauthorized);
+    let admitted =
+        previews::admits(state, &preview, &presented).ok_or(ApiError::PreviewUnauthorized)?;
+    if admitted == Admitted::Cookie && !own_request(state, &target, request.headers()) {
+        return Err(ApiError::PreviewCrossSite);
     }
-    strip_credentials(request.headers_mut());
+    strip_credentials(request.headers_mut(), cookie_name);
     let worker = forward::route(state, preview.team_id, target.sandbox).await?;
     let stream = state
         .sandboxes
@@ -70,6 +75,57 @@ async fn serve(state: &AppState, target: Target, mut request: Request) -> ApiRes
         .open_port(&worker, target.sandbox, target.port)
         .await?;
     relay(&preview, request, stream).await
+}
+
+/// The preview cookie's name: `__Host-` prefixed over https (the browser then keeps it to
+/// this very host, `Secure`, path `/`, never set by a sibling domain).
+fn cookie_name(scheme: &str) -> &'static str {
+    if scheme == "https" {
+        PREVIEW_COOKIE_SECURE
+    } else {
+        PREVIEW_COOKIE
+    }
+}
+
+/// Whether a request carrying the preview's cookie is the preview's own doing, not another
+/// site's (every preview is a site of the previews' domain, and a browser sends the cookie
+/// with whatever any page asks of this host). A WebSocket must come from the preview's own
+/// origin; anything else must be the preview's own (`Sec-Fetch-Site: same-origin`), typed
+/// or bookmarked (`none`), or a top-level navigation (a link followed from any site). A
+/// client that sends neither header (not a browser) rides nobody's cookie.
+fn own_request(state: &AppState, target: &Target, headers: &HeaderMap) -> bool {
+    let value = |name: &str| headers.get(name).and_then(|value| value.to_str().ok());
+    if headers.contains_key(header::UPGRADE) {
+        return match value("origin") {
+            None => true,
+            Some(origin) => origin_is_own(state, target, origin, value("host")),
+        };
+    }
+    match value("sec-fetch-site") {
+        None | Some("same-origin" | "none") => true,
+        Some(_) => {
+            value("sec-fetch-mode") == Some("navigate")
+                && value("sec-fetch-dest") == Some("document")
+        }
+    }
+}
+
+/// Whether `origin` is the preview's own: its scheme and the host it was asked by.
+fn origin_is_own(state: &AppState, target: &Target, origin: &str, host: Option<&str>) -> bool {
+    let Some(host) = host else {
+        return false;
+    };
+    let own = format!("{}://{host}", state.settings.previews.scheme);
+    let named = host.split(':').next().and_then(|name| {
+        state
+            .settings
+            .previews
+            .domain
+            .as_deref()
+            .and_then(|domain| previews::parse_host(name, domain))
+    });
+    named.is_some_and(|named| named.sandbox == target.sandbox && named.port == target.port)
+        && origin.eq_ignore_ascii_case(&own)
 }
 
 /// Speaks HTTP/1.1 to the sandbox's server over `stream`, and carries an upgrade both ways.
@@ -114,7 +170,12 @@ async fn relay(
             }
         });
     }
-    Ok(response.map(Body::new))
+    let mut response = response.map(Body::new);
+    response
+        .headers_mut()
+        .entry(header::REFERRER_POLICY)
+        .or_insert(HeaderValue::from_static("no-referrer"));
+    Ok(response)
 }
 
 /// A redirect to the same URL without the signature, leaving the signature as a cookie of
@@ -146,7 +207,8 @@ fn trade_for_cookie(
         ""
     };
     let cookie = format!(
-        "{PREVIEW_COOKIE}={signature}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}"
+        "{}={signature}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}",
+        cookie_name(&state.settings.previews.scheme)
     );
     let mut response = StatusCode::TEMPORARY_REDIRECT.into_response();
     let headers = response.headers_mut();
@@ -157,6 +219,10 @@ fn trade_for_cookie(
         headers.insert(header::LOCATION, location);
         headers.insert(header::SET_COOKIE, cookie);
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        headers.insert(
+            header::REFERRER_POLICY,
+            HeaderValue::from_static("no-referrer"),
+        );
     }
     response
 }
@@ -183,7 +249,7 @@ fn cookie_value(headers: &HeaderMap, name: &str) -> Option<String> {
 }
 
 /// SandBase's own token header and cookie never reach the sandbox.
-fn strip_credentials(headers: &mut HeaderMap) {
+fn strip_credentials(headers: &mut HeaderMap, cookie_name: &str) {
     headers.remove(PREVIEW_TOKEN_HEADER);
     let kept: Vec<String> = headers
         .get_all(header::COOKIE)
@@ -195,7 +261,7 @@ fn strip_credentials(headers: &mut HeaderMap) {
             !pair.is_empty()
                 && pair
                     .split_once('=')
-                    .is_none_or(|(key, _)| key != PREVIEW_COOKIE)
+                    .is_none_or(|(key, _)| key != cookie_name)
         })
         .map(str::to_owned)
         .collect();
@@ -224,7 +290,7 @@ mod tests {
             cookie_value(&headers, PREVIEW_COOKIE).as_deref(),
             Some("123.sig")
         );
-        strip_credentials(&mut headers);
+        strip_credentials(&mut headers, PREVIEW_COOKIE);
         assert!(headers.get(PREVIEW_TOKEN_HEADER).is_none());
         assert_eq!(headers.get(header::COOKIE).unwrap(), "a=1; b=2");
         let mut only = HeaderMap::new();
@@ -232,8 +298,14 @@ mod tests {
             header::COOKIE,
             HeaderValue::from_static("sandbase_preview=1.s"),
         );
-        strip_credentials(&mut only);
+        strip_credentials(&mut only, PREVIEW_COOKIE);
         assert!(only.get(header::COOKIE).is_none());
+    }
+
+    #[test]
+    fn over_https_the_cookie_is_kept_to_the_previews_own_host() {
+        assert_eq!(cookie_name("https"), "__Host-sandbase_preview");
+        assert_eq!(cookie_name("http"), PREVIEW_COOKIE);
     }
 
     #[test]

@@ -243,21 +243,38 @@ pub struct Presented<'a> {
     pub signature: Option<&'a str>,
 }
 
-/// Whether `presented` opens `preview` now.
-pub fn admits(state: &AppState, preview: &PreviewRow, presented: &Presented<'_>) -> bool {
+/// What opened a preview for a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admitted {
+    /// A public preview: anyone.
+    Public,
+    /// The preview's token, in a header (which no other site can make a browser send).
+    Token,
+    /// A signature: the cookie a signed URL left (which a browser sends with any request to
+    /// the preview's host, whichever page makes it).
+    Cookie,
+}
+
+/// What in `presented` opens `preview` now, if anything.
+pub fn admits(
+    state: &AppState,
+    preview: &PreviewRow,
+    presented: &Presented<'_>,
+) -> Option<Admitted> {
     use subtle::ConstantTimeEq;
     if preview.public {
-        return true;
+        return Some(Admitted::Public);
     }
     if let Some(token) = presented.token {
         let hash = Sha256::digest(token.as_bytes());
         if bool::from(hash.as_slice().ct_eq(&preview.token_hash)) {
-            return true;
+            return Some(Admitted::Token);
         }
     }
     presented
         .signature
         .is_some_and(|signature| signature_valid(state, preview, signature).is_some())
+        .then_some(Admitted::Cookie)
 }
 
 /// When a signature for `preview` expires, if it is genuine and current.

@@ -157,6 +157,7 @@ async fn a_port_in_a_sandbox_without_egress_is_reached_through_its_preview_url()
     let (echo_token, echo_url) = signed_urls_and_stripped_credentials(&sandbox).await;
     websocket_through_the_preview(&sandbox, &echo_token).await;
     other_teams_and_other_tokens(&sandbox, &bobs, &echo_token).await;
+    another_previews_page_cannot_ride_the_cookie(&sandbox).await;
     let (status, _, _) = sandbox
         .raw(reqwest::Method::DELETE, "/previews/8001", None)
         .await;
@@ -348,6 +349,87 @@ async fn websocket_through_the_preview(sandbox: &TestSandbox<'_>, token: &str) {
         assert_eq!(echoed.to_text().unwrap(), message);
     }
     socket.close(None).await.unwrap();
+}
+
+/// Every preview is a site of the previews' domain: a page of another preview (a tenant's
+/// dev server) sends the victim's cookie along on its `fetch`es and WebSockets. Those are
+/// refused; a link followed from any site (a top-level navigation) and the preview's own
+/// requests are served.
+async fn another_previews_page_cannot_ride_the_cookie(sandbox: &TestSandbox<'_>) {
+    let app = sandbox.app;
+    let opened = open(sandbox, json!({ "port": 8001, "signed_url_ttl_secs": 600 })).await;
+    let client = preview_client(app, &[host(8001, &sandbox.id)]);
+    let signed = opened["signed_url"].as_str().unwrap();
+    let query = signed.split_once('?').unwrap().1;
+    let traded = client
+        .get(url(app, 8001, &sandbox.id, &format!("/?{query}")))
+        .send()
+        .await
+        .unwrap();
+    let cookie = traded.headers()["set-cookie"].to_str().unwrap();
+    let pair = cookie.split(';').next().unwrap().to_owned();
+    let page = url(app, 8001, &sandbox.id, "/page");
+    let with = |site: &str, mode: &str, dest: &str| {
+        client
+            .get(&page)
+            .header("cookie", &pair)
+            .header("sec-fetch-site", site)
+            .header("sec-fetch-mode", mode)
+            .header("sec-fetch-dest", dest)
+            .send()
+    };
+    for (site, mode, dest) in [
+        ("same-site", "cors", "empty"),
+        ("cross-site", "no-cors", "image"),
+        ("same-site", "no-cors", "script"),
+        ("same-site", "navigate", "iframe"),
+    ] {
+        let answer = with(site, mode, dest).await.unwrap();
+        assert_eq!(answer.status().as_u16(), 403, "{site} {mode} {dest}");
+        let body: Value = answer.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "preview_cross_site", "{body}");
+    }
+    for (site, mode, dest) in [
+        ("cross-site", "navigate", "document"),
+        ("same-origin", "cors", "empty"),
+        ("none", "navigate", "document"),
+    ] {
+        let answer = with(site, mode, dest).await.unwrap();
+        assert_eq!(answer.status().as_u16(), 200, "{site} {mode} {dest}");
+    }
+    // A WebSocket opened by another preview's page carries that page's Origin.
+    let own = format!(
+        "http://{}:{}",
+        host(8001, &sandbox.id),
+        gateway_addr(app).port()
+    );
+    let other = format!(
+        "http://{}:{}",
+        host(8002, &sandbox.id),
+        gateway_addr(app).port()
+    );
+    for (origin, admitted) in [(other.as_str(), false), (own.as_str(), true)] {
+        let mut request = format!(
+            "ws://{}:{}/ws",
+            host(8001, &sandbox.id),
+            gateway_addr(app).port()
+        )
+        .into_client_request()
+        .unwrap();
+        request
+            .headers_mut()
+            .insert("cookie", pair.parse().unwrap());
+        request
+            .headers_mut()
+            .insert("origin", origin.parse().unwrap());
+        let stream = tokio::net::TcpStream::connect(gateway_addr(app))
+            .await
+            .unwrap();
+        let connected = tokio_tungstenite::client_async(request, stream).await;
+        assert_eq!(connected.is_ok(), admitted, "a WebSocket from {origin}");
+    }
+    // The signed URL never leaves in a Referer.
+    assert_eq!(traded.headers()["referrer-policy"], "no-referrer");
 }
 
 /// Another team cannot open or list this sandbox's previews; a token of another sandbox or
