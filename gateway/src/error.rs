@@ -188,6 +188,9 @@ pub enum ApiError {
         "this preview needs its token in x-sandbase-preview-token, or a signed URL that has not expired"
     )]
     PreviewUnauthorized,
+    /// 426 `websocket_required`: a WebSocket route asked without a proper handshake.
+    #[error("this route is a WebSocket: {0}")]
+    WebSocketRequired(String),
     /// 403 `preview_cross_site`: a request riding a preview's cookie from another site (a
     /// `fetch`, a script, an image, a frame, a WebSocket of another origin).
     #[error(
@@ -259,6 +262,7 @@ impl ApiError {
             | ApiError::CredentialNotUsable(..) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) | ApiError::RouteNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::WebSocketRequired(_) => StatusCode::UPGRADE_REQUIRED,
             ApiError::EmailTaken
             | ApiError::AlreadyMember(_)
             | ApiError::LastOwner
@@ -367,6 +371,7 @@ impl ApiError {
             ApiError::PreviewsNotConfigured => "previews_not_configured",
             ApiError::PreviewUnauthorized => "preview_unauthorized",
             ApiError::PreviewCrossSite => "preview_cross_site",
+            ApiError::WebSocketRequired(_) => "websocket_required",
             ApiError::PreviewFailed(_) => "preview_failed",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::ModelNotAllowed(_) => "model_not_allowed",

@@ -215,6 +215,11 @@ async fn unknown_routes_methods_and_ids_are_explained() {
     app.get("/v1/api-keys/not-a-uuid", key)
         .await
         .assert_error(404, "not_found");
+    // A WebSocket route asked as plain HTTP explains itself in the error shape (it was
+    // axum's plain-text 400).
+    let attach = format!("/v1/sandboxes/{}/pty/1/attach", uuid::Uuid::new_v4());
+    let plain = app.get(&attach, key).await;
+    plain.assert_error(426, "websocket_required");
     app.get(&format!("/v1/api-keys/{}", uuid::Uuid::new_v4()), key)
         .await
         .assert_error(404, "not_found");

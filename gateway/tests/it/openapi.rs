@@ -89,6 +89,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/sandboxes/{id}/pty/{sid}/recording"),
     ("GET", "/v1/recordings"),
     ("GET", "/v1/recordings/{id}"),
+    ("DELETE", "/v1/recordings/{id}"),
     ("GET", "/v1/store/models"),
     ("GET", "/v1/store/apis"),
     ("GET", "/v1/store/requests"),

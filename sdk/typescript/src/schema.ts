@@ -4914,6 +4914,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description A field or parameter is invalid (`invalid_request`) */
             422: {
                 headers: {
@@ -4991,6 +5000,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Larger than `sandboxes.upload_limit_bytes` */
             413: {
                 headers: {
@@ -5061,6 +5079,15 @@ export interface operations {
             };
             /** @description Not in the caller's team */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5445,6 +5472,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description A field or parameter is invalid (`invalid_request`) */
             422: {
                 headers: {
@@ -5515,6 +5551,15 @@ export interface operations {
             };
             /** @description No such sandbox */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6018,6 +6063,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description A field or parameter is invalid (`invalid_request`) */
             422: {
                 headers: {
@@ -6081,6 +6135,15 @@ export interface operations {
             };
             /** @description No such sandbox or process */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6162,6 +6225,15 @@ export interface operations {
             };
             /** @description No such sandbox or process */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6262,6 +6334,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Body larger than the limit (`payload_too_large`) */
             413: {
                 headers: {
@@ -6332,6 +6413,15 @@ export interface operations {
             };
             /** @description Not in the caller's team */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6517,6 +6607,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description A field or parameter is invalid (`invalid_request`) */
             422: {
                 headers: {
@@ -6578,6 +6677,15 @@ export interface operations {
             };
             /** @description No such session (`terminal_not_found`) */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6658,8 +6766,26 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description A field or parameter is invalid (`invalid_request`) */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not a WebSocket handshake (`websocket_required`) */
+            426: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6723,6 +6849,15 @@ export interface operations {
             };
             /** @description No such session (`terminal_not_found`) */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6808,6 +6943,15 @@ export interface operations {
             };
             /** @description No such session (`terminal_not_found`) */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -7056,6 +7200,15 @@ export interface operations {
             };
             /** @description No such session (`terminal_not_found`) */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };

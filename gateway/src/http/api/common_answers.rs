@@ -2,8 +2,9 @@
 //! that it lists every status a route can answer: the layers in front of the handlers
 //! refuse before a handler runs (the address's or the key's rate → 429, a missing or bad
 //! credential → 401, a body over the limit → 413, a JSON body of another type → 415, a
-//! body or query that does not parse → 400 or 422), and any route can find PostgreSQL or
-//! Redis away (503). Each is added where the route does not document it itself.
+//! body or query that does not parse → 400 or 422), any route can find PostgreSQL or
+//! Redis away (503), and a route reaching a sandbox's worker finds the sandbox stopped or
+//! paused (409). Each is added where the route does not document it itself.
 
 use serde_json::{Value, json};
 
@@ -14,16 +15,26 @@ pub fn document(document: &mut Value) {
     let Some(paths) = document.get_mut("paths").and_then(Value::as_object_mut) else {
         return;
     };
-    for item in paths.values_mut() {
+    for (path, item) in paths.iter_mut() {
         for method in METHODS {
             if let Some(operation) = item.get_mut(*method) {
-                add(operation);
+                add(path, operation);
             }
         }
     }
 }
 
-fn add(operation: &mut Value) {
+/// The data plane under a sandbox: routes that reach the sandbox's worker, and so answer 409
+/// when the sandbox is not running or is paused.
+const DATA_PLANE: &[&str] = &["/archive", "/egress", "/files", "/processes", "/pty"];
+
+fn reaches_the_worker(path: &str) -> bool {
+    path.strip_prefix("/v1/sandboxes/{id}")
+        .is_some_and(|rest| DATA_PLANE.iter().any(|prefix| rest.starts_with(prefix)))
+        && !path.ends_with("/recording")
+}
+
+fn add(path: &str, operation: &mut Value) {
     let secured = operation
         .get("security")
         .and_then(Value::as_array)
@@ -59,6 +70,12 @@ fn add(operation: &mut Value) {
     }
     if has_input {
         answers.push(("422", "A field or parameter is invalid (`invalid_request`)"));
+    }
+    if reaches_the_worker(path) {
+        answers.push((
+            "409",
+            "The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`)",
+        ));
     }
     let Some(responses) = operation
         .as_object_mut()
@@ -106,5 +123,22 @@ mod tests {
         let get = &doc["paths"]["/v1/things"]["get"]["responses"];
         assert!(get.get("401").is_none() && get.get("415").is_none() && get.get("422").is_none());
         assert!(get.get("429").is_some() && get.get("200").is_some());
+        assert!(get.get("409").is_none());
+    }
+
+    #[test]
+    fn the_data_plane_documents_a_sandbox_that_is_not_running() {
+        let mut doc = json!({ "paths": {
+            "/v1/sandboxes/{id}/files": { "get": { "responses": {} } },
+            "/v1/sandboxes/{id}/pty/{sid}/attach": { "get": { "responses": {} } },
+            "/v1/sandboxes/{id}/pty/{sid}/recording": { "get": { "responses": {} } },
+            "/v1/sandboxes/{id}/previews": { "get": { "responses": {} } }
+        } });
+        document(&mut doc);
+        let has = |path: &str| doc["paths"][path]["get"]["responses"].get("409").is_some();
+        assert!(has("/v1/sandboxes/{id}/files") && has("/v1/sandboxes/{id}/pty/{sid}/attach"));
+        assert!(
+            !has("/v1/sandboxes/{id}/pty/{sid}/recording") && !has("/v1/sandboxes/{id}/previews")
+        );
     }
 }

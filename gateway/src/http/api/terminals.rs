@@ -4,6 +4,7 @@
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -347,14 +348,16 @@ struct AttachQuery {
 /// `{"type":"exit","code":…}` out. Authenticated by `Authorization` or a `ticket`.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/pty/{sid}/attach", tag = "sandboxes", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "Sandbox id"), ("sid" = u32, Path, description = "Session id"), AttachQuery),
-    responses((status = 101, description = "Attached (WebSocket)"), (status = 401, description = "A bad ticket (`invalid_ticket`)", body = ErrorBody), (status = 404, description = "No such session (`terminal_not_found`)", body = ErrorBody)))]
+    responses((status = 101, description = "Attached (WebSocket)"), (status = 401, description = "A bad ticket (`invalid_ticket`)", body = ErrorBody), (status = 404, description = "No such session (`terminal_not_found`)", body = ErrorBody), (status = 426, description = "Not a WebSocket handshake (`websocket_required`)", body = ErrorBody)))]
 async fn attach(
     State(state): State<AppState>,
     caller: TerminalCaller,
     ApiPath((id, session)): ApiPath<(Uuid, u32)>,
     ApiQuery(query): ApiQuery<AttachQuery>,
-    upgrade: WebSocketUpgrade,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> ApiResult<Response> {
+    let upgrade =
+        upgrade.map_err(|rejection| ApiError::WebSocketRequired(rejection.body_text()))?;
     if let Some(grant) = &caller.ticket
         && (grant.sandbox != id || grant.session != session)
     {
