@@ -188,6 +188,10 @@ pub enum ApiError {
         "this preview needs its token in x-sandbase-preview-token, or a signed URL that has not expired"
     )]
     PreviewUnauthorized,
+    /// 503 `preview_busy`: the preview, its sandbox or the gateway holds as many preview
+    /// connections as it may.
+    #[error("{0}")]
+    PreviewBusy(String),
     /// 426 `websocket_required`: a WebSocket route asked without a proper handshake.
     #[error("this route is a WebSocket: {0}")]
     WebSocketRequired(String),
@@ -263,6 +267,7 @@ impl ApiError {
             ApiError::NotFound(_) | ApiError::RouteNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::WebSocketRequired(_) => StatusCode::UPGRADE_REQUIRED,
+            ApiError::PreviewBusy(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::EmailTaken
             | ApiError::AlreadyMember(_)
             | ApiError::LastOwner
@@ -372,6 +377,7 @@ impl ApiError {
             ApiError::PreviewUnauthorized => "preview_unauthorized",
             ApiError::PreviewCrossSite => "preview_cross_site",
             ApiError::WebSocketRequired(_) => "websocket_required",
+            ApiError::PreviewBusy(_) => "preview_busy",
             ApiError::PreviewFailed(_) => "preview_failed",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::ModelNotAllowed(_) => "model_not_allowed",

@@ -100,6 +100,9 @@ fn sandbox_services(
         channel,
         routes: Arc::new(RouteCache::default()),
         preview_cache: Arc::default(),
+        preview_budget: Arc::new(crate::sandboxes::preview_budget::PreviewBudget::new(
+            &settings.previews,
+        )),
         run_queue: Arc::new(RunQueue::new(redis.clone(), &settings.redis.key_prefix)),
         artifacts: Arc::new(ArtifactStore::from_settings(&settings.runs)?),
     })

@@ -88,6 +88,8 @@ pub struct SandboxServices {
     pub routes: Arc<RouteCache>,
     /// Previews read recently (each request to a preview host needs one).
     pub preview_cache: Arc<crate::sandboxes::preview_cache::PreviewCache>,
+    /// Preview relays open on this gateway, within their limits.
+    pub preview_budget: Arc<crate::sandboxes::preview_budget::PreviewBudget>,
     /// The fair run queue and the artifact store.
     pub run_queue: Arc<RunQueue>,
     pub artifacts: Arc<ArtifactStore>,

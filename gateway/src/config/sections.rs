@@ -233,6 +233,15 @@ pub struct PreviewSettings {
     pub scheme: String,
     /// The port in preview URLs (unset: the scheme's default).
     pub port: Option<u16>,
+    /// Preview relays (requests and upgraded connections) open at once on a gateway, in a
+    /// budget apart from the API's; beyond it previews answer 503 `preview_busy`.
+    pub max_connections: usize,
+    /// Of those, at most this many to one sandbox, and to one port of it.
+    pub max_connections_per_sandbox: usize,
+    pub max_connections_per_preview: usize,
+    /// An upgraded preview connection (a WebSocket) with nothing sent either way for this
+    /// long is closed.
+    pub idle_timeout_secs: u64,
 }
 
 impl Default for PreviewSettings {
@@ -241,6 +250,10 @@ impl Default for PreviewSettings {
             domain: None,
             scheme: "https".to_owned(),
             port: None,
+            max_connections: 1024,
+            max_connections_per_sandbox: 128,
+            max_connections_per_preview: 64,
+            idle_timeout_secs: 300,
         }
     }
 }

@@ -18,6 +18,7 @@ use sandbase_api::previews::{
 
 use crate::error::{ApiError, ApiResult};
 use crate::sandboxes::forward;
+use crate::sandboxes::preview_budget::{Full, Slot};
 use crate::sandboxes::previews::{self, Admitted, Presented, PreviewRow, Target};
 use crate::state::AppState;
 
@@ -68,13 +69,35 @@ async fn serve(state: &AppState, target: Target, mut request: Request) -> ApiRes
         return Err(ApiError::PreviewCrossSite);
     }
     strip_credentials(request.headers_mut(), cookie_name);
+    let slot = state
+        .sandboxes
+        .preview_budget
+        .enter(target.sandbox, target.port)
+        .map_err(|full| {
+            metrics::counter!("sandbase_preview_busy_total").increment(1);
+            ApiError::PreviewBusy(match full {
+                Full::Gateway => {
+                    "this gateway holds as many preview connections as it may: retry shortly"
+                        .to_owned()
+                }
+                Full::Sandbox => {
+                    "this sandbox's previews hold as many connections as they may: close some"
+                        .to_owned()
+                }
+                Full::Preview => format!(
+                    "port {} holds as many preview connections as it may: close some",
+                    target.port
+                ),
+            })
+        })?;
     let worker = forward::route(state, preview.team_id, target.sandbox).await?;
     let stream = state
         .sandboxes
         .worker_client
         .open_port(&worker, target.sandbox, target.port)
         .await?;
-    relay(&preview, request, stream).await
+    let idle = std::time::Duration::from_secs(state.settings.previews.idle_timeout_secs.max(1));
+    relay(&preview, request, stream, slot, idle).await
 }
 
 /// The preview cookie's name: `__Host-` prefixed over https (the browser then keeps it to
@@ -128,11 +151,15 @@ fn origin_is_own(state: &AppState, target: &Target, origin: &str, host: Option<&
         && origin.eq_ignore_ascii_case(&own)
 }
 
-/// Speaks HTTP/1.1 to the sandbox's server over `stream`, and carries an upgrade both ways.
+/// Speaks HTTP/1.1 to the sandbox's server over `stream`, and carries an upgrade both ways
+/// until it ends or stays idle for `idle`. `slot` is held while the answer streams, or for
+/// as long as the upgraded connection lasts.
 async fn relay(
     preview: &PreviewRow,
     mut request: Request,
     stream: reqwest::Upgraded,
+    slot: Slot,
+    idle: std::time::Duration,
 ) -> ApiResult<Response> {
     let failed = |error: hyper::Error| {
         ApiError::PreviewFailed(format!(
@@ -160,22 +187,57 @@ async fn relay(
         tokio::spawn(async move {
             match tokio::try_join!(client_upgrade, upstream) {
                 Ok((client, upstream)) => {
-                    let _ = tokio::io::copy_bidirectional(
-                        &mut TokioIo::new(client),
-                        &mut TokioIo::new(upstream),
-                    )
-                    .await;
+                    pipe_until_idle(TokioIo::new(client), TokioIo::new(upstream), idle).await;
                 }
                 Err(error) => tracing::debug!(error = %error, "a preview upgrade failed"),
             }
+            drop(slot);
         });
+        return Ok(response.map(|_| Body::empty()));
     }
-    let mut response = response.map(Body::new);
+    // The slot goes when the answer's body has been sent (or dropped).
+    let (parts, body) = response.into_parts();
+    let body = futures_util::StreamExt::map(
+        http_body_util::BodyExt::into_data_stream(body),
+        move |chunk| {
+            let _held = &slot;
+            chunk
+        },
+    );
+    let mut response = Response::from_parts(parts, Body::from_stream(body));
     response
         .headers_mut()
         .entry(header::REFERRER_POLICY)
         .or_insert(HeaderValue::from_static("no-referrer"));
     Ok(response)
+}
+
+/// Carries bytes both ways until either side ends or nothing moves for `idle`.
+async fn pipe_until_idle<A, B>(mut client: A, mut upstream: B, idle: std::time::Duration)
+where
+    A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut from_client, mut from_upstream) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024]);
+    loop {
+        tokio::select! {
+            read = client.read(&mut from_client) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(n) => if upstream.write_all(&from_client[..n]).await.is_err() { break },
+            },
+            read = upstream.read(&mut from_upstream) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(n) => if client.write_all(&from_upstream[..n]).await.is_err() { break },
+            },
+            () = tokio::time::sleep(idle) => {
+                metrics::counter!("sandbase_preview_idle_closed_total").increment(1);
+                break;
+            }
+        }
+    }
+    let _ = client.shutdown().await;
+    let _ = upstream.shutdown().await;
 }
 
 /// A redirect to the same URL without the signature, leaving the signature as a cookie of

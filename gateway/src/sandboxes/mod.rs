@@ -9,6 +9,7 @@ pub mod create;
 pub mod forward;
 pub mod lifecycle;
 pub mod placement;
+pub mod preview_budget;
 pub mod preview_cache;
 pub mod previews;
 pub mod reconcile;
