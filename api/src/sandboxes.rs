@@ -195,8 +195,9 @@ pub struct Sandbox {
     pub template: String,
     pub state: SandboxState,
     /// Why a stopped sandbox stopped: `destroyed`, `expired`, `failed`, `lost`,
-    /// `insufficient_credits` (the team's credits ran out) or `spend_cap` (its own cap or
-    /// its API key's was reached).
+    /// `insufficient_credits` (the team's credits ran out), `spend_cap` (its own cap or
+    /// its API key's was reached) or `key_revoked` (the API key it was made with was revoked
+    /// or expired).
     #[serde(default)]
     pub stop_reason: Option<String>,
     pub cwd: String,

@@ -62,6 +62,11 @@ const JOBS: &[Job] = &[
         run: |state| Box::pin(spend_caps(state)),
     },
     Job {
+        name: "key_ended",
+        every: SECOND,
+        run: |state| Box::pin(key_ended(state)),
+    },
+    Job {
         name: "zero_credits",
         every: SECOND,
         run: |state| Box::pin(zero_credits(state)),
@@ -186,6 +191,15 @@ async fn charging(state: AppState) -> anyhow::Result<()> {
 /// stop at once (the cap is the team's own limit: no grace period).
 async fn spend_caps(state: AppState) -> anyhow::Result<()> {
     stop_and_remove(&state, SystemStop::SpendCap).await
+}
+
+/// Sandboxes made with an API key since revoked or expired stop (unless the operator keeps
+/// them: `sandboxes.stop_with_key = false`); their previews go with them.
+async fn key_ended(state: AppState) -> anyhow::Result<()> {
+    if !state.settings.sandboxes.stop_with_key {
+        return Ok(());
+    }
+    stop_and_remove(&state, SystemStop::KeyEnded).await
 }
 
 /// Teams at zero (or below) with running sandboxes: after `billing.grace_secs`, their

@@ -269,8 +269,12 @@ def test_the_operators_mcp_server_is_reached_with_its_credential_and_billed_once
 
     async def scenario():
         async with client(cluster.urls[0], token, "2026-07-28") as session:
-            names = {tool.name for tool in (await session.list_tools()).tools}
+            listed = (await session.list_tools()).tools
+            names = {tool.name for tool in listed}
             assert {"upstream.echo", "upstream.nap"} <= names, names
+            # A third party's words reach every tenant's model: marked as such, and capped.
+            echo = next(tool for tool in listed if tool.name == "upstream.echo")
+            assert echo.description.startswith("[Third-party tool of the MCP server `upstream`")
             # The team sends its SandBase key only; the upstream requires its own credential.
             result = await session.call_tool("upstream.echo", {"text": "hello"})
             assert not result.is_error, result

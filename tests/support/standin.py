@@ -25,7 +25,7 @@ What it answers is chosen per request, so concurrent tests share one process:
   a tool's result is answered with ``SUNNY``. Otherwise ``TEXT``.
 
 A paid API at ``/api/PATH`` (its credential ``API_SECRET`` as the query parameter ``key``):
-``search`` echoes ``q``, ``big`` answers 2 MiB, ``redirect`` sends a 302 to ``/stolen``,
+``search`` echoes ``q`` (``slow`` too, after 1.5 s), ``big`` answers 2 MiB, ``redirect`` sends a 302 to ``/stolen``,
 anything else 500. A GET outside ``/api/`` answers 404 and is logged like the rest.
 
 It keeps every request: ``GET /_standin/requests`` (each ``{path, headers, body}``), so a test
@@ -455,7 +455,9 @@ class Handler(BaseHTTPRequestHandler):
         if [value for name, value in pairs if name == "key"] != [API_SECRET]:
             data = b"bad key"
             status = 401
-        elif path == "search":
+        elif path in ("search", "slow"):
+            if path == "slow":
+                time.sleep(1.5)
             q = next((value for name, value in pairs if name == "q"), None)
             return self.send_json(200, {"q": q, "results": ["one", "two"]})
         elif path == "big":

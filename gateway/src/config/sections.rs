@@ -220,6 +220,9 @@ pub struct SandboxSettings {
     /// or session asking to be recorded past it is refused (`recording_quota_reached`).
     /// 0: no quota.
     pub recording_quota_mb: u64,
+    /// A sandbox made with an API key stops when the key is revoked or expires (a key given to
+    /// an agent or a CI job takes what it started with it).
+    pub stop_with_key: bool,
 }
 
 /// Preview URLs: a sandbox's ports at `{port}-{sandbox_id}.{domain}`, routed by `Host` on
@@ -472,6 +475,7 @@ impl Default for SandboxSettings {
             snapshot_retention_secs: 7 * 24 * 3600,
             recording_retention_secs: 30 * 24 * 3600,
             recording_quota_mb: 2048,
+            stop_with_key: true,
         }
     }
 }

@@ -55,10 +55,11 @@ impl Backend for InProcess {
         let mut tools = Vec::new();
         for server in &self.state.store.mcp_servers {
             match server.tools().await {
-                Ok(listed) => tools.extend(listed.into_iter().map(|mut tool| {
-                    tool.name = format!("{}.{}", server.settings.name, tool.name).into();
-                    tool
-                })),
+                Ok(listed) => tools.extend(
+                    listed
+                        .into_iter()
+                        .map(|tool| third_party(&server.settings.name, tool)),
+                ),
                 Err(error) => tracing::warn!(
                     server = %server.settings.name, error = ?error,
                     "an MCP server's tools could not be listed"
@@ -147,4 +148,21 @@ fn api_request(
         }
     }
     Ok(inner)
+}
+
+/// Longest description of an operator's MCP server's tool passed on.
+const MAX_DESCRIPTION: usize = 1024;
+
+/// An operator's MCP server's tool as teams see it: named `server.tool`, and its description
+/// (the server's text, which reaches every tenant's model) capped and marked as a third
+/// party's, so that no server passes its words off as SandBase's instructions.
+fn third_party(server: &str, mut tool: Tool) -> Tool {
+    tool.name = format!("{server}.{}", tool.name).into();
+    let original = tool.description.as_deref().unwrap_or_default();
+    let capped: String = original.chars().take(MAX_DESCRIPTION).collect();
+    tool.description = Some(
+        format!("[Third-party tool of the MCP server `{server}`, not SandBase's; its text and results are that server's.] {capped}")
+            .into(),
+    );
+    tool
 }

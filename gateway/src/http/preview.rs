@@ -49,9 +49,10 @@ async fn serve(state: &AppState, target: Target, mut request: Request) -> ApiRes
     let preview = previews::find(state, target)
         .await?
         .ok_or(ApiError::NotFound("preview"))?;
+    let ip = super::client_ip::client_ip(&request, &state.settings.server.trusted_proxies);
     if let Some(signature) = query_value(request.uri(), PREVIEW_SIGNATURE_PARAM) {
         let expires = previews::signature_valid(state, &preview, &signature)
-            .ok_or(ApiError::PreviewUnauthorized)?;
+            .ok_or_else(|| failed_credential(state, ip))?;
         return Ok(trade_for_cookie(state, request.uri(), &signature, expires));
     }
     let cookie_name = cookie_name(&state.settings.previews.scheme);
@@ -63,8 +64,14 @@ async fn serve(state: &AppState, target: Target, mut request: Request) -> ApiRes
             .and_then(|value| value.to_str().ok()),
         signature: cookie.as_deref(),
     };
-    let admitted =
-        previews::admits(state, &preview, &presented).ok_or(ApiError::PreviewUnauthorized)?;
+    let presented_any = presented.token.is_some() || presented.signature.is_some();
+    let admitted = previews::admits(state, &preview, &presented).ok_or_else(|| {
+        if presented_any {
+            failed_credential(state, ip)
+        } else {
+            ApiError::PreviewUnauthorized
+        }
+    })?;
     if admitted == Admitted::Cookie && !own_request(state, &target, request.headers()) {
         return Err(ApiError::PreviewCrossSite);
     }
@@ -98,6 +105,21 @@ async fn serve(state: &AppState, target: Target, mut request: Request) -> ApiRes
         .await?;
     let idle = std::time::Duration::from_secs(state.settings.previews.idle_timeout_secs.max(1));
     relay(&preview, request, stream, slot, idle).await
+}
+
+/// A preview token or signature that opened nothing counts against its address's failed
+/// authentications like a bad key (guessing tokens is guessing keys); an address that has
+/// spent them gets 429.
+fn failed_credential(state: &AppState, ip: Option<std::net::IpAddr>) -> ApiError {
+    let Some(ip) = ip else {
+        return ApiError::PreviewUnauthorized;
+    };
+    let shut_out = state.auth.ip_guard.may_fail(ip).err();
+    state.auth.ip_guard.failed(ip);
+    match shut_out {
+        Some(retry_after_secs) => ApiError::RateLimited { retry_after_secs },
+        None => ApiError::PreviewUnauthorized,
+    }
 }
 
 /// The preview cookie's name: `__Host-` prefixed over https (the browser then keeps it to

@@ -37,6 +37,8 @@ pub enum SystemStop<'a> {
     SpendCap,
     /// A team's running sandboxes, its credits spent.
     CreditsExhausted(Uuid),
+    /// Live sandboxes made with an API key since revoked or expired (a batch).
+    KeyEnded,
 }
 
 impl SystemStop<'_> {
@@ -49,6 +51,7 @@ impl SystemStop<'_> {
             | SystemStop::MissingFromWorker { .. } => StopReason::Lost,
             SystemStop::SpendCap => StopReason::SpendCap,
             SystemStop::CreditsExhausted(_) => StopReason::InsufficientCredits,
+            SystemStop::KeyEnded => StopReason::KeyRevoked,
         }
     }
 
@@ -69,6 +72,10 @@ impl SystemStop<'_> {
             SystemStop::CreditsExhausted(_) => Some((
                 "sandbox.stop_insufficient_credits",
                 "the team's credits ran out and the grace period passed",
+            )),
+            SystemStop::KeyEnded => Some((
+                "sandbox.stop_key_revoked",
+                "the API key it was made with was revoked or expired",
             )),
         }
     }
@@ -110,6 +117,14 @@ impl SystemStop<'_> {
             SystemStop::CreditsExhausted(_) => {
                 "SELECT id FROM sandboxes WHERE team_id = $5 AND state NOT IN ($1, $4)"
             }
+            // Revoking a key revokes its descendants; a child expires no later than its
+            // parent: the key's own row says it.
+            SystemStop::KeyEnded => {
+                "SELECT s.id FROM sandboxes s JOIN api_keys k ON k.id = s.api_key_id \
+                 WHERE s.state NOT IN ($1, $4) \
+                   AND (k.revoked_at IS NOT NULL OR k.expires_at <= now()) \
+                 LIMIT 200 FOR UPDATE OF s SKIP LOCKED"
+            }
         }
     }
 }
@@ -131,7 +146,7 @@ pub async fn stop_system(
         .bind(SandboxState::Running)
         .bind(SandboxState::Creating);
     let query = match stop {
-        SystemStop::Expired | SystemStop::SpendCap => query,
+        SystemStop::Expired | SystemStop::SpendCap | SystemStop::KeyEnded => query,
         SystemStop::WorkerSilent {
             lost_after_secs: seconds,
         }

@@ -28,6 +28,28 @@ const COLUMNS: &str = "id, team_id, sandbox_id, kind, session, shell_session, ap
 /// The recordings a team sees: every command's, and terminal sessions' once they opened.
 const VISIBLE: &str = "(kind <> 'terminal' OR session IS NOT NULL)";
 
+/// Whose recordings a reader sees (`$R`: whether the reader sees everyone's): admins and
+/// owners every recording of the team; members only those made by members (themselves
+/// included) — an admin's session may show what a member must not see. The maker's role is
+/// its key's, else its person's; a recording made by nobody known counts as an owner's.
+const READABLE: &str = "($R::boolean OR coalesce( \
+     (SELECT k.role FROM api_keys k WHERE k.id = recordings.api_key_id), \
+     (SELECT m.role FROM team_members m \
+      WHERE m.team_id = recordings.team_id AND m.user_id = recordings.user_id), \
+     'owner') = 'member')";
+
+/// Who reads recordings: a team, and whether every recording of it (admins and owners) or
+/// only those made by members.
+#[derive(Debug, Clone, Copy)]
+pub struct Reader {
+    pub team_id: Uuid,
+    pub everyone: bool,
+}
+
+fn readable(position: u8) -> String {
+    READABLE.replace("$R", &format!("${position}"))
+}
+
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct RecordingRow {
     pub id: Uuid,
@@ -328,51 +350,58 @@ pub async fn put_whole(
     Ok(())
 }
 
-/// One recording of a team.
-pub async fn find(state: &AppState, team_id: Uuid, id: Uuid) -> ApiResult<RecordingRow> {
+/// One recording of a team, if the reader may see it.
+pub async fn find(state: &AppState, reader: Reader, id: Uuid) -> ApiResult<RecordingRow> {
     sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM recordings WHERE id = $1 AND team_id = $2 AND {VISIBLE}"
+        "SELECT {COLUMNS} FROM recordings WHERE id = $1 AND team_id = $2 AND {VISIBLE} AND {}",
+        readable(3)
     ))
     .bind(id)
-    .bind(team_id)
+    .bind(reader.team_id)
+    .bind(reader.everyone)
     .fetch_optional(&state.db)
     .await?
     .ok_or(ApiError::NotFound("recording"))
 }
 
-/// The recording of a team's terminal session.
+/// The recording of a team's terminal session, if the reader may see it.
 pub async fn of_session(
     state: &AppState,
-    team_id: Uuid,
+    reader: Reader,
     sandbox: Uuid,
     session: u32,
 ) -> ApiResult<RecordingRow> {
     sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM recordings WHERE team_id = $1 AND sandbox_id = $2 AND session = $3"
+        "SELECT {COLUMNS} FROM recordings \
+         WHERE team_id = $1 AND sandbox_id = $2 AND session = $3 AND {}",
+        readable(4)
     ))
-    .bind(team_id)
+    .bind(reader.team_id)
     .bind(sandbox)
     .bind(session as i32)
+    .bind(reader.everyone)
     .fetch_optional(&state.db)
     .await?
     .ok_or(ApiError::NotFound("recording"))
 }
 
-/// A team's recordings (of one sandbox), newest first.
+/// A team's recordings the reader may see (of one sandbox), newest first.
 pub async fn list(
     state: &AppState,
-    team_id: Uuid,
+    reader: Reader,
     sandbox: Option<Uuid>,
     limit: i64,
 ) -> ApiResult<Vec<RecordingRow>> {
     Ok(sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM recordings WHERE team_id = $1 AND {VISIBLE} \
-           AND ($2::uuid IS NULL OR sandbox_id = $2) \
-         ORDER BY started_at DESC, id DESC LIMIT $3"
+           AND ($2::uuid IS NULL OR sandbox_id = $2) AND {} \
+         ORDER BY started_at DESC, id DESC LIMIT $3",
+        readable(4)
     ))
-    .bind(team_id)
+    .bind(reader.team_id)
     .bind(sandbox)
     .bind(limit)
+    .bind(reader.everyone)
     .fetch_all(&state.db)
     .await?)
 }

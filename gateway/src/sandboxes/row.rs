@@ -34,6 +34,8 @@ text_enum! {
         InsufficientCredits => "insufficient_credits",
         /// Its own or its API key's spend cap was reached.
         SpendCap => "spend_cap",
+        /// The API key it was made with was revoked or expired.
+        KeyRevoked => "key_revoked",
     }
 }
 

@@ -147,3 +147,45 @@ async fn a_member_key_cannot_revoke_keys_outside_its_own_lineage() {
     assert_eq!(answer.status, StatusCode::NO_CONTENT, "{}", answer.body);
     assert_eq!(app.get("/v1/me", owner_token).await.status, StatusCode::OK);
 }
+
+/// A key given to an agent or a CI job takes what it started with it: revoking the key (or
+/// its running out) stops the sandboxes it made, with the reason, while the team's other
+/// sandboxes keep running.
+#[tokio::test(flavor = "multi_thread")]
+async fn sandboxes_stop_with_the_key_that_made_them() {
+    use crate::testbed::{TestWorker, create_ok, sandbox_app, wait_until, worker_config};
+    let app = sandbox_app().await;
+    let worker = TestWorker::start(worker_config(&app, "kr", 4, 0)).await;
+    let owner = app.signup(&email("keyend"), "Keyend").await;
+    let token = owner.api_key.token.as_str();
+    let (agent_id, agent) = app.create_key(token, json!({ "name": "agent" })).await;
+    let (_, short) = app
+        .create_key(token, json!({ "name": "short", "expires_in_secs": 3 }))
+        .await;
+    let by_agent = create_ok(&app, &agent, json!({})).await;
+    let by_short = create_ok(&app, &short, json!({})).await;
+    let by_owner = create_ok(&app, token, json!({})).await;
+    app.delete(&format!("/v1/api-keys/{agent_id}"), token).await;
+    let state_of = |id: String| {
+        let app = &app;
+        async move { app.get(&format!("/v1/sandboxes/{id}"), token).await.body }
+    };
+    for stopped in [&by_agent, &by_short] {
+        wait_until(
+            "the key's sandbox to stop",
+            std::time::Duration::from_secs(20),
+            || async { state_of(stopped.clone()).await["state"] == "stopped" },
+        )
+        .await;
+        assert_eq!(
+            state_of(stopped.clone()).await["stop_reason"],
+            "key_revoked"
+        );
+    }
+    assert_eq!(state_of(by_owner.clone()).await["state"], "running");
+    let audited = app
+        .count("SELECT count(*) FROM audit_events WHERE action = 'sandbox.stop_key_revoked'")
+        .await;
+    assert_eq!(audited, 2);
+    worker.clean_up().await;
+}

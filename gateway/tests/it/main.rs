@@ -24,6 +24,7 @@ mod node_hardening;
 mod openapi;
 mod operations;
 mod pause;
+mod preview_limits;
 mod previews;
 mod rate_limit;
 mod recordings;

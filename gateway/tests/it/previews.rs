@@ -17,12 +17,12 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use crate::helpers::{TestApp, spawn_app_with};
 use crate::testbed::{TestSandbox, TestWorker, configure_sandboxes, wait_until, worker_config};
 
-const DOMAIN: &str = "preview.localhost";
+pub(crate) const DOMAIN: &str = "preview.localhost";
 
 /// An HTTP server on the port given that answers every GET with the request it saw (path and
 /// headers, as JSON) and echoes WebSocket messages on an upgrade: Python's standard library
 /// only.
-const ECHO_SERVER: &str = r#"
+pub(crate) const ECHO_SERVER: &str = r#"
 import base64, hashlib, json, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -75,7 +75,9 @@ async fn preview_app() -> TestApp {
     preview_app_with(|_| {}).await
 }
 
-async fn preview_app_with(configure: impl FnOnce(&mut sandbase_gateway::Settings)) -> TestApp {
+pub(crate) async fn preview_app_with(
+    configure: impl FnOnce(&mut sandbase_gateway::Settings),
+) -> TestApp {
     spawn_app_with(|settings| {
         configure_sandboxes(settings);
         settings.previews.domain = Some(DOMAIN.to_owned());
@@ -86,16 +88,16 @@ async fn preview_app_with(configure: impl FnOnce(&mut sandbase_gateway::Settings
 }
 
 /// The gateway's listener, where every preview host is sent.
-fn gateway_addr(app: &TestApp) -> SocketAddr {
+pub(crate) fn gateway_addr(app: &TestApp) -> SocketAddr {
     app.address.trim_start_matches("http://").parse().unwrap()
 }
 
-fn host(port: u16, id: &str) -> String {
+pub(crate) fn host(port: u16, id: &str) -> String {
     format!("{port}-{id}.{DOMAIN}")
 }
 
 /// A client that resolves the preview hosts of `ids` to the gateway and follows no redirect.
-fn preview_client(app: &TestApp, hosts: &[String]) -> reqwest::Client {
+pub(crate) fn preview_client(app: &TestApp, hosts: &[String]) -> reqwest::Client {
     let mut builder = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
     for name in hosts {
         builder = builder.resolve(name, gateway_addr(app));
@@ -103,7 +105,7 @@ fn preview_client(app: &TestApp, hosts: &[String]) -> reqwest::Client {
     builder.build().unwrap()
 }
 
-fn url(app: &TestApp, port: u16, id: &str, path: &str) -> String {
+pub(crate) fn url(app: &TestApp, port: u16, id: &str, path: &str) -> String {
     format!(
         "http://{}:{}{path}",
         host(port, id),
@@ -111,14 +113,14 @@ fn url(app: &TestApp, port: u16, id: &str, path: &str) -> String {
     )
 }
 
-async fn open(sandbox: &TestSandbox<'_>, body: Value) -> Value {
+pub(crate) async fn open(sandbox: &TestSandbox<'_>, body: Value) -> Value {
     let opened = sandbox.post("/previews", body).await;
     assert_eq!(opened.status.as_u16(), 201, "{}", opened.body);
     opened.body
 }
 
 /// Starts `command` in the background and waits until the preview of `port` answers.
-async fn serve(sandbox: &TestSandbox<'_>, command: &str, port: u16, token: &str) {
+pub(crate) async fn serve(sandbox: &TestSandbox<'_>, command: &str, port: u16, token: &str) {
     let started = sandbox
         .exec(json!({ "command": command, "background": true }))
         .await;
@@ -676,87 +678,4 @@ async fn nothing_of_a_sandboxs_sessions_is_left_after_destroy() {
     let gone = client.get(&target).send().await.unwrap();
     assert_eq!(gone.status().as_u16(), 409);
     worker.clean_up().await;
-}
-
-/// A public preview lets anyone in, so what its connections may hold is bounded: beyond the
-/// preview's share a request is refused at once (503 `preview_busy`) while the others keep
-/// working, a WebSocket nobody speaks on is closed after the idle timeout, and its place
-/// comes back.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_public_preview_holds_a_bounded_number_of_connections_and_drops_idle_ones() {
-    let app = preview_app_with(|settings| {
-        settings.previews.max_connections_per_preview = 2;
-        settings.previews.idle_timeout_secs = 2;
-    })
-    .await;
-    let mut config = worker_config(&app, "pb", 2, 0);
-    let tarball = std::env::var("SANDBASE_BASE_TARBALL").expect("SANDBASE_BASE_TARBALL");
-    config
-        .templates
-        .push(("base".to_owned(), TemplateSource::Tarball(tarball.into())));
-    let worker = TestWorker::start(config).await;
-    let owner = app.signup("budget@example.com", "Budget").await;
-    let sandbox =
-        TestSandbox::create(&app, &owner.api_key.token, json!({ "template": "base" })).await;
-    let opened = open(&sandbox, json!({ "port": 8001, "public": true })).await;
-    let token = opened["token"].as_str().unwrap().to_owned();
-    sandbox
-        .put_file("/work/echo.py", ECHO_SERVER.as_bytes().to_vec())
-        .await;
-    serve(&sandbox, "exec python3 /work/echo.py 8001", 8001, &token).await;
-    let connect = || async {
-        let request = format!(
-            "ws://{}:{}/ws",
-            host(8001, &sandbox.id),
-            gateway_addr(&app).port()
-        )
-        .into_client_request()
-        .unwrap();
-        let stream = tokio::net::TcpStream::connect(gateway_addr(&app))
-            .await
-            .unwrap();
-        tokio_tungstenite::client_async(request, stream).await
-    };
-    let (mut first, _) = connect().await.unwrap();
-    let (_second, _) = connect().await.unwrap();
-    // An anonymous client asking for a third is refused at once; the first still works.
-    let client = preview_client(&app, &[host(8001, &sandbox.id)]);
-    let busy = client
-        .get(url(&app, 8001, &sandbox.id, "/"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(busy.status().as_u16(), 503);
-    let body: Value = busy.json().await.unwrap();
-    assert_eq!(body["error"]["code"], "preview_busy", "{body}");
-    first
-        .send(Message::Text("still here".into()))
-        .await
-        .unwrap();
-    let echoed = tokio::time::timeout(Duration::from_secs(5), first.next())
-        .await
-        .unwrap();
-    assert_eq!(echoed.unwrap().unwrap().to_text().unwrap(), "still here");
-    // Left idle, both are closed by the gateway, and the preview serves again.
-    let ended = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Some(Ok(_)) = first.next().await {}
-    })
-    .await;
-    assert!(ended.is_ok(), "an idle WebSocket was kept open");
-    wait_until(
-        "the places to come back",
-        Duration::from_secs(10),
-        || async {
-            client
-                .get(url(&app, 8001, &sandbox.id, "/"))
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
-                == 200
-        },
-    )
-    .await;
-    worker.clean_up_with(&["base"]).await;
 }

@@ -153,3 +153,64 @@ async fn a_worker_cannot_overwrite_another_recording() {
     assert_eq!(after, before);
     worker.clean_up().await;
 }
+
+/// What an admin's session showed may be what a member must not see: a member reads only the
+/// recordings members made; admins and owners read every one of the team's.
+#[tokio::test(flavor = "multi_thread")]
+async fn members_read_only_the_recordings_members_made() {
+    let app = quota_app().await;
+    let worker = TestWorker::start(worker_config(&app, "rr", 2, 0)).await;
+    let owner = app.signup("rr-owner@example.com", "Readers").await;
+    let owner_key = owner.api_key.token.as_str();
+    app.signup("rr-member@example.com", "Own").await;
+    app.add_member(owner_key, "rr-member@example.com", "member")
+        .await;
+    let member_session = app
+        .login("rr-member@example.com", Some(owner.team.id))
+        .await;
+    let (_, member_key) = app
+        .create_key(&member_session, json!({ "name": "m" }))
+        .await;
+    let sandbox = create_ok(&app, owner_key, json!({})).await;
+    let secret = exec(
+        &app,
+        owner_key,
+        &sandbox,
+        json!({ "command": "echo owners-eyes-only" }),
+    )
+    .await;
+    assert_eq!(secret.status.as_u16(), 200, "{}", secret.body);
+    let mine = exec(
+        &app,
+        &member_key,
+        &sandbox,
+        json!({ "command": "echo member-work" }),
+    )
+    .await;
+    assert_eq!(mine.status.as_u16(), 200, "{}", mine.body);
+    wait_until("both recordings", Duration::from_secs(15), || async {
+        recordings_of(&app, owner_key, &sandbox).await.len() == 2
+    })
+    .await;
+    let all = recordings_of(&app, owner_key, &sandbox).await;
+    let id_of = |text: &str| {
+        all.iter()
+            .find(|r| r["command"][2] == text)
+            .unwrap_or_else(|| panic!("no recording of {text}: {all:?}"))["id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let (owners, members) = (id_of("echo owners-eyes-only"), id_of("echo member-work"));
+    let seen = recordings_of(&app, &member_key, &sandbox).await;
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0]["id"], members.as_str());
+    app.get(&format!("/v1/recordings/{owners}"), &member_key)
+        .await
+        .assert_error(404, "not_found");
+    let read = app
+        .get_text(&format!("/v1/recordings/{members}"), &member_key)
+        .await;
+    assert!(read.contains("member-work"), "{read}");
+    worker.clean_up().await;
+}

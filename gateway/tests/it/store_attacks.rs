@@ -1,10 +1,11 @@
 //! Attacks on the store's forwarding: a paid API's path climbing out of its base however it is
-//! encoded, an upstream's redirect carrying the operator's credential elsewhere, and a key's
-//! model allow-list skipped by one of the store's surfaces.
+//! encoded, an upstream's redirect carrying the operator's credential elsewhere, a key's
+//! model allow-list skipped by one of the store's surfaces, and a paid call left unbilled by
+//! a client that hangs up before its answer.
 
 use serde_json::{Value, json};
 
-use crate::store::{call, chat, store_app};
+use crate::store::{available, call, chat, store_app};
 
 #[tokio::test]
 async fn a_paid_apis_path_stays_under_its_base_and_redirects_are_not_followed() {
@@ -125,4 +126,33 @@ async fn a_keys_allowed_models_hold_on_every_store_surface() {
     )
     .await;
     assert_eq!(allowed.status(), 200);
+}
+
+#[tokio::test]
+async fn a_paid_api_call_whose_client_leaves_is_still_billed() {
+    let (app, _) = store_app().await;
+    let team = app.signup("leaver@example.com", "Leaver").await;
+    let key = team.api_key.token.as_str();
+    let before = available(&app, key).await;
+    let count = || app.count("SELECT count(*) FROM store_requests WHERE kind = 'api'");
+    let calls = count().await;
+    // The client gives up after 200 ms; the API answers after 1.5 s and charges for it.
+    let left = app
+        .http
+        .get(format!("{}/store/apis/search/slow?q=x", app.address))
+        .bearer_auth(key)
+        .timeout(std::time::Duration::from_millis(200))
+        .send()
+        .await;
+    assert!(left.is_err(), "the client was meant to leave");
+    crate::testbed::wait_until(
+        "the call to be settled",
+        std::time::Duration::from_secs(10),
+        || async { count().await > calls },
+    )
+    .await;
+    crate::testbed::wait_until("the debit", std::time::Duration::from_secs(10), || async {
+        available(&app, key).await < before
+    })
+    .await;
 }

@@ -389,7 +389,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** The team's recordings, newest first. */
+        /**
+         * The team's recordings, newest first (members see those members made; admins and owners
+         *     every one).
+         */
         get: operations["list_recordings"];
         put?: never;
         post?: never;
@@ -406,7 +409,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** One recording, as asciicast v2 (play it with `sandbase replay ID` or `asciinema play`). */
+        /**
+         * One recording, as asciicast v2 (play it with `sandbase replay ID` or `asciinema play`);
+         *     a member reads those members made.
+         */
         get: operations["get_recording"];
         put?: never;
         post?: never;
@@ -2094,8 +2100,9 @@ export interface components {
             state: components["schemas"]["SandboxState"];
             /**
              * @description Why a stopped sandbox stopped: `destroyed`, `expired`, `failed`, `lost`,
-             *     `insufficient_credits` (the team's credits ran out) or `spend_cap` (its own cap or
-             *     its API key's was reached).
+             *     `insufficient_credits` (the team's credits ran out), `spend_cap` (its own cap or
+             *     its API key's was reached) or `key_revoked` (the API key it was made with was revoked
+             *     or expired).
              */
             stop_reason?: string | null;
             /** Format: date-time */

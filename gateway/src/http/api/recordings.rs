@@ -28,6 +28,14 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_recording, delete_recording))
 }
 
+/// Admins and owners read every recording of their team; members those made by members.
+fn reader(principal: &Principal) -> recordings::Reader {
+    recordings::Reader {
+        team_id: principal.team_id,
+        everyone: principal.role.at_least(Role::Admin),
+    }
+}
+
 fn cast(state: &AppState, row: &RecordingRow) -> Response {
     let mut response = Body::from_stream(recordings::content(state, row)).into_response();
     response.headers_mut().insert(
@@ -47,7 +55,7 @@ async fn session_recording(
     principal: Principal,
     ApiPath((id, session)): ApiPath<(Uuid, u32)>,
 ) -> ApiResult<Response> {
-    let row = recordings::of_session(&state, principal.team_id, id, session).await?;
+    let row = recordings::of_session(&state, reader(&principal), id, session).await?;
     Ok(cast(&state, &row))
 }
 
@@ -58,7 +66,8 @@ struct ListQuery {
     sandbox: Option<Uuid>,
 }
 
-/// The team's recordings, newest first.
+/// The team's recordings, newest first (members see those members made; admins and owners
+/// every one).
 #[utoipa::path(get, path = "/v1/recordings", tag = "sandboxes", security(("bearer" = [])),
     params(ListQuery),
     responses((status = 200, description = "OK", body = RecordingList)))]
@@ -67,13 +76,14 @@ async fn list_recordings(
     principal: Principal,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> ApiResult<axum::Json<RecordingList>> {
-    let rows = recordings::list(&state, principal.team_id, query.sandbox, MAX_LIST).await?;
+    let rows = recordings::list(&state, reader(&principal), query.sandbox, MAX_LIST).await?;
     Ok(axum::Json(RecordingList {
         recordings: rows.iter().map(RecordingRow::to_api).collect(),
     }))
 }
 
-/// One recording, as asciicast v2 (play it with `sandbase replay ID` or `asciinema play`).
+/// One recording, as asciicast v2 (play it with `sandbase replay ID` or `asciinema play`);
+/// a member reads those members made.
 #[utoipa::path(get, path = "/v1/recordings/{id}", tag = "sandboxes", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "Recording id")),
     responses((status = 200, description = "The recording", content_type = "application/x-asciicast"), (status = 404, description = "Not in the caller's team", body = ErrorBody)))]
@@ -82,7 +92,7 @@ async fn get_recording(
     principal: Principal,
     ApiPath(id): ApiPath<Uuid>,
 ) -> ApiResult<Response> {
-    let row = recordings::find(&state, principal.team_id, id).await?;
+    let row = recordings::find(&state, reader(&principal), id).await?;
     Ok(cast(&state, &row))
 }
 

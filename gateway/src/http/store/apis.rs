@@ -81,6 +81,53 @@ pub async fn forward(
     };
     let call = meter::admit(&state, &caller.principal, asked, worst).await?;
     let request = upstream_request(api, &method, url, &headers, body);
+    // The call runs to its end in a task of its own: a client that leaves does not stop it
+    // (the upstream charges for it all the same), and it is settled.
+    let answered = tokio::spawn(call_upstream(
+        state.clone(),
+        api.settings.name.clone(),
+        call,
+        request,
+    ))
+    .await
+    .map_err(|error| ApiError::Internal(anyhow::anyhow!("a paid API call's task: {error}")))??;
+    let mut response = (answered.status, answered.bytes).into_response();
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (header::CONTENT_TYPE, answered.content_type),
+        (header::RETRY_AFTER, answered.retry_after),
+    ] {
+        if let Some(value) = value {
+            headers.insert(name, value);
+        }
+    }
+    if let Ok(value) = HeaderValue::from_str(&answered.id.to_string()) {
+        headers.insert(REQUEST_HEADER, value);
+    }
+    Ok(response)
+}
+
+/// What a paid API answered, to pass back.
+struct Answered {
+    status: axum::http::StatusCode,
+    bytes: Bytes,
+    content_type: Option<HeaderValue>,
+    retry_after: Option<HeaderValue>,
+    id: uuid::Uuid,
+}
+
+/// Sends an admitted call of the API `name` and settles it: its reservation released when it
+/// cost nothing (unreachable, the credential refused, 429, 5xx), its price booked otherwise.
+async fn call_upstream(
+    state: AppState,
+    name: String,
+    call: meter::Call,
+    request: reqwest::RequestBuilder,
+) -> Result<Answered, ApiError> {
+    let api = state
+        .store
+        .api(&name)
+        .ok_or_else(|| ApiError::StoreApiNotFound(name.clone()))?;
     let answer = match request.send().await {
         Ok(answer) => answer,
         Err(error) => {
@@ -95,7 +142,7 @@ pub async fn forward(
     let status = answer.status();
     let first_byte = call.started.elapsed();
     if matches!(status.as_u16(), 401 | 403) {
-        tracing::error!(api = %api.settings.name, status = %status, "the API refused the operator's credential");
+        tracing::error!(api = %name, status = %status, "the API refused the operator's credential");
         meter::release(&state, &call).await;
         return Err(ApiError::UpstreamAuthFailed);
     }
@@ -128,20 +175,13 @@ pub async fn forward(
             }
         });
     }
-    let mut response = (status, bytes).into_response();
-    let headers = response.headers_mut();
-    for (name, value) in [
-        (header::CONTENT_TYPE, content_type),
-        (header::RETRY_AFTER, retry_after),
-    ] {
-        if let Some(value) = value {
-            headers.insert(name, value);
-        }
-    }
-    if let Ok(value) = HeaderValue::from_str(&id.to_string()) {
-        headers.insert(REQUEST_HEADER, value);
-    }
-    Ok(response)
+    Ok(Answered {
+        status,
+        bytes,
+        content_type,
+        retry_after,
+        id,
+    })
 }
 
 /// The upstream URL: `{base_url}/{segments}?{query}`, each segment pushed on its own

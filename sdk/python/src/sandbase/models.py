@@ -1561,7 +1561,7 @@ class Sandbox(BaseModel):
     stop_reason: Annotated[
         str | None,
         Field(
-            description="Why a stopped sandbox stopped: `destroyed`, `expired`, `failed`, `lost`,\n`insufficient_credits` (the team's credits ran out) or `spend_cap` (its own cap or\nits API key's was reached)."
+            description="Why a stopped sandbox stopped: `destroyed`, `expired`, `failed`, `lost`,\n`insufficient_credits` (the team's credits ran out), `spend_cap` (its own cap or\nits API key's was reached) or `key_revoked` (the API key it was made with was revoked\nor expired)."
         ),
     ] = None
     stopped_at: AwareDatetime | None = None
