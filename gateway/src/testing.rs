@@ -131,6 +131,20 @@ impl Inspector {
         self.0.auth.keys.is_live()
     }
 
+    /// What placement believes of a live worker: (capacity, running, memory MiB, CPU
+    /// millicores), as its last heartbeat was held to.
+    pub async fn worker_claims(&self, id: &str) -> anyhow::Result<Option<(u32, u32, u64, u64)>> {
+        let live = self.0.sandboxes.workers.live().await?;
+        Ok(live.iter().find(|worker| worker.id == id).map(|worker| {
+            (
+                worker.capacity,
+                worker.running,
+                worker.memory_mb,
+                worker.cpu_millis,
+            )
+        }))
+    }
+
     /// How many live workers could host a sandbox of `template` for `team_id` with
     /// `isolation` (the placement the scale benchmark times).
     pub async fn placement_candidates(

@@ -119,6 +119,7 @@ impl Default for Settings {
                 node_token: None,
                 heartbeat_ttl_secs: 10,
                 lost_after_secs: 30,
+                max_capacity: 1000,
             },
             runs: RunSettings {
                 artifacts_dir: "/var/lib/sandbase/artifacts".into(),

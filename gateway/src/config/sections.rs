@@ -283,6 +283,8 @@ pub struct WorkerSettings {
     pub heartbeat_ttl_secs: u64,
     /// A worker silent for this long has lost its sandboxes.
     pub lost_after_secs: u64,
+    /// The most sandboxes one worker may register for (a larger claim is refused).
+    pub max_capacity: u32,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

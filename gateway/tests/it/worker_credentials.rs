@@ -178,3 +178,45 @@ async fn credentials_travel_to_workers_only_over_tls() {
         .unwrap();
     assert!(trusting.status().is_success());
 }
+
+/// A stolen worker credential cannot attract sandboxes by over-reporting: a registration
+/// past `workers.max_capacity` is refused, a heartbeat is held to the capacity its worker
+/// registered and to the memory and CPU of its first report, and a worker cannot look emptier
+/// than the gateway knows it is.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_cannot_claim_more_than_it_registered() {
+    let app = sandbox_app().await;
+    let thief = worker_credential("greedy");
+    let register = |capacity: u32| json!({ "id": "greedy", "url": "http://127.0.0.1:9", "capacity": capacity, "templates": [] });
+    assert_eq!(
+        internal_post(
+            &app,
+            "/internal/v1/workers/register",
+            &thief,
+            register(1_000_000)
+        )
+        .await,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    assert_eq!(
+        internal_post(&app, "/internal/v1/workers/register", &thief, register(2)).await,
+        StatusCode::NO_CONTENT
+    );
+    let beat = |capacity: u32, memory: u64| {
+        json!({
+            "id": "greedy", "url": "http://127.0.0.1:9", "capacity": capacity, "templates": [],
+            "sandboxes": [], "memory_mb": memory, "cpu_millis": 2000
+        })
+    };
+    let heartbeat = "/internal/v1/workers/heartbeat";
+    assert_eq!(
+        internal_post(&app, heartbeat, &thief, beat(2, 4096)).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        internal_post(&app, heartbeat, &thief, beat(500, 1 << 30)).await,
+        StatusCode::OK
+    );
+    let claims = app.state.worker_claims("greedy").await.unwrap();
+    assert_eq!(claims, Some((2, 0, 4096, 2000)));
+}
