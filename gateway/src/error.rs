@@ -192,6 +192,10 @@ pub enum ApiError {
     /// connections as it may.
     #[error("{0}")]
     PreviewBusy(String),
+    /// 422 `unsupported_parameter`: a model call asks for what the store does not pass on or
+    /// does not price.
+    #[error("{0}")]
+    UnsupportedParameter(String),
     /// 426 `websocket_required`: a WebSocket route asked without a proper handshake.
     #[error("this route is a WebSocket: {0}")]
     WebSocketRequired(String),
@@ -280,7 +284,8 @@ impl ApiError {
             | ApiError::TemplateNotFound(_)
             | ApiError::VolumeNotFound(_)
             | ApiError::IsolationUnavailable(_)
-            | ApiError::UnknownPrice(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            | ApiError::UnknownPrice(_)
+            | ApiError::UnsupportedParameter(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::VaultNotConfigured | ApiError::BillingNotConfigured(_) => {
                 StatusCode::NOT_IMPLEMENTED
             }
@@ -377,6 +382,7 @@ impl ApiError {
             ApiError::PreviewUnauthorized => "preview_unauthorized",
             ApiError::PreviewCrossSite => "preview_cross_site",
             ApiError::WebSocketRequired(_) => "websocket_required",
+            ApiError::UnsupportedParameter(_) => "unsupported_parameter",
             ApiError::PreviewBusy(_) => "preview_busy",
             ApiError::PreviewFailed(_) => "preview_failed",
             ApiError::ModelNotFound(_) => "model_not_found",

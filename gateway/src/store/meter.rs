@@ -67,10 +67,19 @@ pub struct Outcome {
 /// The most a call can cost: every input token at the dearest input price (the request's
 /// size in bytes bounds its tokens, and so does the context window), the output at the
 /// request's maximum (or the model's default).
-pub fn worst_case(model: &Model, request_bytes: usize, max_output: Option<u64>) -> i64 {
+/// `choices` answers asked at once (`n`) each cost their output.
+pub fn worst_case(
+    model: &Model,
+    request_bytes: usize,
+    max_output: Option<u64>,
+    choices: u64,
+) -> i64 {
     let window = model.settings.context_window;
     let input = (request_bytes as u64).min(window);
-    let output = max_output.unwrap_or(model.settings.max_output).min(window);
+    let output = max_output
+        .unwrap_or(model.settings.max_output)
+        .min(window)
+        .saturating_mul(choices.max(1));
     let prices = &model.prices;
     let dearest = prices
         .input

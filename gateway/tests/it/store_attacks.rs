@@ -156,3 +156,58 @@ async fn a_paid_api_call_whose_client_leaves_is_still_billed() {
     })
     .await;
 }
+
+/// What a request can make the provider charge is priced or refused: a priority tier or the
+/// provider's own tools are refused before anything is reserved, and an image (tokens its
+/// bytes do not show) reserves the whole context window, so a small cap refuses it.
+#[tokio::test]
+async fn what_the_provider_would_charge_is_priced_or_refused() {
+    let (app, seen) = store_app().await;
+    let team = app.signup("pricing@example.com", "Pricing").await;
+    let owner = team.api_key.token.as_str();
+    let (_, capped) = app
+        .create_key(owner, json!({ "name": "small", "max_credits": "0.05" }))
+        .await;
+    let before = seen.all().await.len();
+    for (field, value) in [
+        ("service_tier", json!("priority")),
+        ("web_search_options", json!({})),
+        ("audio", json!({ "voice": "alloy", "format": "wav" })),
+        ("something_new", json!(true)),
+    ] {
+        let mut body = chat("openai/gpt-test", "hi", false);
+        body[field] = value;
+        let refused = call(&app, "/openai/v1/chat/completions", owner, body).await;
+        assert_eq!(refused.status(), 422, "{field}");
+        let body: Value = refused.json().await.unwrap();
+        assert_eq!(
+            body["error"]["code"], "unsupported_parameter",
+            "{field}: {body}"
+        );
+    }
+    assert_eq!(
+        seen.all().await.len(),
+        before,
+        "a refused call reached the provider"
+    );
+    let text = call(
+        &app,
+        "/openai/v1/chat/completions",
+        &capped,
+        chat("openai/gpt-test", "hi", false),
+    )
+    .await;
+    assert_eq!(text.status(), 200);
+    let mut image = chat("openai/gpt-test", "hi", false);
+    image["messages"][0]["content"] = json!([
+        { "type": "text", "text": "what is this?" },
+        { "type": "image_url", "image_url": { "url": "https://example.com/a.png" } }
+    ]);
+    let refused = call(&app, "/openai/v1/chat/completions", &capped, image.clone()).await;
+    assert_eq!(refused.status(), 402);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "spend_cap_reached", "{body}");
+    // The owner's key, uncapped, reserves the window and is billed what was used.
+    let answered = call(&app, "/openai/v1/chat/completions", owner, image).await;
+    assert_eq!(answered.status(), 200);
+}

@@ -62,7 +62,14 @@ pub(super) async fn admit(
             .iter()
             .find_map(|field| json.get(*field).and_then(Value::as_u64))
     };
-    let worst = meter::worst_case(model, request.body.len(), max_output);
+    let vetted = super::vet::vet(endpoint, &json, &request.headers)?;
+    // Tokens the body does not show (images, files, a stored conversation): the whole window.
+    let input_bound = if vetted.full_window {
+        usize::MAX
+    } else {
+        request.body.len()
+    };
+    let worst = meter::worst_case(model, input_bound, max_output, vetted.choices);
     // Translated before anything is reserved: a request with no counterpart is refused free.
     let sent = match &translated {
         Some(translated) => Some(translated.request(&json, model)?),

@@ -8,6 +8,7 @@
 
 mod admit;
 mod answer;
+mod vet;
 
 use bytes::Bytes;
 use futures_util::stream::BoxStream;
