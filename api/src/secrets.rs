@@ -25,8 +25,9 @@ pub struct Injection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub query: Option<String>,
     /// The sandbox gets an environment variable holding a look-alike placeholder, which the
-    /// proxy swaps for the secret in the headers of requests to the secret's hosts; in their
-    /// bodies and URLs only when the secret opts in, for the paths it names.
+    /// proxy swaps for the secret in the credential headers of requests to the secret's hosts
+    /// (`headers` names them); in their bodies and URLs only when the secret opts in, for the
+    /// paths it names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placeholder: Option<Placeholder>,
 }
@@ -57,6 +58,12 @@ pub struct PlaceholderOptions {
     /// (`/v1/chat/*`). Required with `in_body` or `in_url`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<String>,
+    /// The request headers it is swapped in (default: `authorization`,
+    /// `proxy-authorization`, `x-api-key`, `api-key`, `private-token`, `x-auth-token`). In any
+    /// other header it stays a placeholder, so an upstream echoing a header of the sandbox's
+    /// choosing never hands back the value.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<String>,
 }
 
 impl Placeholder {

@@ -56,6 +56,10 @@ pub struct SetArgs {
     /// (repeatable).
     #[arg(long = "path")]
     paths: Vec<String>,
+    /// A request header the placeholder is swapped in (repeatable; default: the usual
+    /// credential headers, `authorization`, `x-api-key` and the like).
+    #[arg(long = "placeholder-header", requires = "placeholder")]
+    placeholder_headers: Vec<String>,
     /// Who may attach it to sandboxes and runs: `admin` (default) or `member`.
     #[arg(long, value_parser = parse_usable_by)]
     usable_by: Option<UsableBy>,
@@ -68,7 +72,11 @@ fn parse_usable_by(text: &str) -> Result<UsableBy, String> {
 impl SetArgs {
     fn placeholder(&self) -> Option<Placeholder> {
         let env = self.placeholder.clone()?;
-        if !self.in_body && !self.in_url && self.paths.is_empty() {
+        if !self.in_body
+            && !self.in_url
+            && self.paths.is_empty()
+            && self.placeholder_headers.is_empty()
+        {
             return Some(Placeholder::Env(env));
         }
         Some(Placeholder::Options(PlaceholderOptions {
@@ -76,6 +84,7 @@ impl SetArgs {
             in_body: self.in_body,
             in_url: self.in_url,
             paths: self.paths.clone(),
+            headers: self.placeholder_headers.clone(),
         }))
     }
 }

@@ -37,7 +37,27 @@ pub enum Injection {
         in_url: bool,
         #[serde(default)]
         paths: Vec<String>,
+        /// The headers it is swapped in (the credential names them; by default the usual
+        /// credential headers, [`DEFAULT_PLACEHOLDER_HEADERS`]). In any other header it
+        /// stays a placeholder, so an upstream echoing a header of the sandbox's choosing
+        /// never hands back the value.
+        #[serde(default = "default_placeholder_headers")]
+        headers: Vec<String>,
     },
+}
+
+/// Where a placeholder is swapped when its credential names no headers.
+pub const DEFAULT_PLACEHOLDER_HEADERS: [&str; 6] = [
+    "authorization",
+    "proxy-authorization",
+    "x-api-key",
+    "api-key",
+    "private-token",
+    "x-auth-token",
+];
+
+pub fn default_placeholder_headers() -> Vec<String> {
+    DEFAULT_PLACEHOLDER_HEADERS.map(str::to_owned).to_vec()
 }
 
 /// Whether a request path is one of `patterns`: equal, or starting with a pattern's text
@@ -208,9 +228,13 @@ pub fn apply(credentials: &[Credential], host: &str, port: u16, parts: &mut Part
                 set_header(parts, AUTHORIZATION, &text)
             }
             Injection::Query { parameter } => set_query(parts, parameter, value),
-            Injection::Placeholder { placeholder, .. } => {
+            Injection::Placeholder {
+                placeholder,
+                headers,
+                ..
+            } => {
                 let in_url = credential.swaps_url(parts.uri.path());
-                swap(parts, placeholder, value, in_url)
+                swap(parts, placeholder, value, in_url, headers)
             }
         };
         if done {
@@ -349,6 +373,14 @@ impl BodyScan {
         std::mem::take(&mut self.held)
     }
 
+    /// The credential whose placeholder must not go where `text` goes, if `text` holds one.
+    pub fn stopped_by(&self, text: &[u8]) -> Option<String> {
+        self.rules
+            .iter()
+            .find(|rule| rule.value.is_none() && contains(text, &rule.placeholder))
+            .map(|rule| rule.name.clone())
+    }
+
     fn swap(&mut self) -> Result<(), String> {
         for rule in &self.rules {
             let Some(at) = find(&self.held, &rule.placeholder) else {
@@ -439,8 +471,9 @@ pub(crate) fn encode(text: &str) -> String {
     encoded
 }
 
-/// Replaces the placeholder with the value in every header, and in the target when `in_url`.
-fn swap(parts: &mut Parts, placeholder: &str, value: &str, in_url: bool) -> bool {
+/// Replaces the placeholder with the value in the `named` headers, and in the target when
+/// `in_url`.
+fn swap(parts: &mut Parts, placeholder: &str, value: &str, in_url: bool, named: &[String]) -> bool {
     let mut swapped = false;
     let target = parts.uri.to_string();
     if in_url
@@ -450,7 +483,13 @@ fn swap(parts: &mut Parts, placeholder: &str, value: &str, in_url: bool) -> bool
         parts.uri = uri;
         swapped = true;
     }
-    for header in parts.headers.values_mut() {
+    for (name, header) in parts.headers.iter_mut() {
+        if !named
+            .iter()
+            .any(|named| named.eq_ignore_ascii_case(name.as_str()))
+        {
+            continue;
+        }
         let Ok(text) = header.to_str() else { continue };
         if text.contains(placeholder) {
             let replaced = Zeroizing::new(text.replace(placeholder, value));
@@ -479,6 +518,7 @@ mod tests {
                 in_body: true,
                 in_url: false,
                 paths: vec!["/repos/*".to_owned()],
+                headers: crate::credentials::default_placeholder_headers(),
             },
             Zeroizing::new("ghp_realvalue0123456789abcdefgh".to_owned()),
         );
@@ -533,6 +573,7 @@ mod tests {
                 in_body: true,
                 in_url: false,
                 paths: vec!["*".to_owned()],
+                headers: crate::credentials::default_placeholder_headers(),
             },
             Zeroizing::new("abc".to_owned()),
         );
@@ -627,6 +668,7 @@ mod tests {
             in_body: false,
             in_url,
             paths: vec!["/user".to_owned()],
+            headers: crate::credentials::default_placeholder_headers(),
         };
         let credentials = vec![credential("github", "api.github.com", placeholder(false))];
         let mut request = parts(
@@ -638,6 +680,18 @@ mod tests {
             Outcome::Forward(vec!["github".to_owned()])
         );
         assert_eq!(request.headers[AUTHORIZATION], "token s3cr3t value");
+        // Only in the headers the credential names: in one of the sandbox's choosing (which
+        // an upstream may echo back) it stays a placeholder.
+        let mut echoed = parts(
+            "/user",
+            &[
+                ("x-echo-me", "ghp_PLACEHOLDER000000000000"),
+                ("x-api-key", "ghp_PLACEHOLDER000000000000"),
+            ],
+        );
+        apply(&credentials, "api.github.com", 443, &mut echoed);
+        assert_eq!(echoed.headers["x-echo-me"], "ghp_PLACEHOLDER000000000000");
+        assert_eq!(echoed.headers["x-api-key"], "s3cr3t value");
         // In the URL only when opted in, and only for the paths named.
         assert_eq!(
             request.uri.to_string(),

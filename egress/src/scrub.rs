@@ -86,6 +86,16 @@ impl ScrubRules {
         self.automaton.is_match(text).then(|| self.replace(text))
     }
 
+    /// Every value of `headers` scrubbed (a response's head, or its trailers).
+    pub fn scrub_headers(&self, headers: &mut http::HeaderMap) {
+        for value in headers.values_mut() {
+            if let Some(scrubbed) = self.scrub(value.as_bytes()) {
+                *value = http::HeaderValue::from_bytes(&scrubbed)
+                    .unwrap_or_else(|_| http::HeaderValue::from_static("(scrubbed)"));
+            }
+        }
+    }
+
     fn replace(&self, text: &[u8]) -> Vec<u8> {
         self.automaton.replace_all_bytes(text, &self.replacements)
     }
@@ -121,6 +131,11 @@ impl Scrub {
             rules,
             held: Vec::new(),
         }
+    }
+
+    /// A body's trailers, scrubbed like its head.
+    pub fn trailers(&self, trailers: &mut http::HeaderMap) {
+        self.rules.scrub_headers(trailers);
     }
 
     /// The next chunk: what may be passed on now. Only an end that could be the start of a
@@ -364,6 +379,7 @@ mod tests {
             in_body: false,
             in_url: false,
             paths: Vec::new(),
+            headers: crate::credentials::default_placeholder_headers(),
         });
         assert!(rules.keeps_length());
         let scrubbed = rules.scrub(format!("echo: {VALUE}").as_bytes()).unwrap();

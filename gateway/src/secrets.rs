@@ -181,6 +181,15 @@ fn validate_placeholder(options: &sandbase_api::secrets::PlaceholderOptions) -> 
              with `/`, with at most one `*`, at the end"
         )));
     }
+    let bad_header = options
+        .headers
+        .iter()
+        .any(|header| http::HeaderName::from_bytes(header.as_bytes()).is_err());
+    if options.headers.len() > MAX_PLACEHOLDER_PATHS || bad_header {
+        return Err(ApiError::InvalidRequest(format!(
+            "`inject.placeholder.headers`: at most {MAX_PLACEHOLDER_PATHS} request header names"
+        )));
+    }
     Ok(())
 }
 

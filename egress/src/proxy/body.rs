@@ -16,6 +16,8 @@ pub(super) trait ChunkFilter: Send + Unpin + 'static {
     fn push(&mut self, chunk: &[u8]) -> Result<Vec<u8>, String>;
     /// What was held back, at the end of the body.
     fn finish(&mut self) -> Vec<u8>;
+    /// The body's trailers, filtered like its head; `Err` stops the body.
+    fn trailers(&mut self, trailers: &mut http::HeaderMap) -> Result<(), String>;
 }
 
 impl ChunkFilter for BodyScan {
@@ -26,6 +28,18 @@ impl ChunkFilter for BodyScan {
     fn finish(&mut self) -> Vec<u8> {
         BodyScan::finish(self)
     }
+
+    /// A placeholder that must not leave does not leave in a trailer either (none is
+    /// swapped there).
+    fn trailers(&mut self, trailers: &mut http::HeaderMap) -> Result<(), String> {
+        match trailers
+            .values()
+            .find_map(|value| self.stopped_by(value.as_bytes()))
+        {
+            Some(name) => Err(name),
+            None => Ok(()),
+        }
+    }
 }
 
 impl ChunkFilter for Scrub {
@@ -35,6 +49,11 @@ impl ChunkFilter for Scrub {
 
     fn finish(&mut self) -> Vec<u8> {
         Scrub::finish(self)
+    }
+
+    fn trailers(&mut self, trailers: &mut http::HeaderMap) -> Result<(), String> {
+        Scrub::trailers(self, trailers);
+        Ok(())
     }
 }
 
@@ -103,7 +122,16 @@ impl<F: ChunkFilter> hyper::body::Body for Filtered<F> {
                         }
                     },
                     Err(frame) => {
-                        this.trailers = frame.into_trailers().ok();
+                        let mut trailers = frame.into_trailers().ok();
+                        if let Some(trailers) = trailers.as_mut()
+                            && let Err(why) = this.filter.trailers(trailers)
+                        {
+                            *this.stopped.lock().unwrap_or_else(|p| p.into_inner()) =
+                                Some(why.clone());
+                            this.finished = true;
+                            return Poll::Ready(Some(Err(why.into())));
+                        }
+                        this.trailers = trailers;
                         this.finished = true;
                     }
                 },

@@ -568,12 +568,12 @@ impl Session {
         let Some(rules) = &self.scrub else {
             return response;
         };
-        for value in response.headers_mut().values_mut() {
-            if let Some(scrubbed) = rules.scrub(value.as_bytes()) {
-                *value = http::HeaderValue::from_bytes(&scrubbed)
-                    .unwrap_or_else(|_| http::HeaderValue::from_static("(scrubbed)"));
-            }
-        }
+        rules.scrub_headers(response.headers_mut());
+        // The reason phrase an upstream chose could quote a value too: the canonical one is
+        // sent instead.
+        response
+            .extensions_mut()
+            .remove::<hyper::ext::ReasonPhrase>();
         let encoded = response
             .headers()
             .get(http::header::CONTENT_ENCODING)

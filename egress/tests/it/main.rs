@@ -431,6 +431,7 @@ async fn plain_http_is_checked_request_by_request_and_upgrades_pass_through() {
                     in_body: true,
                     in_url: true,
                     paths: vec!["/*".to_owned()],
+                    headers: sandbase_egress::credentials::default_placeholder_headers(),
                 },
                 zeroize::Zeroizing::new("ghp_theRealValue0000000000000000".to_owned()),
             )],

@@ -1867,6 +1867,13 @@ export interface components {
             /** @description The environment variable holding the placeholder. */
             env: string;
             /**
+             * @description The request headers it is swapped in (default: `authorization`,
+             *     `proxy-authorization`, `x-api-key`, `api-key`, `private-token`, `x-auth-token`). In any
+             *     other header it stays a placeholder, so an upstream echoing a header of the sandbox's
+             *     choosing never hands back the value.
+             */
+            headers?: string[];
+            /**
              * @description Also swapped in request bodies (for `paths`). A body echoed back is scrubbed, but an
              *     upstream that stores what it is sent keeps the value: opt in only for APIs that need
              *     it.

@@ -199,6 +199,11 @@ fn credential(
             in_body: options.in_body,
             in_url: options.in_url,
             paths: options.paths,
+            headers: if options.headers.is_empty() {
+                sandbase_egress::credentials::default_placeholder_headers()
+            } else {
+                options.headers
+            },
         }
     } else {
         anyhow::bail!("credential `{}` says nothing about injection", given.name);

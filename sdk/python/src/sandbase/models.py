@@ -515,6 +515,12 @@ class PlaceholderOptions(BaseModel):
             pattern='^[A-Za-z_][A-Za-z0-9_]{0,127}$',
         ),
     ]
+    headers: Annotated[
+        list[str] | None,
+        Field(
+            description="The request headers it is swapped in (default: `authorization`,\n`proxy-authorization`, `x-api-key`, `api-key`, `private-token`, `x-auth-token`). In any\nother header it stays a placeholder, so an upstream echoing a header of the sandbox's\nchoosing never hands back the value."
+        ),
+    ] = None
     in_body: Annotated[
         bool | None,
         Field(
