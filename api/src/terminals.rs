@@ -36,9 +36,11 @@ pub struct OpenTerminalRequest {
     /// recording: the open is audited, the close is not.
     #[serde(default = "record_by_default")]
     pub record: bool,
-    /// Record what is typed as well as what is shown (`false` leaves the input out).
-    #[serde(default = "record_input_by_default")]
-    pub record_input: bool,
+    /// Record what is typed as well as what is shown. By default the keystrokes of admins'
+    /// and owners' sessions are recorded and members' are not (a member's typing may be a
+    /// password); `true` or `false` decides for this session.
+    #[serde(default)]
+    pub record_input: Option<bool>,
     /// Set by the gateway for the worker: the recording this session writes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(ignore)]
@@ -46,10 +48,6 @@ pub struct OpenTerminalRequest {
 }
 
 fn record_by_default() -> bool {
-    true
-}
-
-fn record_input_by_default() -> bool {
     true
 }
 

@@ -71,7 +71,7 @@ pub async fn shell(client: &Client, id: Uuid, cmd: Vec<String>) -> anyhow::Resul
         user: Default::default(),
         idle_timeout_secs: None,
         record: true,
-        record_input: true,
+        record_input: None,
         recording: None,
     };
     let opened: Terminal = client

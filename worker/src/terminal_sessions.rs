@@ -71,7 +71,7 @@ impl Hosted {
             recording: request
                 .recording
                 .zip(recordings)
-                .map(|(id, sink)| (id, request.record_input, sink)),
+                .map(|(id, sink)| (id, request.record_input.unwrap_or(true), sink)),
         };
         let terminal = match Terminal::start(&self.agent, opened).await {
             Ok(terminal) => terminal,

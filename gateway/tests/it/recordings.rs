@@ -212,5 +212,27 @@ async fn members_read_only_the_recordings_members_made() {
         .get_text(&format!("/v1/recordings/{members}"), &member_key)
         .await;
     assert!(read.contains("member-work"), "{read}");
+    // A member's terminal keeps their keystrokes out of its recording unless asked (a
+    // member's typing may be a password); an owner's keeps them.
+    for (token, body, kept) in [
+        (member_key.as_str(), json!({}), false),
+        (owner_key, json!({}), true),
+        (member_key.as_str(), json!({ "record_input": true }), true),
+    ] {
+        let opened = app
+            .post(&format!("/v1/sandboxes/{sandbox}/pty"), token, body)
+            .await;
+        assert_eq!(opened.status.as_u16(), 201, "{}", opened.body);
+        let session = opened.body["session_id"].clone();
+        let all = app.get("/v1/recordings", owner_key).await.body["recordings"].clone();
+        let recording = all
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["kind"] == "terminal" && r["session_id"] == session)
+            .cloned()
+            .unwrap_or_else(|| panic!("no recording of session {session}: {all}"));
+        assert_eq!(recording["with_input"], kept, "{recording}");
+    }
     worker.clean_up().await;
 }

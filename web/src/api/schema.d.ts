@@ -1852,8 +1852,12 @@ export interface components {
              *     recording: the open is audited, the close is not.
              */
             record?: boolean;
-            /** @description Record what is typed as well as what is shown (`false` leaves the input out). */
-            record_input?: boolean;
+            /**
+             * @description Record what is typed as well as what is shown. By default the keystrokes of admins'
+             *     and owners' sessions are recorded and members' are not (a member's typing may be a
+             *     password); `true` or `false` decides for this session.
+             */
+            record_input?: boolean | null;
             /** Format: int32 */
             rows?: number;
             user?: components["schemas"]["RunAs"];

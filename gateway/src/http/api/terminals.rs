@@ -67,6 +67,12 @@ async fn open_terminal(
     let audit = context.action("sandbox.session.open");
     principal.require(Role::Member)?;
     check_terminal(&request)?;
+    let mut request = request;
+    // Members' keystrokes are kept out of recordings unless the session asks for them.
+    let record_input = request
+        .record_input
+        .unwrap_or_else(|| principal.role.at_least(Role::Admin));
+    request.record_input = Some(record_input);
     // A recorded session's row comes first, so the worker's chunks have a place.
     let recording = if request.record {
         recordings::check_quota(&state, principal.team_id).await?;
@@ -77,7 +83,7 @@ async fn open_terminal(
                     owner: Owner::of(&principal),
                     sandbox_id: id,
                     command: request.cmd.as_deref().unwrap_or_default(),
-                    with_input: request.record_input,
+                    with_input: record_input,
                 },
             )
             .await?,
@@ -85,7 +91,6 @@ async fn open_terminal(
     } else {
         None
     };
-    let mut request = request;
     request.recording = recording;
     let opened = open_on_worker(&state, principal.team_id, id, request).await;
     if let Some(recording) = recording {

@@ -1477,7 +1477,7 @@ class OpenTerminalRequest(BaseModel):
     record_input: Annotated[
         bool | None,
         Field(
-            description='Record what is typed as well as what is shown (`false` leaves the input out).'
+            description="Record what is typed as well as what is shown. By default the keystrokes of admins'\nand owners' sessions are recorded and members' are not (a member's typing may be a\npassword); `true` or `false` decides for this session."
         ),
     ] = None
     rows: Annotated[int | None, Field(ge=1, le=1000)] = None
