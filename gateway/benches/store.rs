@@ -52,8 +52,16 @@ async fn chat(Json(body): Json<Value>) -> Response {
         }))
         .into_response();
     }
-    let chunks = body["chunks"].as_u64().unwrap_or(10);
-    let gap = Duration::from_millis(body["gap_ms"].as_u64().unwrap_or(0));
+    // The stream's shape rides in `metadata` (string values, as OpenAI's are): the store
+    // passes on only the fields chat completions know.
+    let number = |name: &str, default: u64| {
+        body.pointer(&format!("/metadata/{name}"))
+            .and_then(Value::as_str)
+            .and_then(|text| text.parse().ok())
+            .unwrap_or(default)
+    };
+    let chunks = number("chunks", 10);
+    let gap = Duration::from_millis(number("gap_ms", 0));
     let with_usage = body["stream_options"]["include_usage"] == true;
     let stream = futures_util::stream::unfold(0u64, move |sent| async move {
         if sent > chunks {
@@ -210,8 +218,9 @@ impl Bench {
         chunks: u64,
         gap_ms: u64,
     ) -> (Duration, Vec<Duration>, bool) {
-        let body = json!({ "model": "openai/bench", "stream": true, "chunks": chunks,
-            "gap_ms": gap_ms, "messages": [{ "role": "user", "content": "hi" }] });
+        let body = json!({ "model": "openai/bench", "stream": true,
+            "metadata": { "chunks": chunks.to_string(), "gap_ms": gap_ms.to_string() },
+            "messages": [{ "role": "user", "content": "hi" }] });
         let started = Instant::now();
         let answer = self.post(through, &body).await;
         if answer.status() != 200 {

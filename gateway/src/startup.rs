@@ -100,6 +100,7 @@ fn sandbox_services(
         channel,
         routes: Arc::new(RouteCache::default()),
         preview_cache: Arc::default(),
+        recording_usage: Arc::default(),
         preview_budget: Arc::new(crate::sandboxes::preview_budget::PreviewBudget::new(
             &settings.previews,
         )),

@@ -90,6 +90,9 @@ pub struct SandboxServices {
     pub preview_cache: Arc<crate::sandboxes::preview_cache::PreviewCache>,
     /// Preview relays open on this gateway, within their limits.
     pub preview_budget: Arc<crate::sandboxes::preview_budget::PreviewBudget>,
+    /// Each team's kept recording bytes, read at most once a few seconds (the quota check
+    /// is on every recorded command's path).
+    pub recording_usage: Arc<crate::sandboxes::recordings::UsageCache>,
     /// The fair run queue and the artifact store.
     pub run_queue: Arc<RunQueue>,
     pub artifacts: Arc<ArtifactStore>,

@@ -99,6 +99,57 @@ pub struct NewRecording<'a> {
     pub with_input: bool,
 }
 
+/// How long a team's recording usage is believed before it is read again: a team may pass
+/// its quota by what it records in that time, no more.
+const USAGE_FRESH: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Each team's kept recording bytes as last read.
+#[derive(Default)]
+pub struct UsageCache(std::sync::Mutex<std::collections::HashMap<Uuid, (std::time::Instant, u64)>>);
+
+impl UsageCache {
+    fn get(&self, team: Uuid) -> Option<u64> {
+        let map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.get(&team)
+            .filter(|(read, _)| read.elapsed() < USAGE_FRESH)
+            .map(|(_, used)| *used)
+    }
+
+    fn put(&self, team: Uuid, used: u64) {
+        let mut map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if map.len() > 10_000 {
+            map.retain(|_, (read, _)| read.elapsed() < USAGE_FRESH);
+        }
+        map.insert(team, (std::time::Instant::now(), used));
+    }
+
+    /// Counts bytes a team's recordings just gained, when its usage is known.
+    fn add(&self, team: Uuid, bytes: u64) {
+        let mut map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, used)) = map.get_mut(&team) {
+            *used += bytes;
+        }
+    }
+
+    /// Forgets a team's usage (a recording was deleted: the room shows at once).
+    pub fn forget(&self, team: Uuid) {
+        let mut map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.remove(&team);
+    }
+}
+
 /// `recording_quota_reached` when the team's kept recordings fill its quota
 /// (`sandboxes.recording_quota_mb`): asked before a command or session is recorded, and
 /// before a worker's recording is kept.
@@ -107,14 +158,22 @@ pub async fn check_quota(state: &AppState, team_id: Uuid) -> ApiResult<()> {
     if quota_mb == 0 {
         return Ok(());
     }
-    let used: i64 = sqlx::query_scalar(
-        "SELECT coalesce(sum(bytes), 0)::bigint FROM recordings \
-         WHERE team_id = $1 AND expires_at > now()",
-    )
-    .bind(team_id)
-    .fetch_one(&state.db)
-    .await?;
-    let used = used.max(0) as u64;
+    let cache = &state.sandboxes.recording_usage;
+    let used = match cache.get(team_id) {
+        Some(used) => used,
+        None => {
+            let used: i64 = sqlx::query_scalar(
+                "SELECT coalesce(sum(bytes), 0)::bigint FROM recordings \
+                 WHERE team_id = $1 AND expires_at > now()",
+            )
+            .bind(team_id)
+            .fetch_one(&state.db)
+            .await?;
+            let used = used.max(0) as u64;
+            cache.put(team_id, used);
+            used
+        }
+    };
     if used >= quota_mb.saturating_mul(1024 * 1024) {
         return Err(ApiError::RecordingQuotaReached {
             used_mb: used.div_ceil(1024 * 1024),
@@ -232,6 +291,10 @@ pub async fn put_chunk(
     .bind(size)
     .execute(&state.db)
     .await?;
+    state
+        .sandboxes
+        .recording_usage
+        .add(row.team_id, size as u64);
     Ok(())
 }
 
@@ -347,6 +410,7 @@ pub async fn put_whole(
     .bind(state.settings.sandboxes.recording_retention_secs as f64)
     .execute(&state.db)
     .await?;
+    state.sandboxes.recording_usage.add(team, size as u64);
     Ok(())
 }
 

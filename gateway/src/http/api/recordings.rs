@@ -121,5 +121,6 @@ async fn delete_recording(
         .await?;
     transaction.commit().await?;
     recordings::delete_chunks(&state, principal.team_id, id, chunks).await;
+    state.sandboxes.recording_usage.forget(principal.team_id);
     Ok(StatusCode::NO_CONTENT)
 }
