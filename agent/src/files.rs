@@ -96,12 +96,27 @@ pub(crate) fn tar_in(
             }
         }
         Ok(())
-    })();
+    })()
+    .map_err(as_bad_archive);
     // Whatever happened, read the upload to its end so the answer is read by the sender.
     let drained = frames.drain();
     match (result, drained) {
         (Ok(()), Ok(())) => reply(writer, &Reply::Ok(stat(target).ok())),
         (Err(error), _) | (Ok(()), Err(error)) => reply_error(writer, &error, path),
+    }
+}
+
+/// What reading an archive that is not one fails with (truncated, a bad header or checksum,
+/// a file cut short) is the sender's fault, not the sandbox's: refused as invalid.
+fn as_bad_archive(error: io::Error) -> io::Error {
+    match error.kind() {
+        io::ErrorKind::Other | io::ErrorKind::UnexpectedEof | io::ErrorKind::InvalidData => {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("not a valid tar archive: {error}"),
+            )
+        }
+        _ => error,
     }
 }
 

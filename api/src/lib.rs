@@ -104,6 +104,23 @@ pub struct Team {
     pub created_at: DateTime<Utc>,
 }
 
+/// The team's settings (admins change them).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TeamSettings {
+    /// Record what members type in their terminal sessions, as admins' and owners' typing
+    /// is (off by default: a member's typing may be a password). A session's own
+    /// `record_input` still decides for that session.
+    pub record_members_input: bool,
+}
+
+/// A change to the team's settings: the fields given change, the others stay.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateTeamSettings {
+    #[serde(default)]
+    pub record_members_input: Option<bool>,
+}
+
 /// A team the user belongs to, with the user's role in it.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct TeamMembership {

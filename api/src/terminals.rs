@@ -29,8 +29,9 @@ pub struct OpenTerminalRequest {
     #[serde(default)]
     pub user: RunAs,
     /// The session ends after this many seconds with no client attached and no input
-    /// (default an hour).
+    /// (default an hour; 1 to 86 400).
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 86_400)]
     pub idle_timeout_secs: Option<u64>,
     /// Record the session (asciicast v2, kept with the audit log). `false` keeps no
     /// recording: the open is audited, the close is not.
@@ -38,7 +39,8 @@ pub struct OpenTerminalRequest {
     pub record: bool,
     /// Record what is typed as well as what is shown. By default the keystrokes of admins'
     /// and owners' sessions are recorded and members' are not (a member's typing may be a
-    /// password); `true` or `false` decides for this session.
+    /// password) unless the team's `record_members_input` setting says so; `true` or
+    /// `false` decides for this session.
     #[serde(default)]
     pub record_input: Option<bool>,
     /// Set by the gateway for the worker: the recording this session writes.

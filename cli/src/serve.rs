@@ -233,9 +233,15 @@ pub fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Loads and validates `config` as `server` would, and says so.
+/// Loads and validates `config` as `server` would (the internal channel's certificate and
+/// key read and matched too), and says so.
 pub fn check_config(config: &Path) -> anyhow::Result<ExitCode> {
-    Settings::load_with_defaults(Settings::default(), Some(config))?;
+    let settings = Settings::load_with_defaults(Settings::default(), Some(config))?;
+    if let Some(files) = &settings.internal_tls {
+        files
+            .load()
+            .map_err(|error| anyhow::anyhow!("internal_tls: {error}"))?;
+    }
     println!("{}: valid", config.display());
     Ok(ExitCode::SUCCESS)
 }
@@ -451,6 +457,7 @@ fn dev_channel(state_dir: &Path) -> anyhow::Result<sandbase_egress::channel::Cha
         ca_file: state_dir.join("channel-ca.pem"),
         cert_file: state_dir.join("channel-cert.pem"),
         key_file: state_dir.join("channel-key.pem"),
+        peer_name: None,
     };
     if !files.key_file.exists() {
         let (ca, certificate, key) =

@@ -380,6 +380,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
             ca_file: ca_file.clone(),
             cert_file: cert_file.clone(),
             key_file: key_file.clone(),
+            peer_name: None,
         };
         config.tls = Some(
             files

@@ -1,8 +1,9 @@
 //! TLS for SandBase's own internal channel, gateway ↔ workers: the operator's CA, and each
 //! end's certificate and key (PEM files). Both ends serve with their certificate and trust
 //! only the CA when they call the other — not the system's roots, so no public certificate
-//! can stand in for a node. `generate` makes a CA and one certificate for local use
-//! (`sandbase dev`, tests).
+//! can stand in for a node. A gateway may call its workers as one name whatever their
+//! addresses (`peer_name`: workers holding one certificate of that name, not the gateway's).
+//! `generate` makes a CA and one certificate for local use (`sandbase dev`, tests).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -11,9 +12,11 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
@@ -44,6 +47,11 @@ pub struct ChannelFiles {
     /// This end's certificate (chain), then its key.
     pub cert_file: std::path::PathBuf,
     pub key_file: std::path::PathBuf,
+    /// The name every peer this end calls must prove, whatever address it is reached at:
+    /// the gateway's, when the workers share a certificate of one name that no node address
+    /// is in (the Helm chart's generated channel). None: each address's own host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_name: Option<String>,
 }
 
 impl ChannelFiles {
@@ -51,11 +59,81 @@ impl ChannelFiles {
         let read = |path: &Path| {
             std::fs::read(path).map_err(|error| format!("reading {}: {error}", path.display()))
         };
-        from_pem(
+        let tls = from_pem(
             &read(&self.ca_file)?,
             &read(&self.cert_file)?,
             &read(&self.key_file)?,
-        )
+        )?;
+        match &self.peer_name {
+            Some(name) => tls.calling_peers_as(name),
+            None => Ok(tls),
+        }
+    }
+}
+
+impl ChannelTls {
+    /// This end, calling its peers as `name` whatever address they are reached at: a peer
+    /// must hold a certificate of the CA naming `name`.
+    pub fn calling_peers_as(mut self, name: &str) -> Result<ChannelTls, String> {
+        let name = ServerName::try_from(name.to_owned())
+            .map_err(|_| format!("peer_name: {name:?} is not a host name or an address"))?;
+        let roots = roots(self.ca_pem.as_bytes())?;
+        let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+            .build()
+            .map_err(|error| error.to_string())?;
+        let client = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|error| error.to_string())?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AsNamed { inner, name }))
+            .with_no_client_auth();
+        self.client = Arc::new(client);
+        Ok(self)
+    }
+}
+
+/// The CA's verification of a peer's certificate, for one fixed name.
+#[derive(Debug)]
+struct AsNamed {
+    inner: Arc<WebPkiServerVerifier>,
+    name: ServerName<'static>,
+}
+
+impl ServerCertVerifier for AsNamed {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _address: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        self.inner
+            .verify_server_cert(end_entity, intermediates, &self.name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        certificate: &CertificateDer<'_>,
+        signature: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner
+            .verify_tls12_signature(message, certificate, signature)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        certificate: &CertificateDer<'_>,
+        signature: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner
+            .verify_tls13_signature(message, certificate, signature)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
     }
 }
 
@@ -176,5 +254,63 @@ mod tests {
         let (_, other_certificate, _) = generate(&["127.0.0.1"]).unwrap();
         // A certificate with another's key.
         assert!(from_pem(ca.as_bytes(), other_certificate.as_bytes(), key.as_bytes()).is_err());
+    }
+
+    /// Serves `server` once on loopback and answers whether `client` completed a handshake
+    /// with it, reaching it by its address.
+    async fn handshake(server: &ChannelTls, client: &ChannelTls) -> bool {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(server.server.clone());
+        let serving = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let _ = acceptor.accept(stream).await;
+        });
+        let stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        let connector = tokio_rustls::TlsConnector::from(client.client.clone());
+        let name = ServerName::IpAddress(address.ip().into());
+        let done = connector.connect(name, stream).await.is_ok();
+        serving.abort();
+        done
+    }
+
+    #[tokio::test]
+    async fn a_peer_name_is_what_a_peer_must_prove_whatever_its_address() {
+        let (ca, worker_certificate, worker_key) = generate(&["worker.sandbase.internal"]).unwrap();
+        let worker = from_pem(
+            ca.as_bytes(),
+            worker_certificate.as_bytes(),
+            worker_key.as_bytes(),
+        )
+        .unwrap();
+        let gateway = || {
+            from_pem(
+                ca.as_bytes(),
+                worker_certificate.as_bytes(),
+                worker_key.as_bytes(),
+            )
+            .unwrap()
+        };
+        // By its address alone the worker's certificate does not hold.
+        assert!(!handshake(&worker, &gateway()).await);
+        let calling = gateway()
+            .calling_peers_as("worker.sandbase.internal")
+            .unwrap();
+        assert!(handshake(&worker, &calling).await);
+        // Another name, or another CA's certificate of the right name, does not hold.
+        let elsewhere = gateway()
+            .calling_peers_as("gateway.sandbase.internal")
+            .unwrap();
+        assert!(!handshake(&worker, &elsewhere).await);
+        let (other_ca, other_certificate, other_key) =
+            generate(&["worker.sandbase.internal"]).unwrap();
+        let impostor = from_pem(
+            other_ca.as_bytes(),
+            other_certificate.as_bytes(),
+            other_key.as_bytes(),
+        )
+        .unwrap();
+        assert!(!handshake(&impostor, &calling).await);
+        assert!(gateway().calling_peers_as("not a name").is_err());
     }
 }

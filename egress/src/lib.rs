@@ -16,6 +16,7 @@
 //! `channel`: TLS for SandBase's internal channel (gateway ↔ workers), which the gateway and
 //! the workers share with this crate's TLS code.
 
+pub mod body_scan;
 pub mod channel;
 pub mod credentials;
 pub mod dns;

@@ -92,7 +92,7 @@ pub struct SandboxServices {
     pub preview_budget: Arc<crate::sandboxes::preview_budget::PreviewBudget>,
     /// Each team's kept recording bytes, read at most once a few seconds (the quota check
     /// is on every recorded command's path).
-    pub recording_usage: Arc<crate::sandboxes::recordings::UsageCache>,
+    pub recording_usage: Arc<crate::sandboxes::usage_cache::UsageCache>,
     /// The fair run queue and the artifact store.
     pub run_queue: Arc<RunQueue>,
     pub artifacts: Arc<ArtifactStore>,

@@ -1,8 +1,8 @@
 //! Teams: membership rules (a team always has an owner; only owners make or unmake owners;
 //! a key never has more rights than the member who created it) and team settings.
 
-use sandbase_api::Role;
 use sandbase_api::sandboxes::EgressPolicy;
+use sandbase_api::{Role, TeamSettings, UpdateTeamSettings};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -21,6 +21,42 @@ pub async fn default_egress(
             .fetch_optional(connection)
             .await?;
     Ok(policy.flatten().map(|policy| policy.0))
+}
+
+/// The team's settings.
+pub async fn settings(
+    connection: impl sqlx::PgExecutor<'_>,
+    team_id: Uuid,
+) -> ApiResult<TeamSettings> {
+    let record_members_input: bool =
+        sqlx::query_scalar("SELECT record_members_input FROM teams WHERE id = $1")
+            .bind(team_id)
+            .fetch_optional(connection)
+            .await?
+            .ok_or(ApiError::NotFound("team"))?;
+    Ok(TeamSettings {
+        record_members_input,
+    })
+}
+
+/// Changes the settings `change` gives; answers them all as they now are.
+pub async fn update_settings(
+    connection: &mut PgConnection,
+    team_id: Uuid,
+    change: &UpdateTeamSettings,
+) -> ApiResult<TeamSettings> {
+    let record_members_input: bool = sqlx::query_scalar(
+        "UPDATE teams SET record_members_input = COALESCE($2, record_members_input) \
+         WHERE id = $1 RETURNING record_members_input",
+    )
+    .bind(team_id)
+    .bind(change.record_members_input)
+    .fetch_optional(&mut *connection)
+    .await?
+    .ok_or(ApiError::NotFound("team"))?;
+    Ok(TeamSettings {
+        record_members_input,
+    })
 }
 
 /// A role change: the member as it is now, and the role it had.

@@ -41,6 +41,7 @@ pub fn channel_files() -> sandbase_egress::channel::ChannelFiles {
                 ca_file: write("ca.pem", &ca),
                 cert_file: write("cert.pem", &certificate),
                 key_file: write("key.pem", &key),
+                peer_name: None,
             }
         })
         .clone()

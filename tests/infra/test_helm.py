@@ -5,8 +5,12 @@ bundles them), assertions on what the objects must hold, the gateway's rendered
 configuration read by `sandbase check-config`, and values the chart must refuse, each refused
 with a message naming the key at fault."""
 
+import base64
 import os
+import socket
+import ssl
 import subprocess
+import threading
 
 import kubernetes_validate
 import pytest
@@ -145,7 +149,7 @@ def test_the_worker_daemonset(tmp_path):
                        for mount in each["volumeMounts"]}
         assert propagation["/var/lib/sandbase"] == "Bidirectional"
         assert propagation["/run/sandbase"] == "Bidirectional"
-    assert "--gateway=http://sb-sandbase-internal.sandbase.svc:8081" in container["args"]
+    assert "--gateway=https://sb-sandbase-internal.sandbase.svc:8081" in container["args"]
     # The node's own containerd instead of the sidecar.
     node = named(render("existing-secret-values.yaml"), "DaemonSet", "-worker")
     pod = node["spec"]["template"]["spec"]
@@ -184,6 +188,12 @@ def test_a_sandbox_node_can_read_the_node_token_and_nothing_else(values):
     node_secrets = [obj for obj in of_kind(objects, "Secret") if obj["metadata"]["name"] in names]
     for secret in node_secrets:
         assert set(secret.get("stringData", {})) <= {"SANDBASE_WORKERS__NODE_TOKEN"}, secret
+        # The channel's: the workers' own certificate and key, and the CA's certificate.
+        assert set(secret.get("data", {})) <= {"ca.crt", "tls.crt", "tls.key"}, secret
+    gateway_tls = [obj for obj in of_kind(objects, "Secret")
+                   if obj["metadata"]["name"].endswith("-internal-tls")]
+    for secret in gateway_tls:
+        assert secret["metadata"]["name"] not in names
 
 
 def test_hooks_order_the_secret_before_the_migration_and_the_gateways_do_not_migrate():
@@ -257,19 +267,96 @@ def test_scaling_ingress_and_tls_when_asked():
     assert named(kept, "Service", "sb-sandbase")["spec"]["externalTrafficPolicy"] == "Local"
 
 
+def channel_files(secret, directory):
+    """A rendered kubernetes.io/tls Secret's files, written into `directory`."""
+    directory.mkdir(exist_ok=True)
+    for key, value in secret["data"].items():
+        (directory / key).write_bytes(base64.b64decode(value))
+    return directory
+
+
 @pytest.mark.parametrize("values", VALUES)
 def test_the_gateways_rendered_configuration_is_one_the_gateway_accepts(values, tmp_path):
-    toml = named(render(values), "ConfigMap", "-config")["data"]["sandbase.toml"]
+    objects = render(values)
+    toml = named(objects, "ConfigMap", "-config")["data"]["sandbase.toml"]
     keys = tmp_path / "vault.keys"
     keys.write_text("1:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\n")
+    toml = toml.replace("/etc/sandbase/secrets/vault.keys", str(keys))
+    if "[internal_tls]" in toml:
+        # The channel the chart generates (the operator's own Secret stands in for one).
+        generated = [obj for obj in of_kind(objects, "Secret")
+                     if obj["metadata"]["name"].endswith("-internal-tls")]
+        secret = (generated or [named(render("minimal-values.yaml"), "Secret", "-internal-tls")])[0]
+        toml = toml.replace("/etc/sandbase/tls", str(channel_files(secret, tmp_path / "tls")))
     config = tmp_path / "sandbase.toml"
-    config.write_text(toml.replace("/etc/sandbase/secrets/vault.keys", str(keys)))
+    config.write_text(toml)
     env = {"PATH": os.environ.get("PATH", ""), "DATABASE_URL": "postgres://db/sandbase",
            "REDIS_URL": "redis://redis", "SANDBASE_AUTH__JWT_SECRET": "x" * 32}
     checked = subprocess.run([BINARY, "check-config", "--config", str(config)], env=env,
                              capture_output=True, text=True)
     assert checked.returncode == 0, checked.stderr
     assert checked.stdout.strip().endswith(": valid")
+
+
+def handshake(directory, name):
+    """Serves `directory`'s certificate on loopback and answers whether a client trusting only
+    its CA accepts it as `name`."""
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(directory / "tls.crt", directory / "tls.key")
+    client = ssl.create_default_context(cafile=str(directory / "ca.crt"))
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        connection, _ = listener.accept()
+        try:
+            server.wrap_socket(connection, server_side=True).close()
+        except (ssl.SSLError, OSError):
+            connection.close()
+
+    serving = threading.Thread(target=serve)
+    serving.start()
+    try:
+        with socket.create_connection(listener.getsockname()) as raw:
+            with client.wrap_socket(raw, server_hostname=name):
+                return True
+    except ssl.SSLError:
+        return False
+    finally:
+        serving.join(timeout=10)
+        listener.close()
+
+
+def test_the_internal_channel_is_on_by_default_and_no_node_holds_the_gateways_key(tmp_path):
+    """By default the chart makes the channel: one CA, a certificate for the gateways naming
+    the internal Service and one for the workers naming internalTLS.workerName (which the
+    gateways call every worker as), each Secret referenced by its own pods only."""
+    objects = render("minimal-values.yaml")
+    gateway_secret = named(objects, "Secret", "-internal-tls")
+    worker_secret = named(objects, "Secret", "-internal-tls-worker")
+    gateway = named(objects, "Deployment", "-gateway")["spec"]["template"]["spec"]
+    worker = named(objects, "DaemonSet", "-worker")["spec"]["template"]["spec"]
+    assert gateway_secret["metadata"]["name"] in referenced_secrets(gateway)
+    assert worker_secret["metadata"]["name"] in referenced_secrets(worker)
+    assert gateway_secret["metadata"]["name"] not in referenced_secrets(worker)
+    assert gateway_secret["data"]["ca.crt"] == worker_secret["data"]["ca.crt"]
+    assert gateway_secret["data"]["tls.key"] != worker_secret["data"]["tls.key"]
+    toml = named(objects, "ConfigMap", "-config")["data"]["sandbase.toml"]
+    assert 'peer_name = "worker.sandbase.internal"' in toml, toml
+    args = worker["containers"][0]["args"]
+    assert "--advertise-url=https://$(NODE_IP):8090" in args
+    # Each certificate holds for its own names only, under the CA.
+    gateways = channel_files(gateway_secret, tmp_path / "gateway")
+    workers = channel_files(worker_secret, tmp_path / "worker")
+    internal = "sb-sandbase-internal.sandbase.svc"
+    assert handshake(gateways, internal)
+    assert not handshake(gateways, "worker.sandbase.internal")
+    assert handshake(workers, "worker.sandbase.internal")
+    assert not handshake(workers, internal)
+    # Off when asked: plain HTTP between the ends, no channel Secret.
+    plain = render("minimal-values.yaml", "--set", "internalTLS.enabled=false")
+    assert not [obj for obj in of_kind(plain, "Secret") if "-internal-tls" in obj["metadata"]["name"]]
+    args = named(plain, "DaemonSet", "-worker")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--gateway=http://sb-sandbase-internal.sandbase.svc:8081" in args
 
 
 REFUSED = [
@@ -280,7 +367,8 @@ REFUSED = [
     (["--set", "secrets.sessionSecret=short"], "secrets.sessionSecret"),
     (["--set", "secrets.vaultKeys="], "secrets.vaultKeys"),
     (["--set", "networkPolicy.workerNodeCIDRs=null"], "networkPolicy.workerNodeCIDRs"),
-    (["--set", "internalTLS.enabled=true"], "internalTLS.secretName"),
+    (["--set", "internalTLS.secretName=mine"], "internalTLS.workerSecretName"),
+    (["--set", "internalTLS.workerName=not a name"], "workerName"),
     (["--set", "secrets.existingSecret=managed"], "secrets.existingNodeSecret"),
     (["--set", "ingress.enabled=true"], "ingress.host"),
     (["--set", "ingress.enabled=true", "--set", "ingress.host=x.example.com"], "trustedProxies"),

@@ -94,6 +94,9 @@ test("the walk-through: sign up to destroying a sandbox", async () => {
   await waitFor(async () => (await call(server, "GET", `/v1/team/members/${other.user.id}`, token)).body.role === "admin");
   await opened.getByLabel(`Role of ${email}`).selectOption("member");
   await opened.getByText("A team always keeps an owner").waitFor();
+  // The team's switch for recording members' typing: off, then on through the page.
+  await opened.getByLabel("Record what members type in their terminal sessions").check();
+  await waitFor(async () => (await call(server, "GET", "/v1/team/settings", token)).body.record_members_input === true);
   await shot(opened, "06-members");
 
   // Credits: Checkout, back to the dashboard, the webhook, the balance within 2 s.

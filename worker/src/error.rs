@@ -8,12 +8,16 @@ pub enum NodeError {
     SandboxNotFound,
     #[error("no such process in this sandbox")]
     ProcessNotFound,
+    #[error("process {0} has exited")]
+    ProcessExited(u32),
     #[error("no such terminal session in this sandbox")]
     TerminalNotFound,
     #[error("this worker is at capacity")]
     AtCapacity,
     #[error("this sandbox runs {0} background processes already; wait for one to end or kill one")]
     TooManyProcesses(usize),
+    #[error("this sandbox has {0} terminal sessions open already; close one first")]
+    TooManyTerminals(usize),
     #[error("template `{0}` is not on this worker")]
     TemplateNotFound(String),
     #[error("the sandbox is paused; resume it first")]

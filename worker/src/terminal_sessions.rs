@@ -32,9 +32,7 @@ impl Hosted {
         }
         let live = self.terminals().iter().filter(|t| !t.ended()).count();
         if live >= MAX_TERMINALS {
-            return Err(NodeError::Invalid(format!(
-                "at most {MAX_TERMINALS} terminal sessions at once; close one first"
-            )));
+            return Err(NodeError::TooManyTerminals(MAX_TERMINALS));
         }
         let argv = request.cmd.clone().unwrap_or_default();
         // The sandbox's environment, directory and user, as for a command.

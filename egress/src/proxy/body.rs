@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use hyper::body::{Frame, Incoming};
 
-use crate::credentials::BodyScan;
+use crate::body_scan::BodyScan;
 use crate::scrub::Scrub;
 
 /// A filter over a body's data: what may be passed on now, or why the body must stop.

@@ -20,7 +20,8 @@ use super::body::Filtered;
 use super::store_rules::{STORE_CREDENTIAL, StoreAccess};
 use super::target::{Target, split_authority};
 use super::{Decision, Flow, Interception, Listener, Proxy};
-use crate::credentials::{BodyScan, Credential, Outcome};
+use crate::body_scan::BodyScan;
+use crate::credentials::{Credential, Outcome};
 use crate::scrub::{Scrub, ScrubRules};
 use crate::stream::Tap;
 

@@ -19,6 +19,7 @@ pub mod row;
 pub mod snapshots;
 pub mod teardown;
 pub mod terminals;
+pub mod usage_cache;
 pub mod validate;
 
 pub use row::{Owner, SandboxRow, SandboxState};

@@ -251,6 +251,14 @@ pub fn validate_timeout(requested: Option<u64>, settings: &SandboxSettings) -> A
     Ok(timeout)
 }
 
+/// The least memory a sandbox may ask for: its agent and a shell start in it (at 16 MiB the
+/// agent was seen dying while the sandbox started).
+pub const MIN_MEMORY_MB: u32 = 64;
+/// The fewest processes and threads a sandbox may ask for: the agent's own threads count in
+/// the limit (at 8 the kernel refused the agent's forks while the sandbox started: the
+/// OpenAPI fuzzer with a worker found 502s).
+pub const MIN_PIDS: u32 = 32;
+
 pub fn validate_resources(
     requested: ResourcesRequest,
     settings: &SandboxSettings,
@@ -273,9 +281,15 @@ pub fn validate_resources(
     };
     let checks = [
         ("cpu", cpu_millis, 10, max.cpu_millis, 1000.0),
-        ("memory_mb", resources.memory_mb, 16, max.memory_mb, 1.0),
+        (
+            "memory_mb",
+            resources.memory_mb,
+            MIN_MEMORY_MB,
+            max.memory_mb,
+            1.0,
+        ),
         ("disk_mb", resources.disk_mb, 16, max.disk_mb, 1.0),
-        ("pids", resources.pids, 8, max.pids, 1.0),
+        ("pids", resources.pids, MIN_PIDS, max.pids, 1.0),
     ];
     for (name, value, min, max, unit) in checks {
         if value < min || value > max {

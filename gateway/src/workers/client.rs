@@ -26,6 +26,7 @@ const PULL_TIMEOUT: Duration = Duration::from_secs(3600);
 pub enum WorkerCode {
     SandboxNotFound,
     ProcessNotFound,
+    ProcessExited,
     AtCapacity,
     TemplateNotFound,
     TemplateExists,
@@ -41,15 +42,17 @@ pub enum WorkerCode {
     SpawnFailed,
     SandboxIoError,
     TooManyProcesses,
+    TooManyTerminals,
     SandboxPaused,
     TerminalNotFound,
     PortClosed,
 }
 
 impl WorkerCode {
-    const ALL: [WorkerCode; 20] = [
+    const ALL: [WorkerCode; 22] = [
         WorkerCode::SandboxNotFound,
         WorkerCode::ProcessNotFound,
+        WorkerCode::ProcessExited,
         WorkerCode::AtCapacity,
         WorkerCode::TemplateNotFound,
         WorkerCode::TemplateExists,
@@ -65,6 +68,7 @@ impl WorkerCode {
         WorkerCode::SpawnFailed,
         WorkerCode::SandboxIoError,
         WorkerCode::TooManyProcesses,
+        WorkerCode::TooManyTerminals,
         WorkerCode::SandboxPaused,
         WorkerCode::TerminalNotFound,
         WorkerCode::PortClosed,
@@ -74,6 +78,7 @@ impl WorkerCode {
         match self {
             WorkerCode::SandboxNotFound => "sandbox_not_found",
             WorkerCode::ProcessNotFound => "process_not_found",
+            WorkerCode::ProcessExited => "process_exited",
             WorkerCode::AtCapacity => "at_capacity",
             WorkerCode::TemplateNotFound => "template_not_found",
             WorkerCode::TemplateExists => "template_exists",
@@ -89,6 +94,7 @@ impl WorkerCode {
             WorkerCode::SpawnFailed => "spawn_failed",
             WorkerCode::SandboxIoError => "sandbox_io_error",
             WorkerCode::TooManyProcesses => "too_many_processes",
+            WorkerCode::TooManyTerminals => "too_many_terminals",
             WorkerCode::SandboxPaused => "sandbox_paused",
             WorkerCode::TerminalNotFound => "terminal_not_found",
             WorkerCode::PortClosed => "port_closed",

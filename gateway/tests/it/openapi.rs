@@ -27,6 +27,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/team/members/{user_id}"),
     ("PATCH", "/v1/team/members/{user_id}"),
     ("DELETE", "/v1/team/members/{user_id}"),
+    ("GET", "/v1/team/settings"),
+    ("PATCH", "/v1/team/settings"),
     ("GET", "/v1/team/invitations"),
     ("GET", "/v1/invitations"),
     ("POST", "/v1/invitations/{id}/accept"),

@@ -214,13 +214,44 @@ async fn members_read_only_the_recordings_members_made() {
     assert!(read.contains("member-work"), "{read}");
     // A member's terminal keeps their keystrokes out of its recording unless asked (a
     // member's typing may be a password); an owner's keeps them.
-    for (token, body, kept) in [
+    let cases = [
         (member_key.as_str(), json!({}), false),
         (owner_key, json!({}), true),
         (member_key.as_str(), json!({ "record_input": true }), true),
-    ] {
+    ];
+    assert_input_recorded(&app, owner_key, &sandbox, &cases).await;
+    // The team may record its members' typing as well: admins only, and a session still
+    // decides for itself.
+    assert_eq!(
+        app.get("/v1/team/settings", &member_key).await.body,
+        json!({ "record_members_input": false })
+    );
+    let change = json!({ "record_members_input": true });
+    app.patch("/v1/team/settings", &member_key, change.clone())
+        .await
+        .assert_error(403, "forbidden");
+    let changed = app.patch("/v1/team/settings", owner_key, change).await;
+    assert_eq!(changed.status.as_u16(), 200, "{}", changed.body);
+    assert_eq!(changed.body["record_members_input"], true);
+    let cases = [
+        (member_key.as_str(), json!({}), true),
+        (member_key.as_str(), json!({ "record_input": false }), false),
+    ];
+    assert_input_recorded(&app, owner_key, &sandbox, &cases).await;
+    worker.clean_up().await;
+}
+
+/// Opens a recorded terminal with each (key, body) and checks whether its recording keeps
+/// what is typed.
+async fn assert_input_recorded(
+    app: &TestApp,
+    owner_key: &str,
+    sandbox: &str,
+    cases: &[(&str, serde_json::Value, bool)],
+) {
+    for (token, body, kept) in cases {
         let opened = app
-            .post(&format!("/v1/sandboxes/{sandbox}/pty"), token, body)
+            .post(&format!("/v1/sandboxes/{sandbox}/pty"), token, body.clone())
             .await;
         assert_eq!(opened.status.as_u16(), 201, "{}", opened.body);
         let session = opened.body["session_id"].clone();
@@ -232,7 +263,10 @@ async fn members_read_only_the_recordings_members_made() {
             .find(|r| r["kind"] == "terminal" && r["session_id"] == session)
             .cloned()
             .unwrap_or_else(|| panic!("no recording of session {session}: {all}"));
-        assert_eq!(recording["with_input"], kept, "{recording}");
+        assert_eq!(recording["with_input"], *kept, "{recording}");
+        let closed = app
+            .delete(&format!("/v1/sandboxes/{sandbox}/pty/{session}"), token)
+            .await;
+        assert_eq!(closed.status.as_u16(), 204, "{}", closed.body);
     }
-    worker.clean_up().await;
 }

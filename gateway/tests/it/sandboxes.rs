@@ -172,6 +172,12 @@ async fn background_processes_take_stdin_and_signals(sandbox: &TestSandbox<'_>) 
         .post(&signal, json!({ "signal": "NOPE" }))
         .await
         .assert_error(422, "invalid_request");
+    // A good signal to a process that has exited is refused for its state (the fuzzer found
+    // it refused as a bad request).
+    sandbox
+        .post(&signal, json!({ "signal": "TERM" }))
+        .await
+        .assert_error(409, "process_exited");
     sandbox
         .get("/processes/999999")
         .await
@@ -242,7 +248,9 @@ async fn archives_go_in_and_out_and_stay_inside_their_directory(sandbox: &TestSa
         .output()
         .unwrap();
     let project = "/archive?path=/work/project";
-    let (status, body, _) = sandbox.raw(Method::PUT, project, Some(tar.stdout)).await;
+    let (status, body, _) = sandbox
+        .raw(Method::PUT, project, Some(tar.stdout.clone()))
+        .await;
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     let result = sandbox.sh("cat /work/project/a.txt /work/project/sub/b.txt; echo x > /work/project/sub/c.txt; stat -c %u /work/project/sub").await;
     assert_eq!(result["stdout"], "alphabeta1000\n");
@@ -279,6 +287,18 @@ async fn archives_go_in_and_out_and_stay_inside_their_directory(sandbox: &TestSa
         "{}",
         result["stdout"]
     );
+    // What is not a tar archive (found by the fuzzer: 500 `sandbox_io_error`) is refused as
+    // the sender's mistake, whole or cut short, and the sandbox goes on.
+    let mut cut = tar.stdout.clone();
+    cut.truncate(700);
+    for garbage in [b"[1979811832, 2766246]".to_vec(), cut, Vec::new()] {
+        let (status, body, _) = sandbox.raw(Method::PUT, project, Some(garbage)).await;
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+    }
+    let result = sandbox.sh("cat /work/project/a.txt").await;
+    assert_eq!(result["stdout"], "alpha");
     std::fs::remove_dir_all(&scratch).unwrap();
 }
 

@@ -1188,6 +1188,27 @@ export interface paths {
         patch: operations["update_member"];
         trace?: never;
     };
+    "/v1/team/settings": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The team's settings. */
+        get: operations["get_settings"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        /**
+         * Change the team's settings (admins and owners; audited with what changed). A setting
+         *     applies to what is opened after the change.
+         */
+        patch: operations["update_settings"];
+        trace?: never;
+    };
     "/v1/templates": {
         parameters: {
             query?: never;
@@ -1628,7 +1649,7 @@ export interface components {
              */
             timeout_secs?: number | null;
             user?: components["schemas"]["RunAs"];
-        };
+        } & unknown;
         ExecResult: {
             /** Format: int64 */
             duration_ms: number;
@@ -1844,7 +1865,7 @@ export interface components {
             /**
              * Format: int64
              * @description The session ends after this many seconds with no client attached and no input
-             *     (default an hour).
+             *     (default an hour; 1 to 86 400).
              */
             idle_timeout_secs?: number | null;
             /**
@@ -1855,7 +1876,8 @@ export interface components {
             /**
              * @description Record what is typed as well as what is shown. By default the keystrokes of admins'
              *     and owners' sessions are recorded and members' are not (a member's typing may be a
-             *     password); `true` or `false` decides for this session.
+             *     password) unless the team's `record_members_input` setting says so; `true` or
+             *     `false` decides for this session.
              */
             record_input?: boolean | null;
             /** Format: int32 */
@@ -2299,6 +2321,15 @@ export interface components {
             role: components["schemas"]["Role"];
             team: components["schemas"]["Team"];
         };
+        /** @description The team's settings (admins change them). */
+        TeamSettings: {
+            /**
+             * @description Record what members type in their terminal sessions, as admins' and owners' typing
+             *     is (off by default: a member's typing may be a password). A session's own
+             *     `record_input` still decides for that session.
+             */
+            record_members_input: boolean;
+        };
         Template: {
             name: string;
             /**
@@ -2372,6 +2403,10 @@ export interface components {
             inject?: components["schemas"]["Injection"] | null;
             usable_by?: components["schemas"]["UsableBy"] | null;
             value: string;
+        };
+        /** @description A change to the team's settings: the fields given change, the others stay. */
+        UpdateTeamSettings: {
+            record_members_input?: boolean | null;
         };
         /**
          * @description Who may attach a secret to a sandbox or run: `admin` (and owners; the default) or
@@ -4396,6 +4431,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The team's credits (or the key's cap) do not cover the run's first minute (`insufficient_credits`) */
+            402: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Inputs larger than `runs.input_limit_bytes` */
             413: {
                 headers: {
@@ -4698,6 +4742,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The team's credits (or the key's cap) do not cover the sandbox's first minute (`insufficient_credits`) */
+            402: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description No such snapshot in the caller's team (`snapshot` given) */
             404: {
                 headers: {
@@ -4923,6 +4976,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The sandbox's file system refuses it (`permission_denied`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description No such sandbox or directory */
             404: {
                 headers: {
@@ -4932,7 +4994,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`), or the path is not what the operation needs (`already_exists`, `directory_not_empty`, `is_a_directory`, `not_a_directory`) */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -4961,6 +5023,15 @@ export interface operations {
             };
             /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox's disk is full (`disk_full`) */
+            507: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5009,6 +5080,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The sandbox's file system refuses it (`permission_denied`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description No such sandbox */
             404: {
                 headers: {
@@ -5018,7 +5098,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`), or the path is not what the operation needs (`already_exists`, `directory_not_empty`, `is_a_directory`, `not_a_directory`) */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -5036,7 +5116,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Not a valid archive, or an entry leaves the directory */
+            /** @description An empty body, not a valid archive, or an entry leaves the directory (`invalid_request`) */
             422: {
                 headers: {
                     [name: string]: unknown;
@@ -5056,6 +5136,15 @@ export interface operations {
             };
             /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox's disk is full (`disk_full`) */
+            507: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5481,6 +5570,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The sandbox's file system refuses it (`permission_denied`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description No such sandbox (`not_found`) or path (`path_not_found`) */
             404: {
                 headers: {
@@ -5490,7 +5588,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`), or the path is not what the operation needs (`already_exists`, `directory_not_empty`, `is_a_directory`, `not_a_directory`) */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -5519,6 +5617,15 @@ export interface operations {
             };
             /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox's disk is full (`disk_full`) */
+            507: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5567,6 +5674,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The sandbox's file system refuses it (`permission_denied`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description No such sandbox */
             404: {
                 headers: {
@@ -5576,7 +5692,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`), or the path is not what the operation needs (`already_exists`, `directory_not_empty`, `is_a_directory`, `not_a_directory`) */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -5621,6 +5737,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The sandbox's disk is full (`disk_full`) */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
         };
     };
     remove_path: {
@@ -5656,6 +5781,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The sandbox's file system refuses it (`permission_denied`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description No such sandbox or path */
             404: {
                 headers: {
@@ -5665,7 +5799,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Directory not empty */
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`), or the path is not what the operation needs (`already_exists`, `directory_not_empty`, `is_a_directory`, `not_a_directory`) */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -5694,6 +5828,15 @@ export interface operations {
             };
             /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox's disk is full (`disk_full`) */
+            507: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6250,7 +6393,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            /** @description The process has exited (`process_exited`), or the sandbox is not running (`sandbox_not_running`) or paused (`sandbox_paused`) */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -6277,7 +6420,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Unknown signal or exited process */
+            /** @description Unknown signal */
             422: {
                 headers: {
                     [name: string]: unknown;
@@ -6555,7 +6698,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description A bad size, command or directory, or too many sessions */
+            /** @description A bad size, command or directory */
             422: {
                 headers: {
                     [name: string]: unknown;
@@ -6564,7 +6707,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Too many requests from this address or key (`rate_limited`, with `Retry-After`) */
+            /** @description The sandbox has four sessions open already (`too_many_terminals`), or rate limited (`rate_limited`) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -7765,6 +7908,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description No vault key configured (`vault_not_configured`) */
+            501: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
             503: {
                 headers: {
@@ -8657,6 +8809,149 @@ export interface operations {
             };
             /** @description Would leave the team without an owner (`last_owner`) */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Body larger than the limit (`payload_too_large`) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not `application/json` (`unsupported_media_type`) */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A field or parameter is invalid (`invalid_request`) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too many requests from this address or key (`rate_limited`, with `Retry-After`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_settings: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TeamSettings"];
+                };
+            };
+            /** @description Missing, malformed, unknown, revoked or expired credentials (`unauthenticated`, `invalid_api_key`, `session_expired`, …) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too many requests from this address or key (`rate_limited`, with `Retry-After`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    update_settings: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["UpdateTeamSettings"];
+            };
+        };
+        responses: {
+            /** @description The settings as they now are */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TeamSettings"];
+                };
+            };
+            /** @description Body is not valid JSON (`invalid_json`) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, malformed, unknown, revoked or expired credentials (`unauthenticated`, `invalid_api_key`, `session_expired`, …) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not an admin (`forbidden`) */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -78,6 +78,31 @@ function MyInvitations() {
   );
 }
 
+// The team's recording setting: whether members' typing is kept in their terminal
+// recordings (admins' and owners' always is unless a session says otherwise).
+function Recording() {
+  const settings = useLoad(async () => ok(await api.GET("/v1/team/settings")), []);
+  const { error, run } = useAction();
+  if (!settings.data) return null;
+  const toggle = (event: Event) =>
+    run(async () => {
+      const on = (event.target as HTMLInputElement).checked;
+      ok(await api.PATCH("/v1/team/settings", { body: { record_members_input: on } }));
+      settings.reload();
+    });
+  return (
+    <div class="panel">
+      <h2>Terminal recordings</h2>
+      <label>
+        <input type="checkbox" checked={settings.data.record_members_input} onChange={toggle} /> Record what members type in
+        their terminal sessions
+      </label>
+      <p class="muted">Off by default: a member's typing may be a password. Admins' and owners' typing is recorded.</p>
+      <ErrorNote error={error} />
+    </div>
+  );
+}
+
 export function Members() {
   const members = useLoad(async () => ok(await api.GET("/v1/team/members")), []);
   const invitations = useLoad(async () => (isAdmin() ? ok(await api.GET("/v1/team/invitations")) : { items: [] }), []);
@@ -166,6 +191,7 @@ export function Members() {
           </ul>
         </div>
       ) : null}
+      {admin ? <Recording /> : null}
     </Page>
   );
 }

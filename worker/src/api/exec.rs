@@ -350,7 +350,7 @@ pub(super) async fn process_signal(
     let hosted = state.node.active(id).await?;
     let process = hosted.process(pid)?;
     if !process.running() {
-        return Err(NodeError::Invalid(format!("process {pid} has exited")));
+        return Err(NodeError::ProcessExited(pid));
     }
     hosted
         .agent

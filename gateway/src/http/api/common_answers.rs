@@ -3,8 +3,9 @@
 //! refuse before a handler runs (the address's or the key's rate → 429, a missing or bad
 //! credential → 401, a body over the limit → 413, a JSON body of another type → 415, a
 //! body or query that does not parse → 400 or 422), any route can find PostgreSQL or
-//! Redis away (503), and a route reaching a sandbox's worker finds the sandbox stopped or
-//! paused (409). Each is added where the route does not document it itself.
+//! Redis away (503), a route reaching a sandbox's worker finds the sandbox stopped or
+//! paused (409), and one on its files finds the file system refusing (403, 409, 507). Each
+//! is added where the route does not document it itself.
 
 use serde_json::{Value, json};
 
@@ -32,6 +33,12 @@ fn reaches_the_worker(path: &str) -> bool {
     path.strip_prefix("/v1/sandboxes/{id}")
         .is_some_and(|rest| DATA_PLANE.iter().any(|prefix| rest.starts_with(prefix)))
         && !path.ends_with("/recording")
+}
+
+/// Routes on the sandbox's files, which its file system can refuse.
+fn touches_files(path: &str) -> bool {
+    path.strip_prefix("/v1/sandboxes/{id}")
+        .is_some_and(|rest| rest == "/files" || rest == "/archive")
 }
 
 fn add(path: &str, operation: &mut Value) {
@@ -71,7 +78,14 @@ fn add(path: &str, operation: &mut Value) {
     if has_input {
         answers.push(("422", "A field or parameter is invalid (`invalid_request`)"));
     }
-    if reaches_the_worker(path) {
+    if touches_files(path) {
+        answers.push(("409", "The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`), or the path is not what the operation needs (`already_exists`, `directory_not_empty`, `is_a_directory`, `not_a_directory`)"));
+        answers.push((
+            "403",
+            "The sandbox's file system refuses it (`permission_denied`)",
+        ));
+        answers.push(("507", "The sandbox's disk is full (`disk_full`)"));
+    } else if reaches_the_worker(path) {
         answers.push((
             "409",
             "The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`)",
@@ -135,6 +149,8 @@ mod tests {
             "/v1/sandboxes/{id}/previews": { "get": { "responses": {} } }
         } });
         document(&mut doc);
+        let files = &doc["paths"]["/v1/sandboxes/{id}/files"]["get"]["responses"];
+        assert!(files.get("403").is_some() && files.get("507").is_some());
         let has = |path: &str| doc["paths"][path]["get"]["responses"].get("409").is_some();
         assert!(has("/v1/sandboxes/{id}/files") && has("/v1/sandboxes/{id}/pty/{sid}/attach"));
         assert!(

@@ -20,6 +20,7 @@ pub mod schema_rules;
 mod secrets;
 mod snapshots;
 mod store;
+mod team_settings;
 mod templates;
 mod terminals;
 mod usage;
@@ -48,7 +49,7 @@ use crate::state::AppState;
     tags(
         (name = "auth", description = "Sign-up, login, and who the caller is"),
         (name = "api-keys", description = "API keys of the caller's team"),
-        (name = "team", description = "Members and roles"),
+        (name = "team", description = "Members, roles and the team's settings"),
         (name = "audit", description = "The append-only audit log"),
         (name = "sandboxes", description = "Sandboxes: lifecycle, commands, background processes"),
         (name = "files", description = "Files and archives inside a sandbox"),
@@ -83,6 +84,7 @@ pub fn api_router(
         .merge(me::router())
         .merge(api_keys::router())
         .merge(members::router())
+        .merge(team_settings::router())
         .merge(audit::router())
         .merge(sandboxes::router())
         .merge(sandbox_pause::router())

@@ -36,6 +36,7 @@ pub fn router(input_limit_bytes: usize) -> OpenApiRouter<AppState> {
     request_body = CreateRunRequest,
     responses(
         (status = 202, description = "Queued", body = Run),
+        (status = 402, description = "The team's credits (or the key's cap) do not cover the run's first minute (`insufficient_credits`)", body = ErrorBody),
         (status = 413, description = "Inputs larger than `runs.input_limit_bytes`", body = ErrorBody),
         (status = 422, description = "Invalid field", body = ErrorBody),
     ))]

@@ -56,6 +56,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     request_body = CreateSandboxRequest,
     responses(
         (status = 201, description = "Created and running", body = Sandbox),
+        (status = 402, description = "The team's credits (or the key's cap) do not cover the sandbox's first minute (`insufficient_credits`)", body = ErrorBody),
         (status = 404, description = "No such snapshot in the caller's team (`snapshot` given)", body = ErrorBody),
         (status = 422, description = "Invalid field, or no worker has the template (`template_not_found`)", body = ErrorBody),
         (status = 429, description = "The team holds its quota of sandboxes (`sandbox_quota_reached`)", body = ErrorBody),
@@ -371,7 +372,7 @@ async fn process_stdin(
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/signal", tag = "sandboxes", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "Sandbox id"), ("pid" = u32, Path, description = "Process id")),
     request_body = SignalRequest,
-    responses((status = 204, description = "Sent"), (status = 404, description = "No such sandbox or process", body = ErrorBody), (status = 422, description = "Unknown signal or exited process", body = ErrorBody)))]
+    responses((status = 204, description = "Sent"), (status = 404, description = "No such sandbox or process", body = ErrorBody), (status = 409, description = "The process has exited (`process_exited`), or the sandbox is not running (`sandbox_not_running`) or paused (`sandbox_paused`)", body = ErrorBody), (status = 422, description = "Unknown signal", body = ErrorBody)))]
 async fn process_signal(
     State(state): State<AppState>,
     principal: Principal,
@@ -397,6 +398,7 @@ async fn process_signal(
 #[into_params(parameter_in = Query)]
 struct PathQuery {
     /// A path in the sandbox; relative paths are under `/work`.
+    #[param(min_length = 1, pattern = "^[^\\u0000]+$")]
     path: String,
     /// For `DELETE` of a directory: remove its contents too.
     #[serde(default)]
@@ -483,7 +485,7 @@ async fn write_file(
 /// Remove a file, a link, or a directory (`recursive=true` for one that is not empty).
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", tag = "files", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "Sandbox id"), PathQuery),
-    responses((status = 204, description = "Removed"), (status = 404, description = "No such sandbox or path", body = ErrorBody), (status = 409, description = "Directory not empty", body = ErrorBody)))]
+    responses((status = 204, description = "Removed"), (status = 404, description = "No such sandbox or path", body = ErrorBody)))]
 async fn remove_path(
     State(state): State<AppState>,
     principal: Principal,
@@ -530,7 +532,7 @@ async fn archive_out(
         (status = 200, description = "Unpacked", body = FileInfo),
         (status = 404, description = "No such sandbox", body = ErrorBody),
         (status = 413, description = "Larger than `sandboxes.upload_limit_bytes`", body = ErrorBody),
-        (status = 422, description = "Not a valid archive, or an entry leaves the directory", body = ErrorBody),
+        (status = 422, description = "An empty body, not a valid archive, or an entry leaves the directory (`invalid_request`)", body = ErrorBody),
     ))]
 async fn archive_in(
     State(state): State<AppState>,
@@ -543,6 +545,17 @@ async fn archive_in(
 ) -> ApiResult<Response> {
     context.action("sandbox.archive.write");
     principal.require(Role::Member)?;
+    // An empty body is no archive (found by the fuzzer: it made the directory and answered
+    // 200). A body without a length or a chunked encoding is empty.
+    let length = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok());
+    let chunked = headers.contains_key(axum::http::header::TRANSFER_ENCODING);
+    if length == Some("0") || (length.is_none() && !chunked) {
+        return Err(ApiError::InvalidRequest(
+            "the body is empty: a tar archive is expected".to_owned(),
+        ));
+    }
     let body = upload_body(&headers, body, state.settings.sandboxes.upload_limit_bytes)?;
     let call = SandboxCall::ArchiveIn {
         path: query.path,

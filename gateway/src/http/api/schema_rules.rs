@@ -13,11 +13,14 @@
 use serde_json::{Map, Value, json};
 
 use crate::config::Settings;
+use crate::sandboxes::validate;
 
 /// `api.example.com`, `*.example.com`, optionally `:PORT` (1–65535); letters in either case
-/// (the server lowercases); not an IP address (the last label is not all digits).
+/// (the server lowercases); the name at most 253 characters, each label 63; not an IP
+/// address (the last label is not all digits).
 pub const HOST_PATTERN: &str = concat!(
-    r"^(\*\.)?",
+    r"^(?=(\*\.)?[^:*]{1,253}(:[0-9]+)?$)",
+    r"(\*\.)?",
     r"([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+",
     r"(?![0-9]+(:|$))[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?",
     r"(:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?$"
@@ -187,6 +190,11 @@ fn cross_field(schemas: &mut Map<String, Value>) {
     if let Some(exec) = schemas.get_mut("ExecRequest") {
         // `sandboxes::validate::session`: a session's command answers whole.
         exec["properties"]["session"]["pattern"] = json!("^[A-Za-z0-9_.-]{1,64}$");
+        // `sandboxes::validate`: a streamed command is not a background one.
+        exec["allOf"] = json!([{ "not": {
+            "required": ["stream", "background"],
+            "properties": { "stream": { "const": true }, "background": { "const": true } }
+        } }]);
         exec["not"] = json!({
             "required": ["session"],
             "properties": { "session": { "type": "string" } },
@@ -292,9 +300,9 @@ fn configured(schemas: &mut Map<String, Value>, settings: &Settings) {
         properties["cpu"]["minimum"] = json!(0.01);
         properties["cpu"]["maximum"] = json!(f64::from(max.cpu_millis) / 1000.0);
         for (field, minimum, maximum) in [
-            ("memory_mb", 16, max.memory_mb),
+            ("memory_mb", validate::MIN_MEMORY_MB, max.memory_mb),
             ("disk_mb", 16, max.disk_mb),
-            ("pids", 8, max.pids),
+            ("pids", validate::MIN_PIDS, max.pids),
         ] {
             properties[field]["minimum"] = json!(minimum);
             properties[field]["maximum"] = json!(maximum);

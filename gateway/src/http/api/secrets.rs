@@ -116,6 +116,7 @@ async fn create_secret(
         (status = 200, description = "New version stored", body = Secret),
         (status = 404, description = "No such secret", body = ErrorBody),
         (status = 422, description = "Invalid field", body = ErrorBody),
+        (status = 501, description = "No vault key configured (`vault_not_configured`)", body = ErrorBody),
     ))]
 async fn update_secret(
     State(state): State<AppState>,

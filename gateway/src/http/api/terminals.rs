@@ -55,7 +55,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         (status = 201, description = "Opened", body = Terminal),
         (status = 404, description = "Not in the caller's team", body = ErrorBody),
         (status = 409, description = "Not running (`sandbox_not_running`), paused (`sandbox_paused`), or a recorded session past the team's recording quota (`recording_quota_reached`)", body = ErrorBody),
-        (status = 422, description = "A bad size, command or directory, or too many sessions", body = ErrorBody),
+        (status = 422, description = "A bad size, command or directory", body = ErrorBody),
+        (status = 429, description = "The sandbox has four sessions open already (`too_many_terminals`), or rate limited (`rate_limited`)", body = ErrorBody),
     ))]
 async fn open_terminal(
     State(state): State<AppState>,
@@ -68,10 +69,18 @@ async fn open_terminal(
     principal.require(Role::Member)?;
     check_terminal(&request)?;
     let mut request = request;
-    // Members' keystrokes are kept out of recordings unless the session asks for them.
-    let record_input = request
-        .record_input
-        .unwrap_or_else(|| principal.role.at_least(Role::Admin));
+    // Members' keystrokes are kept out of recordings unless the session or the team asks
+    // for them.
+    let record_input = match request.record_input {
+        Some(asked) => asked,
+        None if principal.role.at_least(Role::Admin) => true,
+        None if request.record => {
+            crate::teams::settings(&state.db, principal.team_id)
+                .await?
+                .record_members_input
+        }
+        None => false,
+    };
     request.record_input = Some(record_input);
     // A recorded session's row comes first, so the worker's chunks have a place.
     let recording = if request.record {
@@ -117,6 +126,9 @@ async fn open_terminal(
 
 /// What the gateway can check of a terminal before anything is written: its command's
 /// arguments (no NUL: a recording keeps them as JSON text), environment and directory.
+/// The longest a terminal may stay open with nobody attached and nothing typed: a day.
+const MAX_IDLE_TIMEOUT_SECS: u64 = 86_400;
+
 fn check_terminal(request: &OpenTerminalRequest) -> ApiResult<()> {
     if let Some(cmd) = &request.cmd
         && cmd.iter().any(|argument| argument.contains('\0'))
@@ -126,6 +138,13 @@ fn check_terminal(request: &OpenTerminalRequest) -> ApiResult<()> {
         ));
     }
     crate::sandboxes::validate::validate_env(&request.env)?;
+    if let Some(idle) = request.idle_timeout_secs
+        && !(1..=MAX_IDLE_TIMEOUT_SECS).contains(&idle)
+    {
+        return Err(ApiError::InvalidRequest(format!(
+            "`idle_timeout_secs`: from 1 to {MAX_IDLE_TIMEOUT_SECS}"
+        )));
+    }
     if let Some(cwd) = &request.cwd {
         crate::sandboxes::validate::validate_absolute("cwd", cwd)?;
     }

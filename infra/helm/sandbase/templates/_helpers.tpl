@@ -45,6 +45,14 @@ it, so the Node authorizer never lets a sandbox node read the platform Secret. *
 {{- end -}}
 
 {{/* The internal Service's DNS name: workers call the gateway there. */}}
+{{/* The internal channel's Secrets: the gateways' and the workers'. */}}
+{{- define "sandbase.gatewayTLSSecret" -}}
+{{- .Values.internalTLS.secretName | default (printf "%s-internal-tls" (include "sandbase.fullname" .)) -}}
+{{- end -}}
+{{- define "sandbase.workerTLSSecret" -}}
+{{- .Values.internalTLS.workerSecretName | default (printf "%s-internal-tls-worker" (include "sandbase.fullname" .)) -}}
+{{- end -}}
+
 {{- define "sandbase.internalHost" -}}
 {{- printf "%s-internal.%s.svc" (include "sandbase.fullname" .) .Release.Namespace -}}
 {{- end -}}
@@ -77,8 +85,9 @@ it, so the Node authorizer never lets a sandbox node read the platform Secret. *
 {{- if and .Values.secrets.existingSecret .Values.worker.enabled (not .Values.secrets.existingNodeSecret) -}}
 {{- fail "secrets.existingNodeSecret is required with secrets.existingSecret when worker.enabled: a Secret holding only SANDBASE_WORKERS__NODE_TOKEN, so sandbox nodes never reference the platform Secret" -}}
 {{- end -}}
-{{- if and .Values.internalTLS.enabled (not .Values.internalTLS.secretName) -}}
-{{- fail "internalTLS.secretName is required when internalTLS.enabled (a kubernetes.io/tls Secret with ca.crt)" -}}
+{{- $tls := .Values.internalTLS -}}
+{{- if and $tls.enabled (ne (empty $tls.secretName) (empty $tls.workerSecretName)) .Values.worker.enabled -}}
+{{- fail "internalTLS.secretName and internalTLS.workerSecretName go together (leave both empty for the chart's own channel): workers hold a certificate of their own naming internalTLS.workerName, never the gateway's key" -}}
 {{- end -}}
 {{- if and .Values.networkPolicy.enabled .Values.worker.enabled (empty .Values.networkPolicy.workerNodeCIDRs) -}}
 {{- fail "networkPolicy.workerNodeCIDRs is required when networkPolicy.enabled and worker.enabled: workers run in the nodes' network and reach the internal listener from the nodes' addresses" -}}
@@ -119,7 +128,7 @@ it, so the Node authorizer never lets a sandbox node read the platform Secret. *
 {{- $_ := set $chart "vault" (dict "key_file" "/etc/sandbase/secrets/vault.keys") -}}
 {{- end -}}
 {{- if .Values.internalTLS.enabled -}}
-{{- $_ := set $chart "internal_tls" (dict "ca_file" "/etc/sandbase/tls/ca.crt" "cert_file" "/etc/sandbase/tls/tls.crt" "key_file" "/etc/sandbase/tls/tls.key") -}}
+{{- $_ := set $chart "internal_tls" (dict "ca_file" "/etc/sandbase/tls/ca.crt" "cert_file" "/etc/sandbase/tls/tls.crt" "key_file" "/etc/sandbase/tls/tls.key" "peer_name" .Values.internalTLS.workerName) -}}
 {{- end -}}
 {{- toToml (mustMergeOverwrite $chart (deepCopy .Values.config)) -}}
 {{- end -}}

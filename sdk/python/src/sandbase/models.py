@@ -161,7 +161,7 @@ Host = TypeAliasType(
         str,
         Field(
             pattern=compile(
-                '^(\\*\\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)+(?![0-9]+(:|$))[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?$'
+                '^(?=(\\*\\.)?[^:*]{1,253}(:[0-9]+)?$)(\\*\\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)+(?![0-9]+(:|$))[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?$'
             )
         ),
     ],
@@ -214,7 +214,7 @@ AllowItem = TypeAliasType(
         str,
         Field(
             pattern=compile(
-                '^(\\*\\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)+(?![0-9]+(:|$))[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?$'
+                '^(?=(\\*\\.)?[^:*]{1,253}(:[0-9]+)?$)(\\*\\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)+(?![0-9]+(:|$))[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?$'
             )
         ),
     ],
@@ -227,7 +227,7 @@ DenyItem = TypeAliasType(
         str,
         Field(
             pattern=compile(
-                '^(\\*\\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)+(?![0-9]+(:|$))[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?$'
+                '^(?=(\\*\\.)?[^:*]{1,253}(:[0-9]+)?$)(\\*\\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)+(?![0-9]+(:|$))[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?$'
             )
         ),
     ],
@@ -668,10 +668,10 @@ class ResourcesRequest(BaseModel):
             le=16384,
         ),
     ] = None
-    memory_mb: Annotated[int | None, Field(ge=16, le=8192)] = None
+    memory_mb: Annotated[int | None, Field(ge=64, le=8192)] = None
     pids: Annotated[
         int | None,
-        Field(description='Most processes (and threads) at once.', ge=8, le=4096),
+        Field(description='Most processes (and threads) at once.', ge=32, le=4096),
     ] = None
 
 
@@ -881,6 +881,19 @@ class TeamMembership(BaseModel):
     team: Team
 
 
+class TeamSettings(BaseModel):
+    """
+    The team's settings (admins change them).
+    """
+
+    record_members_input: Annotated[
+        bool,
+        Field(
+            description="Record what members type in their terminal sessions, as admins' and owners' typing\nis (off by default: a member's typing may be a password). A session's own\n`record_input` still decides for that session."
+        ),
+    ]
+
+
 class Template(BaseModel):
     name: str
     warm: Annotated[
@@ -947,6 +960,17 @@ class UpdateMemberRequest(BaseModel):
         extra='forbid',
     )
     role: Role
+
+
+class UpdateTeamSettings(BaseModel):
+    """
+    A change to the team's settings: the fields given change, the others stay.
+    """
+
+    model_config = ConfigDict(
+        extra='forbid',
+    )
+    record_members_input: bool | None = None
 
 
 UsableBy = TypeAliasType(
@@ -1464,8 +1488,9 @@ class OpenTerminalRequest(BaseModel):
     idle_timeout_secs: Annotated[
         int | None,
         Field(
-            description='The session ends after this many seconds with no client attached and no input\n(default an hour).',
-            ge=0,
+            description='The session ends after this many seconds with no client attached and no input\n(default an hour; 1 to 86 400).',
+            ge=1,
+            le=86400,
         ),
     ] = None
     record: Annotated[
@@ -1477,7 +1502,7 @@ class OpenTerminalRequest(BaseModel):
     record_input: Annotated[
         bool | None,
         Field(
-            description="Record what is typed as well as what is shown. By default the keystrokes of admins'\nand owners' sessions are recorded and members' are not (a member's typing may be a\npassword); `true` or `false` decides for this session."
+            description="Record what is typed as well as what is shown. By default the keystrokes of admins'\nand owners' sessions are recorded and members' are not (a member's typing may be a\npassword) unless the team's `record_members_input` setting says so; `true` or\n`false` decides for this session."
         ),
     ] = None
     rows: Annotated[int | None, Field(ge=1, le=1000)] = None
