@@ -1,13 +1,14 @@
 // The dashboard in headless Chromium against a real `sandbase dev`: one scripted walk from
 // sign-up to destroying a sandbox, then what a member must not do, hostile text, keyboard-only
-// forms, and the performance targets. A screenshot of every page goes to
-// target/web-screenshots/.
+// forms, previews as their own sites (previews.mjs), and the performance targets. A screenshot
+// of every page goes to target/web-screenshots/.
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import { gzipSync } from "node:zlib";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { WEB, browser, call, deliverPaid, page, record, shot, signup, start, waitFor } from "./harness.mjs";
+import { previewsAreTheirOwnSites } from "./previews.mjs";
 
 let server;
 let chrome;
@@ -364,6 +365,10 @@ test("a team whose credits ran out is told so when it creates a sandbox, with th
   assert.equal((await call(server, "GET", "/v1/sandboxes", owner.key)).body.sandboxes.length, 0);
   assert.deepEqual(failures(errors), []);
   await opened.context().close();
+});
+
+test("previews are their own sites: a signed link opens one, another preview's page cannot ride its cookie", async () => {
+  await previewsAreTheirOwnSites(server, chrome);
 });
 
 test("targets: first render, initial JS, a 10 000-point chart", async () => {

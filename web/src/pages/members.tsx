@@ -82,20 +82,28 @@ function MyInvitations() {
 // recordings (admins' and owners' always is unless a session says otherwise).
 function Recording() {
   const settings = useLoad(async () => ok(await api.GET("/v1/team/settings")), []);
+  const [on, setOn] = useState<boolean | null>(null);
   const { error, run } = useAction();
   if (!settings.data) return null;
-  const toggle = (event: Event) =>
-    run(async () => {
-      const on = (event.target as HTMLInputElement).checked;
-      ok(await api.PATCH("/v1/team/settings", { body: { record_members_input: on } }));
-      settings.reload();
+  const checked = on ?? settings.data.record_members_input;
+  const toggle = (event: Event) => {
+    const wanted = (event.target as HTMLInputElement).checked;
+    setOn(wanted);
+    return run(async () => {
+      try {
+        const saved = ok(await api.PATCH("/v1/team/settings", { body: { record_members_input: wanted } }));
+        setOn(saved.record_members_input);
+      } catch (failure) {
+        setOn(!wanted);
+        throw failure;
+      }
     });
+  };
   return (
     <div class="panel">
       <h2>Terminal recordings</h2>
       <label>
-        <input type="checkbox" checked={settings.data.record_members_input} onChange={toggle} /> Record what members type in
-        their terminal sessions
+        <input type="checkbox" checked={checked} onChange={toggle} /> Record what members type in their terminal sessions
       </label>
       <p class="muted">Off by default: a member's typing may be a password. Admins' and owners' typing is recorded.</p>
       <ErrorNote error={error} />
