@@ -10,6 +10,12 @@ pub enum NodeError {
     ProcessNotFound,
     #[error("process {0} has exited")]
     ProcessExited(u32),
+    #[error("the process's standard input is closed")]
+    StdinClosed,
+    #[error("{0}")]
+    SessionUser(String),
+    #[error("this sandbox has {0} shell sessions already; end one with `exit`")]
+    TooManySessions(usize),
     #[error("no such terminal session in this sandbox")]
     TerminalNotFound,
     #[error("this worker is at capacity")]

@@ -188,9 +188,7 @@ impl Background {
     pub async fn send_stdin(&self, bytes: &[u8], close: bool) -> Result<(), NodeError> {
         let mut stdin = self.stdin.lock().await;
         let Some(open) = stdin.as_mut() else {
-            return Err(NodeError::Invalid(
-                "the process's standard input is closed".to_owned(),
-            ));
+            return Err(NodeError::StdinClosed);
         };
         if !bytes.is_empty() {
             open.write(bytes).await?;
@@ -232,7 +230,7 @@ impl Hosted {
     ) -> Result<ExecResult, NodeError> {
         let session = self.session(name, exec).await?;
         if session.user() != exec.user {
-            return Err(NodeError::Invalid(format!(
+            return Err(NodeError::SessionUser(format!(
                 "session `{name}` runs as {}; start another session for the other user",
                 match session.user() {
                     RunAs::User => "the user",
@@ -278,10 +276,7 @@ impl Hosted {
         }
         sessions.remove(name);
         if sessions.len() >= crate::session::MAX_SESSIONS {
-            return Err(NodeError::Invalid(format!(
-                "this sandbox has {} shell sessions already; end one with `exit`",
-                crate::session::MAX_SESSIONS
-            )));
+            return Err(NodeError::TooManySessions(crate::session::MAX_SESSIONS));
         }
         let mut start = exec.clone();
         // bash when the template has it, else its POSIX shell.

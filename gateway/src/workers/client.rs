@@ -27,6 +27,9 @@ pub enum WorkerCode {
     SandboxNotFound,
     ProcessNotFound,
     ProcessExited,
+    StdinClosed,
+    SessionUserMismatch,
+    TooManySessions,
     AtCapacity,
     TemplateNotFound,
     TemplateExists,
@@ -49,10 +52,13 @@ pub enum WorkerCode {
 }
 
 impl WorkerCode {
-    const ALL: [WorkerCode; 22] = [
+    const ALL: [WorkerCode; 25] = [
         WorkerCode::SandboxNotFound,
         WorkerCode::ProcessNotFound,
         WorkerCode::ProcessExited,
+        WorkerCode::StdinClosed,
+        WorkerCode::SessionUserMismatch,
+        WorkerCode::TooManySessions,
         WorkerCode::AtCapacity,
         WorkerCode::TemplateNotFound,
         WorkerCode::TemplateExists,
@@ -79,6 +85,9 @@ impl WorkerCode {
             WorkerCode::SandboxNotFound => "sandbox_not_found",
             WorkerCode::ProcessNotFound => "process_not_found",
             WorkerCode::ProcessExited => "process_exited",
+            WorkerCode::StdinClosed => "stdin_closed",
+            WorkerCode::SessionUserMismatch => "session_user_mismatch",
+            WorkerCode::TooManySessions => "too_many_sessions",
             WorkerCode::AtCapacity => "at_capacity",
             WorkerCode::TemplateNotFound => "template_not_found",
             WorkerCode::TemplateExists => "template_exists",

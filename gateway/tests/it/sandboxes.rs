@@ -178,6 +178,34 @@ async fn background_processes_take_stdin_and_signals(sandbox: &TestSandbox<'_>) 
         .post(&signal, json!({ "signal": "TERM" }))
         .await
         .assert_error(409, "process_exited");
+    // Input after the process's standard input was closed is refused for its state (the
+    // fuzzer found it refused as a bad request).
+    let started = sandbox
+        .exec(json!({ "command": "cat > /dev/null; sleep 60", "background": true }))
+        .await;
+    let pid = started.body["pid"].as_u64().unwrap();
+    let stdin = format!("/processes/{pid}/stdin");
+    let (status, _, _) = sandbox
+        .raw(
+            Method::POST,
+            &format!("{stdin}?close=true"),
+            Some(Vec::new()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, body, _) = sandbox
+        .raw(Method::POST, &stdin, Some(b"late\n".to_vec()))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["error"]["code"], "stdin_closed", "{body}");
+    let killed = sandbox
+        .post(
+            &format!("/processes/{pid}/signal"),
+            json!({ "signal": "KILL" }),
+        )
+        .await;
+    assert_eq!(killed.status, StatusCode::NO_CONTENT, "{}", killed.body);
     sandbox
         .get("/processes/999999")
         .await

@@ -5478,7 +5478,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Not running (`sandbox_not_running`), or a command asking to be recorded past the team's recording quota (`recording_quota_reached`) */
+            /** @description Not running (`sandbox_not_running`), a command asking to be recorded past the team's recording quota (`recording_quota_reached`), or a shell session of the other user (`session_user_mismatch`) */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -5514,7 +5514,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Too many requests from this address or key (`rate_limited`, with `Retry-After`) */
+            /** @description The sandbox's background processes (`too_many_processes`) or shell sessions (`too_many_sessions`) are at their limit, or rate limited (`rate_limited`) */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -6495,7 +6495,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            /** @description The process's standard input is closed (`stdin_closed`), or the sandbox is not running (`sandbox_not_running`) or paused (`sandbox_paused`) */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -6513,7 +6513,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Standard input is closed */
+            /** @description A field or parameter is invalid (`invalid_request`) */
             422: {
                 headers: {
                     [name: string]: unknown;

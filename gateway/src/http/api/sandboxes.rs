@@ -237,8 +237,9 @@ async fn extend_timeout(
         )),
         (status = 201, description = "Started in the background", body = BackgroundStarted),
         (status = 404, description = "Not in the caller's team", body = ErrorBody),
-        (status = 409, description = "Not running (`sandbox_not_running`), or a command asking to be recorded past the team's recording quota (`recording_quota_reached`)", body = ErrorBody),
+        (status = 409, description = "Not running (`sandbox_not_running`), a command asking to be recorded past the team's recording quota (`recording_quota_reached`), or a shell session of the other user (`session_user_mismatch`)", body = ErrorBody),
         (status = 422, description = "Invalid command", body = ErrorBody),
+        (status = 429, description = "The sandbox's background processes (`too_many_processes`) or shell sessions (`too_many_sessions`) are at their limit, or rate limited (`rate_limited`)", body = ErrorBody),
     ))]
 async fn exec(
     State(state): State<AppState>,
@@ -347,7 +348,7 @@ struct StdinQuery {
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/stdin", tag = "sandboxes", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "Sandbox id"), ("pid" = u32, Path, description = "Process id"), StdinQuery),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
-    responses((status = 204, description = "Written"), (status = 404, description = "No such sandbox or process", body = ErrorBody), (status = 422, description = "Standard input is closed", body = ErrorBody)))]
+    responses((status = 204, description = "Written"), (status = 404, description = "No such sandbox or process", body = ErrorBody), (status = 409, description = "The process's standard input is closed (`stdin_closed`), or the sandbox is not running (`sandbox_not_running`) or paused (`sandbox_paused`)", body = ErrorBody)))]
 async fn process_stdin(
     State(state): State<AppState>,
     principal: Principal,
