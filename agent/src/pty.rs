@@ -171,6 +171,12 @@ fn command_for(request: &PtyRequest, slave: &OwnedFd) -> Result<Command, String>
     } else {
         request.argv.clone()
     };
+    // A directory that is not there is the caller's to fix (not found), not a failed start.
+    if let Some(cwd) = &request.cwd
+        && !std::path::Path::new(cwd).is_dir()
+    {
+        return Err(format!("{cwd}: no such directory"));
+    }
     let search_path = request.env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
     let program = resolve_program(&argv[0], search_path, request.cwd.as_deref())
         .ok_or_else(|| format!("{}: command not found", argv[0]))?;

@@ -56,7 +56,16 @@ def start_dev(database_url, workdir):
     return process, url
 
 
-def fuzz(url, *options, env=()):
+def errors_in(logs):
+    """The error lines of the servers' logs, for a failure's message."""
+    lines = []
+    for log in logs:
+        if os.path.exists(log):
+            lines += [line for line in open(log, errors="replace") if "ERROR" in line]
+    return "".join(lines[-40:])
+
+
+def fuzz(url, *options, env=(), logs=()):
     """Runs the fuzzer against `url`; its whole report, after its summary line is printed
     into the suite's output and its exit status checked."""
     env = {**os.environ, "SANDBASE_FUZZ_URL": url, "SCHEMATHESIS_HOOKS": "fuzz_hooks",
@@ -69,7 +78,7 @@ def fuzz(url, *options, env=()):
     report = fuzzed.stdout + fuzzed.stderr
     # The fuzzer's own summary line, in the suite's output.
     print(report.strip().splitlines()[-1], f"({time.time() - started:.0f} s)")
-    assert fuzzed.returncode == 0, report[-20000:]
+    assert fuzzed.returncode == 0, report[-20000:] + "\nserver errors:\n" + errors_in(logs)
     # Every operation but the WebSocket attachment it cannot speak.
     tested = re.search(r"Tested: (\d+)", report)
     assert tested and int(tested.group(1)) >= 80, report[-3000:]
@@ -107,7 +116,9 @@ def test_the_fuzzer_with_a_worker_finds_nothing():
     try:
         wait_for_worker(url, worker, workdir)
         sent = os.path.join(workdir, "sent-to-the-shared-sandbox")
-        report = fuzz(url, "--max-examples", "20", env={"SANDBASE_FUZZ_SANDBOX": sent})
+        logs = [os.path.join(workdir, name) for name in ("gateway.log", "worker.log")]
+        report = fuzz(url, "--max-examples", "20", env={"SANDBASE_FUZZ_SANDBOX": sent},
+                      logs=logs)
         # Every phase ran, the stateful one included, and the operations on a sandbox
         # reached a running one hundreds of times.
         for phase in ("Coverage", "Fuzzing", "Stateful"):

@@ -496,6 +496,11 @@ async fn hostile_terminal_clients_leave_the_session_working() {
         )
         .await;
     assert_eq!(bad.status.as_u16(), 422, "{}", bad.body);
+    // A directory that is not there is not found (the fuzzer found it a 422, once a 502).
+    sandbox
+        .post("/pty", json!({ "cwd": "/no/such/[dir" }))
+        .await
+        .assert_error(404, "path_not_found");
     // At most four sessions at once.
     for _ in 0..3 {
         open(&sandbox).await;

@@ -6662,7 +6662,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Not in the caller's team */
+            /** @description Not in the caller's team (`not_found`), or no such directory or program in the sandbox (`path_not_found`) */
             404: {
                 headers: {
                     [name: string]: unknown;

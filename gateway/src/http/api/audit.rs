@@ -32,8 +32,10 @@ struct AuditQuery {
     /// Only events before this time (RFC 3339).
     to: Option<DateTime<Utc>>,
     /// Only events by this actor (a user id or an API key id).
+    #[param(pattern = "^[^\\u0000]*$")]
     actor: Option<String>,
     /// Only events with this action, e.g. `api_key.create`; a trailing `*` matches a prefix (`member.*`).
+    #[param(pattern = "^[^\\u0000]*$")]
     action: Option<String>,
     /// Only events with this outcome: `success`, `failure` or `denied`.
     #[param(pattern = "^(success|failure|denied)$")]

@@ -53,7 +53,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     request_body = OpenTerminalRequest,
     responses(
         (status = 201, description = "Opened", body = Terminal),
-        (status = 404, description = "Not in the caller's team", body = ErrorBody),
+        (status = 404, description = "Not in the caller's team (`not_found`), or no such directory or program in the sandbox (`path_not_found`)", body = ErrorBody),
         (status = 409, description = "Not running (`sandbox_not_running`), paused (`sandbox_paused`), or a recorded session past the team's recording quota (`recording_quota_reached`)", body = ErrorBody),
         (status = 422, description = "A bad size, command or directory", body = ErrorBody),
         (status = 429, description = "The sandbox has four sessions open already (`too_many_terminals`), or rate limited (`rate_limited`)", body = ErrorBody),
