@@ -5,6 +5,7 @@
 //! namespaces, so every path it resolves is a path of the sandbox, never of the host.
 //! `protocol` is the wire format, shared with the worker.
 
+mod descendants;
 mod exec;
 mod files;
 pub mod protocol;

@@ -150,6 +150,12 @@ pub enum Request {
         pid: u32,
         signal: i32,
     },
+    /// Sends `signal` to every process descended from `pid` (a process the agent started),
+    /// not to `pid` itself: a shell session's running command, its shell left alive.
+    SignalDescendants {
+        pid: u32,
+        signal: i32,
+    },
     /// Answers `Ok` with the directory's [`Stat`], then a tar stream of it as `Data` frames
     /// and `End`. Symbolic links are archived as links, never followed.
     TarOut {

@@ -100,7 +100,8 @@ fn serve(stream: UnixStream) -> io::Result<()> {
             Ok(()) => reply(&writer, &Reply::Ok(stat(Path::new(&to)).ok())),
             Err(error) => reply_error(&writer, &error, &from),
         },
-        Request::Signal { pid, signal } => signal_group(pid, signal, &writer),
+        Request::Signal { pid, signal } => signal_group(pid, signal, false, &writer),
+        Request::SignalDescendants { pid, signal } => signal_group(pid, signal, true, &writer),
         Request::TarOut { path } => tar_out(&path, &writer),
         Request::TarIn {
             path,
@@ -124,9 +125,14 @@ fn serve(stream: UnixStream) -> io::Result<()> {
     }
 }
 
-/// Signals a running process the agent started (and its process group). Any other pid,
-/// the agent's own above all, is refused.
-fn signal_group(pid: u32, signal: i32, writer: &Mutex<UnixStream>) -> io::Result<()> {
+/// Signals a running process the agent started (and its process group), or only the
+/// processes descended from it. Any other pid, the agent's own above all, is refused.
+fn signal_group(
+    pid: u32,
+    signal: i32,
+    descendants: bool,
+    writer: &Mutex<UnixStream>,
+) -> io::Result<()> {
     let started_by_us = pid > 1 && children().waiting.contains_key(&pid);
     let target = i32::try_from(pid).ok().and_then(Pid::from_raw);
     let (Some(target), true) = (target, started_by_us) else {
@@ -147,6 +153,15 @@ fn signal_group(pid: u32, signal: i32, writer: &Mutex<UnixStream>) -> io::Result
             }),
         );
     };
+    if descendants {
+        for descendant in crate::descendants::of(pid) {
+            if let Some(target) = i32::try_from(descendant).ok().and_then(Pid::from_raw) {
+                // One may have exited since the scan: nothing to signal then.
+                let _ = rustix::process::kill_process(target, signal);
+            }
+        }
+        return reply(writer, &Reply::Ok(None));
+    }
     match rustix::process::kill_process_group(target, signal) {
         Ok(()) => reply(writer, &Reply::Ok(None)),
         Err(error) => reply_error(writer, &io::Error::from(error), "signalling"),

@@ -192,6 +192,9 @@ pub struct Exec {
     /// Run in this shell session (see the public `ExecRequest`).
     #[serde(default)]
     pub session: Option<String>,
+    /// The caller's name for the command (see the public `ExecRequest`).
+    #[serde(default)]
+    pub exec_id: Option<String>,
     /// Record the command and its output for this key or person (the gateway sets it for
     /// calls of its API; a run's own commands are not recorded).
     #[serde(default)]
@@ -266,6 +269,15 @@ pub mod paths {
 
     pub fn process(id: &str, pid: &str) -> String {
         format!("{SANDBOXES}/{id}/processes/{pid}")
+    }
+
+    /// A named command (`part` empty) or its `cancel`.
+    pub fn exec(id: &str, exec_id: &str, part: &str) -> String {
+        if part.is_empty() {
+            format!("{SANDBOXES}/{id}/execs/{exec_id}")
+        } else {
+            format!("{SANDBOXES}/{id}/execs/{exec_id}/{part}")
+        }
     }
 
     /// A background process's `stdin` or `signal`.

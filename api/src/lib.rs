@@ -9,6 +9,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 pub mod conversation;
+pub mod execs;
 pub mod internal;
 pub mod previews;
 pub mod runs;

@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+pub use crate::execs::{ExecEvent, ExecRequest, ExecResult, ExecStatus, OutputChunk, OutputStream};
+
 /// How a sandbox is isolated from its node.
 /// - `runc`: Linux namespaces, cgroups, a seccomp allow-list and no capabilities; commands
 ///   call the host kernel (through the allow-list).
@@ -289,113 +291,6 @@ pub enum RunAs {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ExecRequest {
-    /// The program and its arguments (no shell).
-    #[serde(default)]
-    pub cmd: Option<Vec<String>>,
-    /// A shell command line, run with `/bin/sh -c`.
-    #[serde(default)]
-    pub command: Option<String>,
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    #[serde(default)]
-    pub cwd: Option<String>,
-    #[serde(default)]
-    pub user: RunAs,
-    /// Standard input (the command sees end of input after it).
-    #[serde(default)]
-    pub stdin: Option<String>,
-    /// Kill the command (and what it started) after this many seconds.
-    #[serde(default)]
-    pub timeout_secs: Option<u64>,
-    /// Answer with an NDJSON stream of [`ExecEvent`]s instead of one result.
-    #[serde(default)]
-    pub stream: bool,
-    /// Start the command and answer at once with its pid; see `/processes`.
-    #[serde(default)]
-    pub background: bool,
-    /// A shell session's name (1–64 letters, digits, `-`, `_`, `.`): the command runs in
-    /// that session's bash, started on first use, so the working directory and exported
-    /// variables carry over to the session's next command; the answer is still this
-    /// command's own exit code, stdout and stderr. `exit` ends the session, as does a
-    /// timeout. A session is listed among the sandbox's `/processes` (`shell (session
-    /// NAME)`); a signal to it ends it. At most 4 per sandbox; not with `stream`,
-    /// `background` or `stdin`.
-    #[serde(default)]
-    pub session: Option<String>,
-    /// Record the command and its output (asciicast, kept with the audit log; background
-    /// processes are never recorded). `false` keeps no recording.
-    #[serde(default = "record_by_default")]
-    pub record: bool,
-}
-
-fn record_by_default() -> bool {
-    true
-}
-
-/// What an absent field means, as for a request body that leaves it out: the command is
-/// recorded unless `record` says otherwise.
-impl Default for ExecRequest {
-    fn default() -> Self {
-        ExecRequest {
-            cmd: None,
-            command: None,
-            env: BTreeMap::new(),
-            cwd: None,
-            user: RunAs::default(),
-            stdin: None,
-            timeout_secs: None,
-            stream: false,
-            background: false,
-            session: None,
-            record: record_by_default(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
-pub struct ExecResult {
-    pub exit_code: i32,
-    /// The signal that ended the command, if one did.
-    #[serde(default)]
-    pub signal: Option<i32>,
-    pub timed_out: bool,
-    pub stdout: String,
-    pub stderr: String,
-    /// True when output beyond the server's cap was dropped.
-    #[serde(default)]
-    pub truncated: bool,
-    pub duration_ms: u64,
-}
-
-/// One line of a streamed command: `{"pid":N}` first, then `{"stdout":"…"}` and
-/// `{"stderr":"…"}` chunks, and last `{"exit_code":N,…}` (or `{"error":{…}}`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(untagged)]
-pub enum ExecEvent {
-    Started {
-        pid: u32,
-    },
-    Stdout {
-        stdout: String,
-    },
-    Stderr {
-        stderr: String,
-    },
-    Exit {
-        exit_code: i32,
-        #[serde(default)]
-        signal: Option<i32>,
-        timed_out: bool,
-        duration_ms: u64,
-    },
-    Error {
-        error: crate::ErrorDetail,
-    },
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct BackgroundStarted {
     pub pid: u32,
 }
@@ -500,35 +395,6 @@ mod tests {
         assert_eq!(signal_number(&serde_json::json!("NOPE")), None);
         assert_eq!(signal_number(&serde_json::json!(true)), None);
     }
-
-    #[test]
-    fn exec_events_have_the_documented_shapes() {
-        let lines = [
-            ExecEvent::Started { pid: 7 },
-            ExecEvent::Stdout {
-                stdout: "hi\n".to_owned(),
-            },
-            ExecEvent::Exit {
-                exit_code: 3,
-                signal: None,
-                timed_out: false,
-                duration_ms: 4,
-            },
-        ];
-        let encoded: Vec<String> = lines
-            .iter()
-            .map(|line| serde_json::to_string(line).expect("encode"))
-            .collect();
-        assert_eq!(encoded[0], r#"{"pid":7}"#);
-        assert_eq!(encoded[1], r#"{"stdout":"hi\n"}"#);
-        assert!(encoded[2].starts_with(r#"{"exit_code":3"#));
-        for (line, event) in encoded.iter().zip(lines) {
-            assert_eq!(
-                serde_json::from_str::<ExecEvent>(line).expect("decode"),
-                event
-            );
-        }
-    }
 }
 
 /// A template's name: 1 to 64 lowercase letters, digits, `.`, `_` or `-`, not starting with
@@ -603,21 +469,5 @@ mod template_name_tests {
         ] {
             assert!(TemplateName::parse(bad).is_err(), "{bad:?}");
         }
-    }
-}
-
-#[cfg(test)]
-mod exec_request_tests {
-    use super::ExecRequest;
-
-    /// A request built in code means what the same request sent without those fields means.
-    #[test]
-    fn the_default_request_is_the_empty_body() {
-        let empty: ExecRequest = serde_json::from_str("{}").expect("the empty body parses");
-        assert_eq!(
-            serde_json::to_value(ExecRequest::default()).ok(),
-            serde_json::to_value(empty).ok()
-        );
-        assert!(ExecRequest::default().record);
     }
 }

@@ -470,12 +470,12 @@ async fn exec(client: &Client, args: ExecArgs) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("a malformed line: {}", String::from_utf8_lossy(&line)))?
             {
                 ExecEvent::Started { .. } => {}
-                ExecEvent::Stdout { stdout } => {
+                ExecEvent::Stdout { stdout, .. } => {
                     let mut out = std::io::stdout().lock();
                     out.write_all(stdout.as_bytes())?;
                     out.flush()?;
                 }
-                ExecEvent::Stderr { stderr } => {
+                ExecEvent::Stderr { stderr, .. } => {
                     let mut err = std::io::stderr().lock();
                     err.write_all(stderr.as_bytes())?;
                     err.flush()?;

@@ -181,8 +181,8 @@ impl Streamed {
             .map_err(|error| output::tool_error(502, "unavailable", &error.to_string()))?;
         match event {
             ExecEvent::Started { .. } => {}
-            ExecEvent::Stdout { stdout } => self.stdout.push(&stdout),
-            ExecEvent::Stderr { stderr } => self.stderr.push(&stderr),
+            ExecEvent::Stdout { stdout, .. } => self.stdout.push(&stdout),
+            ExecEvent::Stderr { stderr, .. } => self.stderr.push(&stderr),
             ExecEvent::Error { error } => {
                 return Err(output::tool_error(500, &error.code, &error.message));
             }

@@ -58,7 +58,7 @@ impl Retained {
     }
 
     /// How many more bytes fit.
-    fn room(&self) -> usize {
+    pub(crate) fn room(&self) -> usize {
         self.limit.saturating_sub(self.bytes())
     }
 }
@@ -68,12 +68,17 @@ impl OutputBudget {
         OutputBudget { sandbox, worker }
     }
 
-    fn add(&self, bytes: usize) {
+    /// How many more bytes the sandbox's budget and the worker's ceiling both allow.
+    pub(crate) fn room(&self) -> usize {
+        self.sandbox.room().min(self.worker.room())
+    }
+
+    pub(crate) fn add(&self, bytes: usize) {
         self.sandbox.bytes.fetch_add(bytes, Ordering::Relaxed);
         self.worker.bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    fn remove(&self, bytes: usize) {
+    pub(crate) fn remove(&self, bytes: usize) {
         self.sandbox.bytes.fetch_sub(bytes, Ordering::Relaxed);
         self.worker.bytes.fetch_sub(bytes, Ordering::Relaxed);
     }

@@ -8,6 +8,10 @@ pub enum NodeError {
     SandboxNotFound,
     #[error("no such process in this sandbox")]
     ProcessNotFound,
+    #[error("no command with this exec_id in this sandbox (kept 10 minutes after it ends)")]
+    ExecNotFound,
+    #[error("exec_id `{0}` names another command in this sandbox; choose another id")]
+    ExecIdInUse(String),
     #[error("process {0} has exited")]
     ProcessExited(u32),
     #[error("the process's standard input is closed")]

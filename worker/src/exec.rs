@@ -32,6 +32,8 @@ pub struct Hosted {
     pub(crate) env: BTreeMap<String, String>,
     pub(crate) cwd: String,
     pub(crate) processes: Mutex<HashMap<u32, Arc<Background>>>,
+    /// Its named commands (`exec_id`), running and recently ended.
+    pub(crate) tracked: Mutex<HashMap<String, Arc<crate::tracked::Tracked>>>,
     /// Its shell sessions, by name.
     pub(crate) sessions: tokio::sync::Mutex<HashMap<String, Arc<ShellSession>>>,
     /// What its background processes' output may hold of the worker's memory.
@@ -228,6 +230,17 @@ impl Hosted {
         exec: &Exec,
         output_limit: usize,
     ) -> Result<ExecResult, NodeError> {
+        let session = self.session_for(name, exec).await?;
+        self.run_in(name, &session, exec, output_limit, None).await
+    }
+
+    /// Session `name` for `exec` (started on first use); refused when it runs as the other
+    /// user.
+    pub async fn session_for(
+        &self,
+        name: &str,
+        exec: &Exec,
+    ) -> Result<Arc<ShellSession>, NodeError> {
         let session = self.session(name, exec).await?;
         if session.user() != exec.user {
             return Err(NodeError::SessionUser(format!(
@@ -238,7 +251,20 @@ impl Hosted {
                 }
             )));
         }
-        let ran = match session.run(exec, output_limit).await {
+        Ok(session)
+    }
+
+    /// Runs `exec`'s command in `session` (named `name`), its output also to `sink` as it
+    /// comes; `exit` or a timeout ends the session.
+    pub async fn run_in(
+        &self,
+        name: &str,
+        session: &ShellSession,
+        exec: &Exec,
+        output_limit: usize,
+        sink: Option<crate::session::Sink<'_>>,
+    ) -> Result<ExecResult, NodeError> {
+        let ran = match session.run(exec, output_limit, sink).await {
             Ok(ran) => ran,
             Err(error) => {
                 self.end_session(name).await;
@@ -309,5 +335,44 @@ impl Hosted {
         if let Some(session) = removed {
             session.end().await;
         }
+    }
+}
+
+impl Hosted {
+    /// Claims `id` for a named command `argv` (in `session`); see [`crate::tracked::claim`].
+    pub fn claim_exec(
+        &self,
+        id: &str,
+        argv: &[String],
+        session: Option<&str>,
+    ) -> Result<crate::tracked::Claim, NodeError> {
+        crate::tracked::claim(
+            &mut self.lock_tracked(),
+            id,
+            argv,
+            session,
+            &self.output_budget,
+        )
+    }
+
+    /// The named command kept under `id`.
+    pub fn tracked(&self, id: &str) -> Result<Arc<crate::tracked::Tracked>, NodeError> {
+        self.lock_tracked()
+            .get(id)
+            .cloned()
+            .ok_or(NodeError::ExecNotFound)
+    }
+
+    /// Forgets the command kept under `id` (it never ran).
+    pub fn forget_exec(&self, id: &str) {
+        self.lock_tracked().remove(id);
+    }
+
+    fn lock_tracked(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, Arc<crate::tracked::Tracked>>> {
+        self.tracked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }

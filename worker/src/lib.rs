@@ -35,6 +35,8 @@ pub mod templates;
 pub mod terminal;
 pub mod terminal_sessions;
 pub mod tls_listener;
+pub mod tracked;
+pub mod tracked_run;
 pub mod usage;
 pub mod utf8;
 pub mod volumes;

@@ -295,6 +295,7 @@ impl Node {
             env,
             cwd: request.cwd,
             processes: Mutex::new(HashMap::new()),
+            tracked: Mutex::new(HashMap::new()),
             sessions: tokio::sync::Mutex::new(HashMap::new()),
             terminals: Mutex::new(HashMap::new()),
             output_budget: OutputBudget::new(

@@ -34,7 +34,75 @@ const SIGKILL: i32 = 9;
 /// A persistent shell.
 pub struct ShellSession {
     user: RunAs,
+    /// Its shell's process.
+    pid: u32,
     io: tokio::sync::Mutex<SessionIo>,
+}
+
+/// Where a command's output goes as it comes (a named command's ring), before the
+/// command ends.
+pub type Sink<'a> = &'a mut (dyn FnMut(Stream, &[u8]) + Send);
+
+/// Passes a command's output on as it comes, less its markers: the end of each stream
+/// that could still begin its marker is held back until more comes or the command ends.
+struct Emitter<'a> {
+    sink: Sink<'a>,
+    pending: [Vec<u8>; 2],
+    done: [bool; 2],
+    needles: [Vec<u8>; 2],
+}
+
+impl<'a> Emitter<'a> {
+    fn new(sink: Sink<'a>, marker: &str) -> Emitter<'a> {
+        Emitter {
+            sink,
+            pending: [Vec::new(), Vec::new()],
+            done: [false; 2],
+            needles: [
+                format!("\n{marker} ").into_bytes(),
+                format!("\n{marker}\n").into_bytes(),
+            ],
+        }
+    }
+
+    fn push(&mut self, stream: Stream, bytes: &[u8]) {
+        let index = match stream {
+            Stream::Stdout => 0,
+            Stream::Stderr => 1,
+        };
+        if self.done[index] {
+            return;
+        }
+        let pending = &mut self.pending[index];
+        pending.extend_from_slice(bytes);
+        if let Some(at) = find(pending, &self.needles[index]) {
+            (self.sink)(stream, &pending[..at]);
+            pending.clear();
+            self.done[index] = true;
+            return;
+        }
+        // Held back: the longest end that begins the needle (a newline, most often).
+        let needle = &self.needles[index];
+        let hold = (1..needle.len().min(pending.len() + 1))
+            .rev()
+            .find(|length| pending.ends_with(&needle[..*length]))
+            .unwrap_or(0);
+        let ready = pending.len() - hold;
+        if ready > 0 {
+            (self.sink)(stream, &pending[..ready]);
+            pending.drain(..ready);
+        }
+    }
+
+    /// The command ended without its markers (its shell exited, or it timed out).
+    fn flush(&mut self) {
+        for (index, stream) in [Stream::Stdout, Stream::Stderr].into_iter().enumerate() {
+            if !self.done[index] && !self.pending[index].is_empty() {
+                (self.sink)(stream, &self.pending[index]);
+                self.pending[index].clear();
+            }
+        }
+    }
 }
 
 struct SessionIo {
@@ -153,6 +221,7 @@ impl ShellSession {
     ) -> ShellSession {
         ShellSession {
             user,
+            pid: process.pid,
             io: tokio::sync::Mutex::new(SessionIo {
                 stdin,
                 events,
@@ -163,6 +232,11 @@ impl ShellSession {
 
     pub fn user(&self) -> RunAs {
         self.user
+    }
+
+    /// Its shell's process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
     }
 
     /// Whether its shell still runs. What it printed between commands (a background child's
@@ -200,8 +274,14 @@ impl ShellSession {
         });
     }
 
-    /// Runs `exec`'s command in the shell (one at a time) and answers with its result.
-    pub async fn run(&self, exec: &Exec, output_limit: usize) -> anyhow::Result<Ran> {
+    /// Runs `exec`'s command in the shell (one at a time) and answers with its result; its
+    /// output also goes to `sink` as it comes, when one is given.
+    pub async fn run(
+        &self,
+        exec: &Exec,
+        output_limit: usize,
+        sink: Option<Sink<'_>>,
+    ) -> anyhow::Result<Ran> {
         let command = command_text(&exec.argv);
         let started = Instant::now();
         let nonce = uuid::Uuid::new_v4().simple().to_string();
@@ -211,9 +291,14 @@ impl ShellSession {
         let timeout = exec
             .timeout_ms
             .map_or(DEFAULT_TIMEOUT, Duration::from_millis);
+        let marker = marker(&nonce);
+        let mut emitter = sink.map(|sink| Emitter::new(sink, &marker));
         let done = io
-            .until_done(&marker(&nonce), started + timeout, output_limit)
+            .until_done(&marker, started + timeout, output_limit, emitter.as_mut())
             .await;
+        if let Some(emitter) = &mut emitter {
+            emitter.flush();
+        }
         Ok(match done {
             Done::Finished { mut output, code } => {
                 Ran::Finished(result(&mut output, code, None, started))
@@ -255,7 +340,13 @@ enum Done {
 impl SessionIo {
     /// Reads the shell's output until both markers of this command arrived, the shell
     /// exited, or `deadline` passed.
-    async fn until_done(&mut self, marker: &str, deadline: Instant, limit: usize) -> Done {
+    async fn until_done(
+        &mut self,
+        marker: &str,
+        deadline: Instant,
+        limit: usize,
+        mut emitter: Option<&mut Emitter<'_>>,
+    ) -> Done {
         let mut output = Output::default();
         let mut code = None;
         let mut stderr_done = false;
@@ -277,9 +368,15 @@ impl SessionIo {
             match next {
                 Err(_) => return Done::TimedOut { output },
                 Ok(Some(Ok(ExecEvent::Stdout(bytes)))) if code.is_none() => {
+                    if let Some(emitter) = emitter.as_deref_mut() {
+                        emitter.push(Stream::Stdout, &bytes);
+                    }
                     output.append(Stream::Stdout, &bytes, limit);
                 }
                 Ok(Some(Ok(ExecEvent::Stderr(bytes)))) if !stderr_done => {
+                    if let Some(emitter) = emitter.as_deref_mut() {
+                        emitter.push(Stream::Stderr, &bytes);
+                    }
                     output.append(Stream::Stderr, &bytes, limit);
                 }
                 Ok(Some(Ok(ExecEvent::Exit(exit)))) => {
@@ -311,6 +408,7 @@ fn result(output: &mut Output, code: i32, signal: Option<i32>, started: Instant)
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
         truncated: output.truncated,
         duration_ms: started.elapsed().as_millis() as u64,
+        exec_id: None,
     }
 }
 
@@ -337,6 +435,21 @@ mod tests {
         assert_eq!(finished_stdout(b"no marker yet", &marker), None);
         let stderr = format!("warn\n\n{marker}\n");
         assert_eq!(finished_stderr(stderr.as_bytes(), &marker), Some(5));
+    }
+
+    #[test]
+    fn streamed_output_never_carries_the_markers_at_any_split() {
+        let marker = marker("n0nce");
+        let stdout = format!("line one\nline two\n\n{marker} 0\nlate\n");
+        for split in 0..stdout.len() {
+            let mut seen = Vec::new();
+            let mut sink = |_: Stream, bytes: &[u8]| seen.extend_from_slice(bytes);
+            let mut emitter = Emitter::new(&mut sink, &marker);
+            emitter.push(Stream::Stdout, &stdout.as_bytes()[..split]);
+            emitter.push(Stream::Stdout, &stdout.as_bytes()[split..]);
+            emitter.flush();
+            assert_eq!(seen, b"line one\nline two\n", "split at {split}");
+        }
     }
 
     #[test]

@@ -46,6 +46,7 @@ impl Hosted {
             stream: false,
             background: false,
             session: None,
+            exec_id: None,
             record: None,
         })?;
         let (session, pid) = self

@@ -347,6 +347,7 @@ fn command(argv: Vec<String>, user: RunAs, timeout_ms: Option<u64>) -> Exec {
         stream: false,
         background: false,
         session: None,
+        exec_id: None,
         record: None,
     }
 }

@@ -205,9 +205,25 @@ pub fn session(name: &str, request: &sandbase_api::sandboxes::ExecRequest) -> Ap
             "`session`: 1 to 64 letters, digits, `-`, `_` or `.`".to_owned(),
         ));
     }
-    if request.stream || request.background || request.stdin.is_some() {
+    if request.background || request.stdin.is_some() {
         return Err(ApiError::InvalidRequest(
-            "a `session` command answers with its whole result: not with `stream`, `background` or `stdin`"
+            "a `session` command takes no `stdin` and does not run in the `background`".to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// A command's `exec_id`: 1 to 128 letters, digits, `.`, `_`, `:` or `-`; not with
+/// `background`.
+pub fn exec_id(id: &str, request: &sandbase_api::sandboxes::ExecRequest) -> ApiResult<()> {
+    if !sandbase_api::execs::valid_exec_id(id) {
+        return Err(ApiError::InvalidRequest(
+            "`exec_id`: 1 to 128 letters, digits, `.`, `_`, `:` or `-`".to_owned(),
+        ));
+    }
+    if request.background {
+        return Err(ApiError::InvalidRequest(
+            "a command with an `exec_id` is followed with GET …/execs/{exec_id}: not with `background`"
                 .to_owned(),
         ));
     }

@@ -21,101 +21,7 @@ const IMPORT_TIMEOUT: Duration = Duration::from_secs(1800);
 /// Pulling an image from a registry, layer by layer.
 const PULL_TIMEOUT: Duration = Duration::from_secs(3600);
 
-/// The worker's error codes the public API passes on; any other is `worker_error` (502).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WorkerCode {
-    SandboxNotFound,
-    ProcessNotFound,
-    ProcessExited,
-    StdinClosed,
-    SessionUserMismatch,
-    TooManySessions,
-    AtCapacity,
-    TemplateNotFound,
-    TemplateExists,
-    VolumeNotFound,
-    InvalidRequest,
-    PathNotFound,
-    PermissionDenied,
-    AlreadyExists,
-    NotADirectory,
-    IsADirectory,
-    DirectoryNotEmpty,
-    DiskFull,
-    SpawnFailed,
-    SandboxIoError,
-    TooManyProcesses,
-    TooManyTerminals,
-    SandboxPaused,
-    TerminalNotFound,
-    PortClosed,
-}
-
-impl WorkerCode {
-    const ALL: [WorkerCode; 25] = [
-        WorkerCode::SandboxNotFound,
-        WorkerCode::ProcessNotFound,
-        WorkerCode::ProcessExited,
-        WorkerCode::StdinClosed,
-        WorkerCode::SessionUserMismatch,
-        WorkerCode::TooManySessions,
-        WorkerCode::AtCapacity,
-        WorkerCode::TemplateNotFound,
-        WorkerCode::TemplateExists,
-        WorkerCode::VolumeNotFound,
-        WorkerCode::InvalidRequest,
-        WorkerCode::PathNotFound,
-        WorkerCode::PermissionDenied,
-        WorkerCode::AlreadyExists,
-        WorkerCode::NotADirectory,
-        WorkerCode::IsADirectory,
-        WorkerCode::DirectoryNotEmpty,
-        WorkerCode::DiskFull,
-        WorkerCode::SpawnFailed,
-        WorkerCode::SandboxIoError,
-        WorkerCode::TooManyProcesses,
-        WorkerCode::TooManyTerminals,
-        WorkerCode::SandboxPaused,
-        WorkerCode::TerminalNotFound,
-        WorkerCode::PortClosed,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WorkerCode::SandboxNotFound => "sandbox_not_found",
-            WorkerCode::ProcessNotFound => "process_not_found",
-            WorkerCode::ProcessExited => "process_exited",
-            WorkerCode::StdinClosed => "stdin_closed",
-            WorkerCode::SessionUserMismatch => "session_user_mismatch",
-            WorkerCode::TooManySessions => "too_many_sessions",
-            WorkerCode::AtCapacity => "at_capacity",
-            WorkerCode::TemplateNotFound => "template_not_found",
-            WorkerCode::TemplateExists => "template_exists",
-            WorkerCode::VolumeNotFound => "volume_not_found",
-            WorkerCode::InvalidRequest => "invalid_request",
-            WorkerCode::PathNotFound => "path_not_found",
-            WorkerCode::PermissionDenied => "permission_denied",
-            WorkerCode::AlreadyExists => "already_exists",
-            WorkerCode::NotADirectory => "not_a_directory",
-            WorkerCode::IsADirectory => "is_a_directory",
-            WorkerCode::DirectoryNotEmpty => "directory_not_empty",
-            WorkerCode::DiskFull => "disk_full",
-            WorkerCode::SpawnFailed => "spawn_failed",
-            WorkerCode::SandboxIoError => "sandbox_io_error",
-            WorkerCode::TooManyProcesses => "too_many_processes",
-            WorkerCode::TooManyTerminals => "too_many_terminals",
-            WorkerCode::SandboxPaused => "sandbox_paused",
-            WorkerCode::TerminalNotFound => "terminal_not_found",
-            WorkerCode::PortClosed => "port_closed",
-        }
-    }
-
-    fn parse(code: &str) -> Option<WorkerCode> {
-        WorkerCode::ALL
-            .into_iter()
-            .find(|known| known.as_str() == code)
-    }
-}
+pub use super::codes::WorkerCode;
 
 /// A call to a worker that did not succeed.
 #[derive(Debug, thiserror::Error)]
@@ -198,6 +104,15 @@ impl WorkerError {
 /// A data-plane call on a sandbox, passed to its worker as it is (the answer streamed back).
 pub enum SandboxCall {
     Exec(Box<Exec>),
+    /// A named command and its output from `offset` (followed as NDJSON with `stream`).
+    ExecStatus {
+        exec_id: String,
+        offset: u64,
+        stream: bool,
+    },
+    ExecCancel {
+        exec_id: String,
+    },
     Processes,
     Process {
         pid: u32,
@@ -420,13 +335,9 @@ impl WorkerClient {
     ) -> Result<WorkerAnswer, WorkerError> {
         let id = id.to_string();
         let request = match call {
-            SandboxCall::Exec(exec) => self
-                .request(
-                    reqwest::Method::POST,
-                    worker,
-                    &paths::sandbox_part(&id, "exec"),
-                )
-                .json(&exec),
+            call @ (SandboxCall::Exec(_)
+            | SandboxCall::ExecStatus { .. }
+            | SandboxCall::ExecCancel { .. }) => self.command_request(worker, &id, call),
             SandboxCall::Processes => self.request(
                 reqwest::Method::GET,
                 worker,
@@ -509,6 +420,40 @@ impl WorkerClient {
         Self::send(request, "a sandbox call")
             .await
             .map(WorkerAnswer)
+    }
+
+    /// The request of a command call: run one, read or cancel a named one.
+    fn command_request(
+        &self,
+        worker: &WorkerAddress,
+        id: &str,
+        call: SandboxCall,
+    ) -> reqwest::RequestBuilder {
+        match call {
+            SandboxCall::Exec(exec) => self
+                .request(
+                    reqwest::Method::POST,
+                    worker,
+                    &paths::sandbox_part(id, "exec"),
+                )
+                .json(&exec),
+            SandboxCall::ExecStatus {
+                exec_id,
+                offset,
+                stream,
+            } => self
+                .request(reqwest::Method::GET, worker, &paths::exec(id, &exec_id, ""))
+                .query(&[
+                    ("offset", offset.to_string()),
+                    ("stream", stream.to_string()),
+                ]),
+            SandboxCall::ExecCancel { exec_id } => self.request(
+                reqwest::Method::POST,
+                worker,
+                &paths::exec(id, &exec_id, "cancel"),
+            ),
+            _ => unreachable!("not a command call"),
+        }
     }
 
     /// The request of a terminal call.

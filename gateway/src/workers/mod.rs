@@ -4,6 +4,7 @@
 //! sandboxes is `sandboxes::reconcile`, beside the lifecycle it drives.
 
 pub mod client;
+mod codes;
 pub mod credential;
 pub mod ports;
 pub mod registry;

@@ -14,6 +14,7 @@ mod egress;
 mod egress_credentials;
 mod egress_flood;
 mod egress_readback;
+mod execs;
 mod flood;
 mod helpers;
 mod isolation;

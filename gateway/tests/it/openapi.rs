@@ -44,6 +44,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/sandboxes/{id}/processes/{pid}"),
     ("POST", "/v1/sandboxes/{id}/processes/{pid}/stdin"),
     ("POST", "/v1/sandboxes/{id}/processes/{pid}/signal"),
+    ("GET", "/v1/sandboxes/{id}/execs/{exec_id}"),
+    ("POST", "/v1/sandboxes/{id}/execs/{exec_id}/cancel"),
     ("GET", "/v1/sandboxes/{id}/files"),
     ("PUT", "/v1/sandboxes/{id}/files"),
     ("DELETE", "/v1/sandboxes/{id}/files"),

@@ -248,7 +248,6 @@ async fn refusals(app: &crate::helpers::TestApp, token: &str, id: &str) {
     for body in [
         json!({ "command": "true", "session": "a b" }),
         json!({ "command": "true", "session": "" }),
-        json!({ "command": "true", "session": "s", "stream": true }),
         json!({ "command": "true", "session": "s", "background": true }),
         json!({ "command": "true", "session": "s", "stdin": "x" }),
     ] {

@@ -594,9 +594,55 @@ export interface paths {
          * Run a command. By default the answer is its whole result; with `"stream": true` an
          *     NDJSON stream of `{"pid"}`, `{"stdout"}` / `{"stderr"}` chunks and a last `{"exit_code"}`;
          *     with `"background": true` its pid at once (see `/processes`). A command that is not
-         *     found exits with 127, as in a shell.
+         *     found exits with 127, as in a shell. With an `exec_id` the command runs to its end
+         *     whatever happens to this connection (see `GET …/execs/{exec_id}`), and starting the
+         *     same `exec_id` again answers the first start's command.
          */
         post: operations["exec"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/execs/{exec_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A named command (started with an `exec_id`): whether it runs, how it ended, and its
+         *     output from `offset` — the last MiB is kept, for 10 minutes after it ends. With
+         *     `stream`, NDJSON events as it runs: a reader that lost its connection goes on from the
+         *     `offset` it reached, missing nothing and seeing nothing twice.
+         */
+        get: operations["get_exec"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/execs/{exec_id}/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Cancel a named command: SIGINT now, SIGKILL a second later to what is left of it. A
+         *     shell session's command is interrupted with the session's shell left alive, its working
+         *     directory and environment kept. Cancelling an ended command changes nothing. Answers
+         *     the command's state (without output).
+         */
+        post: operations["cancel_exec"];
         delete?: never;
         options?: never;
         head?: never;
@@ -1593,14 +1639,21 @@ export interface components {
         };
         /**
          * @description One line of a streamed command: `{"pid":N}` first, then `{"stdout":"…"}` and
-         *     `{"stderr":"…"}` chunks, and last `{"exit_code":N,…}` (or `{"error":{…}}`).
+         *     `{"stderr":"…"}` chunks, and last `{"exit_code":N,…}` (or `{"error":{…}}`). A named
+         *     command's lines carry its `exec_id` (first line) and each chunk's byte `offset` in the
+         *     command's output, from which `GET …/execs/{exec_id}?offset=N` reads on.
          */
         ExecEvent: {
+            exec_id?: string | null;
             /** Format: int32 */
             pid: number;
         } | {
+            /** Format: int64 */
+            offset?: number | null;
             stdout: string;
         } | {
+            /** Format: int64 */
+            offset?: number | null;
             stderr: string;
         } | {
             /** Format: int64 */
@@ -1625,6 +1678,17 @@ export interface components {
                 [key: string]: string;
             };
             /**
+             * @description The caller's name for this command (1–128 letters, digits, `.`, `_`, `:`, `-`; unique
+             *     in the sandbox while it is kept). A named command runs to its end even when the
+             *     caller's connection drops, its output kept (the last MiB) for
+             *     `GET …/execs/{exec_id}`, which reads it from any byte offset; `POST
+             *     …/execs/{exec_id}/cancel` interrupts it. Starting the same `exec_id` again answers
+             *     the first start's command (its stream from the beginning, or its whole result once
+             *     it ends) and runs nothing; another command under a kept id is 409
+             *     `exec_id_in_use`. Not with `background`.
+             */
+            exec_id?: string | null;
+            /**
              * @description Record the command and its output (asciicast, kept with the audit log; background
              *     processes are never recorded). `false` keeps no recording.
              */
@@ -1633,9 +1697,9 @@ export interface components {
              * @description A shell session's name (1–64 letters, digits, `-`, `_`, `.`): the command runs in
              *     that session's bash, started on first use, so the working directory and exported
              *     variables carry over to the session's next command; the answer is still this
-             *     command's own exit code, stdout and stderr. `exit` ends the session, as does a
-             *     timeout. A session is listed among the sandbox's `/processes` (`shell (session
-             *     NAME)`); a signal to it ends it. At most 4 per sandbox; not with `stream`,
+             *     command's own exit code, stdout and stderr (streamed with `stream`). `exit` ends the
+             *     session, as does a timeout. A session is listed among the sandbox's `/processes`
+             *     (`shell (session NAME)`); a signal to it ends it. At most 4 per sandbox; not with
              *     `background` or `stdin`.
              */
             session?: string | null;
@@ -1653,6 +1717,8 @@ export interface components {
         ExecResult: {
             /** Format: int64 */
             duration_ms: number;
+            /** @description The command's `exec_id`, when it was started with one. */
+            exec_id?: string | null;
             /** Format: int32 */
             exit_code: number;
             /**
@@ -1665,6 +1731,46 @@ export interface components {
             timed_out: boolean;
             /** @description True when output beyond the server's cap was dropped. */
             truncated?: boolean;
+        };
+        /** @description A named command (`exec_id`) and its output from an offset. */
+        ExecStatus: {
+            /** @description Whether it was cancelled (`POST …/cancel`). */
+            cancelled: boolean;
+            /** @description The program and its arguments (`/bin/sh -c LINE` for a command line). */
+            cmd: string[];
+            /** Format: int64 */
+            duration_ms?: number | null;
+            exec_id: string;
+            /**
+             * Format: int32
+             * @description Set once it ended.
+             */
+            exit_code?: number | null;
+            /**
+             * Format: int64
+             * @description The offset after the last byte of output so far: the next read's `offset`.
+             */
+            next_offset: number;
+            /**
+             * Format: int64
+             * @description Where `output` starts: the offset asked for, or the oldest byte still kept when older
+             *     output was dropped (the last MiB is kept).
+             */
+            offset: number;
+            output: components["schemas"]["OutputChunk"][];
+            /**
+             * Format: int32
+             * @description Its process (a session command's: the session's shell), once started.
+             */
+            pid?: number | null;
+            running: boolean;
+            /** @description The shell session it ran in, if any. */
+            session?: string | null;
+            /** Format: int32 */
+            signal?: number | null;
+            /** Format: date-time */
+            started_at: string;
+            timed_out: boolean;
         };
         ExtendTimeoutRequest: {
             /**
@@ -1884,6 +1990,21 @@ export interface components {
             rows?: number;
             user?: components["schemas"]["RunAs"];
         };
+        /**
+         * @description A piece of a named command's output, at its byte offset in the command's output (both
+         *     streams, in the order they were written).
+         */
+        OutputChunk: {
+            /** Format: int64 */
+            offset: number;
+            stream: components["schemas"]["OutputStream"];
+            text: string;
+        };
+        /**
+         * @description Which stream a piece of output came on.
+         * @enum {string}
+         */
+        OutputStream: "stdout" | "stderr";
         /**
          * @description The variable's name (`"GITHUB_TOKEN"`), or the name and where else the placeholder is
          *     swapped (`{"env": "GITHUB_TOKEN", "in_body": true, "paths": ["/v1/chat/*"]}`).
@@ -5478,7 +5599,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Not running (`sandbox_not_running`), a command asking to be recorded past the team's recording quota (`recording_quota_reached`), or a shell session of the other user (`session_user_mismatch`) */
+            /** @description Not running (`sandbox_not_running`), a command asking to be recorded past the team's recording quota (`recording_quota_reached`), a shell session of the other user (`session_user_mismatch`), or an `exec_id` kept for another command (`exec_id_in_use`) */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -5514,7 +5635,177 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox's background processes (`too_many_processes`) or shell sessions (`too_many_sessions`) are at their limit, or rate limited (`rate_limited`) */
+            /** @description The sandbox's background processes or named commands (`too_many_processes`) or shell sessions (`too_many_sessions`) are at their limit, or rate limited (`rate_limited`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_exec: {
+        parameters: {
+            query?: {
+                /**
+                 * @description The byte offset in the command's output (both streams, in the order written) to
+                 *     read from: `next_offset` of the last read, or an event's `offset` plus its length.
+                 */
+                offset?: number;
+                /**
+                 * @description Follow the command as NDJSON events (output chunks with their `offset`, the exit
+                 *     last) until it ends, instead of one JSON answer.
+                 */
+                stream?: boolean;
+            };
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+                /** @description The command's `exec_id` */
+                exec_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The command and its output from `offset`, or (with `stream`) its NDJSON events */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ExecStatus"];
+                    "application/x-ndjson": components["schemas"]["ExecEvent"];
+                };
+            };
+            /** @description Missing, malformed, unknown, revoked or expired credentials (`unauthenticated`, `invalid_api_key`, `session_expired`, …) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such sandbox in the caller's team, or no command under this `exec_id` (`exec_not_found`) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A field or parameter is invalid (`invalid_request`) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too many requests from this address or key (`rate_limited`, with `Retry-After`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    cancel_exec: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+                /** @description The command's `exec_id` */
+                exec_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Interrupted (or it had ended) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ExecStatus"];
+                };
+            };
+            /** @description Missing, malformed, unknown, revoked or expired credentials (`unauthenticated`, `invalid_api_key`, `session_expired`, …) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such sandbox in the caller's team, or no command under this `exec_id` (`exec_not_found`) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A field or parameter is invalid (`invalid_request`) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too many requests from this address or key (`rate_limited`, with `Retry-After`) */
             429: {
                 headers: {
                     [name: string]: unknown;

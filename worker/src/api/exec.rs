@@ -7,7 +7,7 @@ use std::time::Instant;
 use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use sandbase_agent::protocol::{self, ExitInfo};
@@ -25,7 +25,7 @@ use crate::pause::Active;
 use crate::recording::RecordingSink;
 use crate::utf8::Utf8Carry;
 
-use super::support::{ApiState, SYNC_OUTPUT_LIMIT};
+use super::support::{ApiState, SYNC_OUTPUT_LIMIT, ndjson_line, ndjson_response};
 
 pub(super) async fn exec(
     State(state): State<ApiState>,
@@ -48,14 +48,23 @@ pub(super) async fn exec(
             (cast, sink)
         });
     if let Some(session) = &exec.session {
-        if exec.background || exec.stream || exec.stdin.is_some() {
+        if exec.background || exec.stdin.is_some() {
             return Err(NodeError::Invalid(
-                "a session command answers with its whole result".to_owned(),
+                "a session command takes no `stdin` and does not run in the background".to_owned(),
             ));
         }
         if !crate::session::valid_name(session) {
             return Err(NodeError::Invalid("invalid session name".to_owned()));
         }
+    }
+    // A named command, or a session's streamed one, runs in a task of its own.
+    if exec.exec_id.is_some() || (exec.session.is_some() && exec.stream) {
+        let mut exec = exec;
+        exec.exec_id
+            .get_or_insert_with(|| format!("session-{}", Uuid::new_v4()));
+        return super::execs::start(hosted, exec, recording).await;
+    }
+    if let Some(session) = &exec.session {
         let result = hosted
             .run_in_session(session, &exec, SYNC_OUTPUT_LIMIT)
             .await?;
@@ -119,7 +128,7 @@ pub(super) fn command_not_started(
     let duration_ms = started.elapsed().as_millis() as u64;
     if stream {
         let lines = [
-            ExecEvent::Stderr { stderr },
+            ExecEvent::stderr(stderr),
             ExecEvent::Exit {
                 exit_code,
                 signal: None,
@@ -182,24 +191,8 @@ pub(super) fn result_of(
         stderr: String::from_utf8_lossy(&stderr).into_owned(),
         truncated,
         duration_ms: started.elapsed().as_millis() as u64,
+        exec_id: None,
     }
-}
-
-pub(super) fn ndjson_line(event: &ExecEvent) -> String {
-    let mut line = serde_json::to_string(event).unwrap_or_else(|_| "{}".to_owned());
-    line.push('\n');
-    line
-}
-
-pub(super) fn ndjson_response(body: Body) -> Response {
-    (
-        [
-            (header::CONTENT_TYPE, "application/x-ndjson"),
-            (header::CACHE_CONTROL, "no-store"),
-        ],
-        body,
-    )
-        .into_response()
 }
 
 /// The command's events as NDJSON lines, flushed as they come.
@@ -227,7 +220,10 @@ pub(super) fn stream_events(
         recording,
     };
     let first = futures_util::stream::once(async move {
-        Ok::<_, Infallible>(Bytes::from(ndjson_line(&ExecEvent::Started { pid })))
+        Ok::<_, Infallible>(Bytes::from(ndjson_line(&ExecEvent::Started {
+            pid,
+            exec_id: None,
+        })))
     });
     let lines = futures_util::stream::unfold(state, |mut state| async move {
         if state.done {
@@ -235,23 +231,19 @@ pub(super) fn stream_events(
         }
         let line = match state.events.recv().await {
             Some(Ok(agent_client::ExecEvent::Started { pid })) => {
-                ndjson_line(&ExecEvent::Started { pid })
+                ndjson_line(&ExecEvent::Started { pid, exec_id: None })
             }
             Some(Ok(agent_client::ExecEvent::Stdout(bytes))) => {
                 if let Some((cast, _)) = &mut state.recording {
                     cast.stdout(&bytes);
                 }
-                ndjson_line(&ExecEvent::Stdout {
-                    stdout: state.stdout.push(&bytes),
-                })
+                ndjson_line(&ExecEvent::stdout(state.stdout.push(&bytes)))
             }
             Some(Ok(agent_client::ExecEvent::Stderr(bytes))) => {
                 if let Some((cast, _)) = &mut state.recording {
                     cast.stderr(&bytes);
                 }
-                ndjson_line(&ExecEvent::Stderr {
-                    stderr: state.stderr.push(&bytes),
-                })
+                ndjson_line(&ExecEvent::stderr(state.stderr.push(&bytes)))
             }
             Some(Ok(agent_client::ExecEvent::Exit(exit))) => {
                 state.done = true;
@@ -265,9 +257,9 @@ pub(super) fn stream_events(
                 ] {
                     if !rest.is_empty() {
                         lines.push_str(&ndjson_line(&if is_stdout {
-                            ExecEvent::Stdout { stdout: rest }
+                            ExecEvent::stdout(rest)
                         } else {
-                            ExecEvent::Stderr { stderr: rest }
+                            ExecEvent::stderr(rest)
                         }));
                     }
                 }

@@ -3,6 +3,7 @@
 
 mod egress;
 mod exec;
+mod execs;
 mod files;
 mod ports;
 mod support;
@@ -71,6 +72,11 @@ pub fn router(node: Arc<Node>, token: &str) -> Router {
             get(egress::egress_flows),
         )
         .route(&paths::process("{id}", "{pid}"), get(exec::process))
+        .route(&paths::exec("{id}", "{exec_id}", ""), get(execs::get))
+        .route(
+            &paths::exec("{id}", "{exec_id}", "cancel"),
+            post(execs::cancel),
+        )
         .route(
             &paths::process_part("{id}", "{pid}", "stdin"),
             post(exec::process_stdin),

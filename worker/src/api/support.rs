@@ -4,9 +4,11 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::body::Body;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use sandbase_agent::protocol::AgentError;
+use sandbase_api::sandboxes::ExecEvent;
 use sandbase_api::{ErrorBody, ErrorDetail};
 
 use crate::agent_client::Refused;
@@ -40,6 +42,8 @@ impl IntoResponse for NodeError {
         let (status, code) = match &self {
             NodeError::SandboxNotFound => (StatusCode::NOT_FOUND, "sandbox_not_found"),
             NodeError::ProcessNotFound => (StatusCode::NOT_FOUND, "process_not_found"),
+            NodeError::ExecNotFound => (StatusCode::NOT_FOUND, "exec_not_found"),
+            NodeError::ExecIdInUse(_) => (StatusCode::CONFLICT, "exec_id_in_use"),
             NodeError::ProcessExited(_) => (StatusCode::CONFLICT, "process_exited"),
             NodeError::StdinClosed => (StatusCode::CONFLICT, "stdin_closed"),
             NodeError::SessionUser(_) => (StatusCode::CONFLICT, "session_user_mismatch"),
@@ -82,4 +86,21 @@ pub(super) fn refusal_status(refusal: &AgentError) -> (StatusCode, &'static str)
         "spawn_failed" => (StatusCode::UNPROCESSABLE_ENTITY, "spawn_failed"),
         _ => (StatusCode::INTERNAL_SERVER_ERROR, "sandbox_io_error"),
     }
+}
+
+pub(super) fn ndjson_line(event: &ExecEvent) -> String {
+    let mut line = serde_json::to_string(event).unwrap_or_else(|_| "{}".to_owned());
+    line.push('\n');
+    line
+}
+
+pub(super) fn ndjson_response(body: Body) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "application/x-ndjson"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        body,
+    )
+        .into_response()
 }

@@ -16,8 +16,8 @@ use uuid::Uuid;
 
 use crate::node::NodeError;
 
-use super::exec::ndjson_response;
 use super::support::ApiState;
+use super::support::ndjson_response;
 
 /// Template names follow the one rule of [`TemplateName`].
 pub(super) fn check_template_name(name: &str) -> Result<(), NodeError> {

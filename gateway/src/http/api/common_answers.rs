@@ -27,7 +27,14 @@ pub fn document(document: &mut Value) {
 
 /// The data plane under a sandbox: routes that reach the sandbox's worker, and so answer 409
 /// when the sandbox is not running or is paused.
-const DATA_PLANE: &[&str] = &["/archive", "/egress", "/files", "/processes", "/pty"];
+const DATA_PLANE: &[&str] = &[
+    "/archive",
+    "/egress",
+    "/execs",
+    "/files",
+    "/processes",
+    "/pty",
+];
 
 fn reaches_the_worker(path: &str) -> bool {
     path.strip_prefix("/v1/sandboxes/{id}")

@@ -8,6 +8,7 @@ mod auth;
 mod billing;
 pub mod common_answers;
 mod egress;
+mod execs;
 pub mod health;
 mod me;
 mod members;
@@ -87,6 +88,7 @@ pub fn api_router(
         .merge(team_settings::router())
         .merge(audit::router())
         .merge(sandboxes::router())
+        .merge(execs::router())
         .merge(sandbox_pause::router())
         .merge(previews::router())
         .merge(snapshots::router())

@@ -9,11 +9,9 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 use futures_util::StreamExt;
-use sandbase_api::internal::{Exec, RecordFor};
 use sandbase_api::sandboxes::{
-    BackgroundStarted, CreateSandboxRequest, DirectoryListing, ExecEvent, ExecRequest, ExecResult,
-    ExtendTimeoutRequest, FileInfo, Process, ProcessList, Sandbox, SandboxList, SignalRequest,
-    signal_number,
+    CreateSandboxRequest, DirectoryListing, ExtendTimeoutRequest, FileInfo, Process, ProcessList,
+    Sandbox, SandboxList, SignalRequest, signal_number,
 };
 use sandbase_api::{ErrorBody, Role};
 use serde::Deserialize;
@@ -33,8 +31,6 @@ use crate::sandboxes::{Owner, SandboxRow, row, teardown, validate};
 use crate::state::AppState;
 use crate::workers::client::SandboxCall;
 
-/// Longest per-command timeout.
-const MAX_COMMAND_TIMEOUT_SECS: u64 = 24 * 3600;
 const MAX_LIST: i64 = 500;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -42,7 +38,6 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(create_sandbox, list_sandboxes))
         .routes(routes!(get_sandbox, destroy_sandbox))
         .routes(routes!(extend_timeout))
-        .routes(routes!(exec))
         .routes(routes!(list_processes))
         .routes(routes!(get_process))
         .routes(routes!(process_stdin))
@@ -221,92 +216,6 @@ async fn extend_timeout(
         .await?;
     transaction.commit().await?;
     Ok(Json(row.to_api()))
-}
-
-/// Run a command. By default the answer is its whole result; with `"stream": true` an
-/// NDJSON stream of `{"pid"}`, `{"stdout"}` / `{"stderr"}` chunks and a last `{"exit_code"}`;
-/// with `"background": true` its pid at once (see `/processes`). A command that is not
-/// found exits with 127, as in a shell.
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "sandboxes", security(("bearer" = [])),
-    params(("id" = Uuid, Path, description = "Sandbox id")),
-    request_body = ExecRequest,
-    responses(
-        (status = 200, description = "The command's result, or (with `stream`) its NDJSON events", content(
-            (ExecResult = "application/json"),
-            (ExecEvent = "application/x-ndjson"),
-        )),
-        (status = 201, description = "Started in the background", body = BackgroundStarted),
-        (status = 404, description = "Not in the caller's team", body = ErrorBody),
-        (status = 409, description = "Not running (`sandbox_not_running`), a command asking to be recorded past the team's recording quota (`recording_quota_reached`), or a shell session of the other user (`session_user_mismatch`)", body = ErrorBody),
-        (status = 422, description = "Invalid command", body = ErrorBody),
-        (status = 429, description = "The sandbox's background processes (`too_many_processes`) or shell sessions (`too_many_sessions`) are at their limit, or rate limited (`rate_limited`)", body = ErrorBody),
-    ))]
-async fn exec(
-    State(state): State<AppState>,
-    principal: Principal,
-    context: RequestContext,
-    ApiPath(id): ApiPath<Uuid>,
-    ApiJson(request): ApiJson<ExecRequest>,
-) -> ApiResult<Response> {
-    context.action("sandbox.exec");
-    principal.require(Role::Member)?;
-    if let Some(session) = &request.session {
-        validate::session(session, &request)?;
-    }
-    let argv = validate::command_argv(request.cmd, request.command)?;
-    validate::validate_env(&request.env)?;
-    if let Some(cwd) = &request.cwd {
-        validate::validate_absolute("cwd", cwd)?;
-    }
-    let timeout_ms = match request.timeout_secs {
-        Some(0) => {
-            return Err(ApiError::InvalidRequest(
-                "`timeout_secs` must be at least 1".to_owned(),
-            ));
-        }
-        Some(seconds) if seconds > MAX_COMMAND_TIMEOUT_SECS => {
-            return Err(ApiError::InvalidRequest(format!(
-                "`timeout_secs` must be at most {MAX_COMMAND_TIMEOUT_SECS}"
-            )));
-        }
-        other => other.map(|seconds| seconds * 1000),
-    };
-    if request.stream && request.background {
-        return Err(ApiError::InvalidRequest(
-            "`stream` and `background` exclude each other".to_owned(),
-        ));
-    }
-    if request.record && !request.background {
-        crate::sandboxes::recordings::check_quota(&state, principal.team_id).await?;
-    }
-    let exec = Exec {
-        argv,
-        env: request.env,
-        cwd: request.cwd,
-        user: request.user,
-        stdin: request.stdin,
-        timeout_ms,
-        stream: request.stream,
-        background: request.background,
-        session: request.session,
-        // Commands are recorded (background processes are not: they have no end to wait
-        // for; their output is kept with them).
-        record: (request.record && !request.background).then(|| {
-            let owner = crate::sandboxes::Owner::of(&principal);
-            RecordFor {
-                api_key_id: owner.api_key_id,
-                user_id: owner.user_id,
-            }
-        }),
-    };
-    let answer = forward(
-        &state,
-        principal.team_id,
-        id,
-        SandboxCall::Exec(Box::new(exec)),
-    )
-    .await?;
-    Ok(worker_answer(answer))
 }
 
 /// Background processes of the sandbox (without their output).

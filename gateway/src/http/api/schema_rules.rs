@@ -188,18 +188,23 @@ fn cross_field(schemas: &mut Map<String, Value>) {
         }
     }
     if let Some(exec) = schemas.get_mut("ExecRequest") {
-        // `sandboxes::validate::session`: a session's command answers whole.
+        // `sandboxes::validate::session`: a session's command takes no stdin and does not
+        // run in the background.
         exec["properties"]["session"]["pattern"] = json!("^[A-Za-z0-9_.-]{1,64}$");
-        // `sandboxes::validate`: a streamed command is not a background one.
+        exec["properties"]["exec_id"]["pattern"] = json!(sandbase_api::execs::EXEC_ID_PATTERN);
+        // `sandboxes::validate`: a streamed or named command is not a background one.
         exec["allOf"] = json!([{ "not": {
-            "required": ["stream", "background"],
-            "properties": { "stream": { "const": true }, "background": { "const": true } }
+            "required": ["background"],
+            "properties": { "background": { "const": true } },
+            "anyOf": [
+                { "required": ["stream"], "properties": { "stream": { "const": true } } },
+                { "required": ["exec_id"], "properties": { "exec_id": { "type": "string" } } }
+            ]
         } }]);
         exec["not"] = json!({
             "required": ["session"],
             "properties": { "session": { "type": "string" } },
             "anyOf": [
-                { "required": ["stream"], "properties": { "stream": { "const": true } } },
                 { "required": ["background"], "properties": { "background": { "const": true } } },
                 { "required": ["stdin"], "properties": { "stdin": { "type": "string" } } }
             ]

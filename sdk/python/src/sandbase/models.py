@@ -267,34 +267,45 @@ class ErrorDetail(BaseModel):
 class ExecEvent1(BaseModel):
     """
     One line of a streamed command: `{"pid":N}` first, then `{"stdout":"…"}` and
-    `{"stderr":"…"}` chunks, and last `{"exit_code":N,…}` (or `{"error":{…}}`).
+    `{"stderr":"…"}` chunks, and last `{"exit_code":N,…}` (or `{"error":{…}}`). A named
+    command's lines carry its `exec_id` (first line) and each chunk's byte `offset` in the
+    command's output, from which `GET …/execs/{exec_id}?offset=N` reads on.
     """
 
+    exec_id: str | None = None
     pid: Annotated[int, Field(ge=0)]
 
 
 class ExecEvent2(BaseModel):
     """
     One line of a streamed command: `{"pid":N}` first, then `{"stdout":"…"}` and
-    `{"stderr":"…"}` chunks, and last `{"exit_code":N,…}` (or `{"error":{…}}`).
+    `{"stderr":"…"}` chunks, and last `{"exit_code":N,…}` (or `{"error":{…}}`). A named
+    command's lines carry its `exec_id` (first line) and each chunk's byte `offset` in the
+    command's output, from which `GET …/execs/{exec_id}?offset=N` reads on.
     """
 
+    offset: Annotated[int | None, Field(ge=0)] = None
     stdout: str
 
 
 class ExecEvent3(BaseModel):
     """
     One line of a streamed command: `{"pid":N}` first, then `{"stdout":"…"}` and
-    `{"stderr":"…"}` chunks, and last `{"exit_code":N,…}` (or `{"error":{…}}`).
+    `{"stderr":"…"}` chunks, and last `{"exit_code":N,…}` (or `{"error":{…}}`). A named
+    command's lines carry its `exec_id` (first line) and each chunk's byte `offset` in the
+    command's output, from which `GET …/execs/{exec_id}?offset=N` reads on.
     """
 
+    offset: Annotated[int | None, Field(ge=0)] = None
     stderr: str
 
 
 class ExecEvent4(BaseModel):
     """
     One line of a streamed command: `{"pid":N}` first, then `{"stdout":"…"}` and
-    `{"stderr":"…"}` chunks, and last `{"exit_code":N,…}` (or `{"error":{…}}`).
+    `{"stderr":"…"}` chunks, and last `{"exit_code":N,…}` (or `{"error":{…}}`). A named
+    command's lines carry its `exec_id` (first line) and each chunk's byte `offset` in the
+    command's output, from which `GET …/execs/{exec_id}?offset=N` reads on.
     """
 
     duration_ms: Annotated[int, Field(ge=0)]
@@ -306,7 +317,9 @@ class ExecEvent4(BaseModel):
 class ExecEvent5(BaseModel):
     """
     One line of a streamed command: `{"pid":N}` first, then `{"stdout":"…"}` and
-    `{"stderr":"…"}` chunks, and last `{"exit_code":N,…}` (or `{"error":{…}}`).
+    `{"stderr":"…"}` chunks, and last `{"exit_code":N,…}` (or `{"error":{…}}`). A named
+    command's lines carry its `exec_id` (first line) and each chunk's byte `offset` in the
+    command's output, from which `GET …/execs/{exec_id}?offset=N` reads on.
     """
 
     error: ErrorDetail
@@ -317,7 +330,7 @@ ExecEvent = TypeAliasType(
     Annotated[
         ExecEvent1 | ExecEvent2 | ExecEvent3 | ExecEvent4 | ExecEvent5,
         Field(
-            description='One line of a streamed command: `{"pid":N}` first, then `{"stdout":"…"}` and\n`{"stderr":"…"}` chunks, and last `{"exit_code":N,…}` (or `{"error":{…}}`).'
+            description='One line of a streamed command: `{"pid":N}` first, then `{"stdout":"…"}` and\n`{"stderr":"…"}` chunks, and last `{"exit_code":N,…}` (or `{"error":{…}}`). A named\ncommand\'s lines carry its `exec_id` (first line) and each chunk\'s byte `offset` in the\ncommand\'s output, from which `GET …/execs/{exec_id}?offset=N` reads on.'
         ),
     ],
 )
@@ -325,6 +338,10 @@ ExecEvent = TypeAliasType(
 
 class ExecResult(BaseModel):
     duration_ms: Annotated[int, Field(ge=0)]
+    exec_id: Annotated[
+        str | None,
+        Field(description="The command's `exec_id`, when it was started with one."),
+    ] = None
     exit_code: int
     signal: Annotated[
         int | None, Field(description='The signal that ended the command, if one did.')
@@ -482,6 +499,15 @@ class NewPreview(BaseModel):
             le=604800,
         ),
     ] = None
+
+
+OutputStream = TypeAliasType(
+    "OutputStream",
+    Annotated[
+        Literal['stdout', 'stderr'],
+        Field(description='Which stream a piece of output came on.'),
+    ],
+)
 
 
 Placeholder1 = TypeAliasType(
@@ -1360,6 +1386,13 @@ class ExecRequest(BaseModel):
         | None,
         Field(max_length=256),
     ] = None
+    exec_id: Annotated[
+        str | None,
+        Field(
+            description="The caller's name for this command (1–128 letters, digits, `.`, `_`, `:`, `-`; unique\nin the sandbox while it is kept). A named command runs to its end even when the\ncaller's connection drops, its output kept (the last MiB) for\n`GET …/execs/{exec_id}`, which reads it from any byte offset; `POST\n…/execs/{exec_id}/cancel` interrupts it. Starting the same `exec_id` again answers\nthe first start's command (its stream from the beginning, or its whole result once\nit ends) and runs nothing; another command under a kept id is 409\n`exec_id_in_use`. Not with `background`.",
+            pattern='^[A-Za-z0-9._:-]{1,128}$',
+        ),
+    ] = None
     record: Annotated[
         bool | None,
         Field(
@@ -1369,7 +1402,7 @@ class ExecRequest(BaseModel):
     session: Annotated[
         str | None,
         Field(
-            description="A shell session's name (1–64 letters, digits, `-`, `_`, `.`): the command runs in\nthat session's bash, started on first use, so the working directory and exported\nvariables carry over to the session's next command; the answer is still this\ncommand's own exit code, stdout and stderr. `exit` ends the session, as does a\ntimeout. A session is listed among the sandbox's `/processes` (`shell (session\nNAME)`); a signal to it ends it. At most 4 per sandbox; not with `stream`,\n`background` or `stdin`.",
+            description="A shell session's name (1–64 letters, digits, `-`, `_`, `.`): the command runs in\nthat session's bash, started on first use, so the working directory and exported\nvariables carry over to the session's next command; the answer is still this\ncommand's own exit code, stdout and stderr (streamed with `stream`). `exit` ends the\nsession, as does a timeout. A session is listed among the sandbox's `/processes`\n(`shell (session NAME)`); a signal to it ends it. At most 4 per sandbox; not with\n`background` or `stdin`.",
             pattern='^[A-Za-z0-9_.-]{1,64}$',
         ),
     ] = None
@@ -1507,6 +1540,17 @@ class OpenTerminalRequest(BaseModel):
     ] = None
     rows: Annotated[int | None, Field(ge=1, le=1000)] = None
     user: RunAs | None = None
+
+
+class OutputChunk(BaseModel):
+    """
+    A piece of a named command's output, at its byte offset in the command's output (both
+    streams, in the order they were written).
+    """
+
+    offset: Annotated[int, Field(ge=0)]
+    stream: OutputStream
+    text: str
 
 
 Placeholder = TypeAliasType(
@@ -1700,6 +1744,54 @@ class UsageAnswer(BaseModel):
     to: AwareDatetime
     total: str
     total_micro: int
+
+
+class ExecStatus(BaseModel):
+    """
+    A named command (`exec_id`) and its output from an offset.
+    """
+
+    cancelled: Annotated[
+        bool, Field(description='Whether it was cancelled (`POST …/cancel`).')
+    ]
+    cmd: Annotated[
+        list[str],
+        Field(
+            description='The program and its arguments (`/bin/sh -c LINE` for a command line).'
+        ),
+    ]
+    duration_ms: Annotated[int | None, Field(ge=0)] = None
+    exec_id: str
+    exit_code: Annotated[int | None, Field(description='Set once it ended.')] = None
+    next_offset: Annotated[
+        int,
+        Field(
+            description="The offset after the last byte of output so far: the next read's `offset`.",
+            ge=0,
+        ),
+    ]
+    offset: Annotated[
+        int,
+        Field(
+            description='Where `output` starts: the offset asked for, or the oldest byte still kept when older\noutput was dropped (the last MiB is kept).',
+            ge=0,
+        ),
+    ]
+    output: list[OutputChunk]
+    pid: Annotated[
+        int | None,
+        Field(
+            description="Its process (a session command's: the session's shell), once started.",
+            ge=0,
+        ),
+    ] = None
+    running: bool
+    session: Annotated[
+        str | None, Field(description='The shell session it ran in, if any.')
+    ] = None
+    signal: int | None = None
+    started_at: AwareDatetime
+    timed_out: bool
 
 
 class Injection(BaseModel):
