@@ -271,6 +271,15 @@ pub mod paths {
         format!("{SANDBOXES}/{id}/processes/{pid}")
     }
 
+    /// The code endpoint (`part` empty), its `contexts`, or `contexts/ID[/interrupt]`.
+    pub fn code(id: &str, part: &str) -> String {
+        if part.is_empty() {
+            format!("{SANDBOXES}/{id}/code")
+        } else {
+            format!("{SANDBOXES}/{id}/code/{part}")
+        }
+    }
+
     /// A named command (`part` empty) or its `cancel`.
     pub fn exec(id: &str, exec_id: &str, part: &str) -> String {
         if part.is_empty() {

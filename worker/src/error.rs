@@ -12,6 +12,10 @@ pub enum NodeError {
     ExecNotFound,
     #[error("exec_id `{0}` names another command in this sandbox; choose another id")]
     ExecIdInUse(String),
+    #[error("no such code context in this sandbox (it may have ended)")]
+    ContextNotFound,
+    #[error("this sandbox has {0} code contexts already; delete one first")]
+    TooManyContexts(usize),
     #[error("process {0} has exited")]
     ProcessExited(u32),
     #[error("the process's standard input is closed")]

@@ -34,6 +34,8 @@ pub struct Hosted {
     pub(crate) processes: Mutex<HashMap<u32, Arc<Background>>>,
     /// Its named commands (`exec_id`), running and recently ended.
     pub(crate) tracked: Mutex<HashMap<String, Arc<crate::tracked::Tracked>>>,
+    /// Its code contexts, by id.
+    pub(crate) code_contexts: crate::code::Contexts,
     /// Its shell sessions, by name.
     pub(crate) sessions: tokio::sync::Mutex<HashMap<String, Arc<ShellSession>>>,
     /// What its background processes' output may hold of the worker's memory.
@@ -206,7 +208,7 @@ impl Hosted {
     /// Starts a process that stays with the sandbox (a background process, a session's
     /// shell), room made for it among the background processes, its input kept open;
     /// answers once it started.
-    async fn start_kept(
+    pub(crate) async fn start_kept(
         &self,
         request: ExecRequest,
         initial: Option<Vec<u8>>,

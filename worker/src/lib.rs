@@ -8,6 +8,8 @@
 pub mod agent_client;
 pub mod api;
 pub mod background;
+pub mod code;
+pub mod code_contexts;
 pub mod command_recording;
 pub mod containerd;
 pub mod error;

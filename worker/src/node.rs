@@ -296,6 +296,7 @@ impl Node {
             cwd: request.cwd,
             processes: Mutex::new(HashMap::new()),
             tracked: Mutex::new(HashMap::new()),
+            code_contexts: tokio::sync::Mutex::new(HashMap::new()),
             sessions: tokio::sync::Mutex::new(HashMap::new()),
             terminals: Mutex::new(HashMap::new()),
             output_budget: OutputBudget::new(

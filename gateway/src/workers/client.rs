@@ -113,6 +113,7 @@ pub enum SandboxCall {
     ExecCancel {
         exec_id: String,
     },
+    Code(CodeCall),
     Processes,
     Process {
         pid: u32,
@@ -147,6 +148,15 @@ pub enum SandboxCall {
     SetEgressPolicy(EgressPolicy),
     EgressFlows,
     Terminal(TerminalCall),
+}
+
+/// A call of the code endpoint.
+pub enum CodeCall {
+    Run(sandbase_api::code::RunCodeRequest),
+    CreateContext(sandbase_api::code::CreateCodeContextRequest),
+    ListContexts,
+    DeleteContext { context: String },
+    Interrupt { context: String },
 }
 
 /// A call about a sandbox's terminal sessions.
@@ -416,6 +426,7 @@ impl WorkerClient {
                 &paths::sandbox_part(&id, "egress"),
             ),
             SandboxCall::Terminal(call) => self.terminal_request(worker, &id, call),
+            SandboxCall::Code(call) => self.code_request(worker, &id, call),
         };
         Self::send(request, "a sandbox call")
             .await
@@ -453,6 +464,37 @@ impl WorkerClient {
                 &paths::exec(id, &exec_id, "cancel"),
             ),
             _ => unreachable!("not a command call"),
+        }
+    }
+
+    /// The request of a code call.
+    fn code_request(
+        &self,
+        worker: &WorkerAddress,
+        id: &str,
+        call: CodeCall,
+    ) -> reqwest::RequestBuilder {
+        use reqwest::Method;
+        match call {
+            CodeCall::Run(request) => self
+                .request(Method::POST, worker, &paths::code(id, ""))
+                .json(&request),
+            CodeCall::CreateContext(request) => self
+                .request(Method::POST, worker, &paths::code(id, "contexts"))
+                .json(&request),
+            CodeCall::ListContexts => {
+                self.request(Method::GET, worker, &paths::code(id, "contexts"))
+            }
+            CodeCall::DeleteContext { context } => self.request(
+                Method::DELETE,
+                worker,
+                &paths::code(id, &format!("contexts/{context}")),
+            ),
+            CodeCall::Interrupt { context } => self.request(
+                Method::POST,
+                worker,
+                &paths::code(id, &format!("contexts/{context}/interrupt")),
+            ),
         }
     }
 

@@ -7,6 +7,8 @@ pub enum WorkerCode {
     ProcessNotFound,
     ExecNotFound,
     ExecIdInUse,
+    ContextNotFound,
+    TooManyContexts,
     ProcessExited,
     StdinClosed,
     SessionUserMismatch,
@@ -33,11 +35,13 @@ pub enum WorkerCode {
 }
 
 impl WorkerCode {
-    const ALL: [WorkerCode; 27] = [
+    const ALL: [WorkerCode; 29] = [
         WorkerCode::SandboxNotFound,
         WorkerCode::ProcessNotFound,
         WorkerCode::ExecNotFound,
         WorkerCode::ExecIdInUse,
+        WorkerCode::ContextNotFound,
+        WorkerCode::TooManyContexts,
         WorkerCode::ProcessExited,
         WorkerCode::StdinClosed,
         WorkerCode::SessionUserMismatch,
@@ -69,6 +73,8 @@ impl WorkerCode {
             WorkerCode::ProcessNotFound => "process_not_found",
             WorkerCode::ExecNotFound => "exec_not_found",
             WorkerCode::ExecIdInUse => "exec_id_in_use",
+            WorkerCode::ContextNotFound => "context_not_found",
+            WorkerCode::TooManyContexts => "too_many_contexts",
             WorkerCode::ProcessExited => "process_exited",
             WorkerCode::StdinClosed => "stdin_closed",
             WorkerCode::SessionUserMismatch => "session_user_mismatch",

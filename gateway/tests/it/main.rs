@@ -9,6 +9,7 @@ mod architecture;
 mod audit;
 mod bad_input;
 mod billing;
+mod code;
 mod dashboard;
 mod egress;
 mod egress_credentials;

@@ -543,6 +543,86 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/code": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Run Python in a context of the sandbox (`default` unless `context` names one), as the
+         *     context's user: its variables, imports and working directory carry over to the next
+         *     call. The answer is whole (stdout, stderr, every result, the last expression's value as
+         *     `main`, an exception) or, with `stream`, NDJSON events as they come. `display(x)` shows a
+         *     value; a matplotlib figure shown (or left open) comes back as `image/png`. Past
+         *     `timeout_secs` the code is interrupted (KeyboardInterrupt) and the context kept; the
+         *     call runs to its end even when the caller leaves.
+         */
+        post: operations["run_code"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/code/contexts": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The sandbox's code contexts. */
+        get: operations["list_contexts"];
+        put?: never;
+        /**
+         * Make a code context: a Python interpreter of its own in the sandbox (at most 4), with
+         *     its working directory, environment and user.
+         */
+        post: operations["create_context"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/code/contexts/{context}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /** End a code context and everything it held. */
+        delete: operations["delete_context"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/code/contexts/{context}/interrupt": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Interrupt what a context runs: KeyboardInterrupt in the code, its variables kept. */
+        post: operations["interrupt_context"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/egress": {
         parameters: {
             query?: never;
@@ -1437,6 +1517,79 @@ export interface components {
              */
             credits: number;
         };
+        /** @description A code context: a Python interpreter whose state lives on between calls. */
+        CodeContext: {
+            /** Format: date-time */
+            created_at: string;
+            id: string;
+            /**
+             * Format: int32
+             * @description Its interpreter's process.
+             */
+            pid: number;
+            user: components["schemas"]["RunAs"];
+        };
+        CodeContextList: {
+            contexts: components["schemas"]["CodeContext"][];
+        };
+        /** @description How a call ended. */
+        CodeDone: {
+            /** Format: int64 */
+            duration_ms: number;
+            /**
+             * Format: int64
+             * @description The context's count of executions so far.
+             */
+            execution_count: number;
+            /** @description Interrupted for its `timeout_secs`. */
+            timed_out: boolean;
+        };
+        /**
+         * @description One line of a streamed call: output chunks, results (`display()`, a shown figure, the
+         *     last expression's value with `main: true`), an exception, and `done` last (or
+         *     `{"error":{…}}` when the context itself broke).
+         */
+        CodeEvent: {
+            stdout: string;
+        } | {
+            stderr: string;
+        } | {
+            main: boolean;
+            result: {
+                [key: string]: string;
+            };
+        } | {
+            exception: components["schemas"]["CodeException"];
+        } | {
+            done: components["schemas"]["CodeDone"];
+        } | {
+            error: components["schemas"]["ErrorDetail"];
+        };
+        /** @description An exception the code raised (KeyboardInterrupt when interrupted). */
+        CodeException: {
+            name: string;
+            traceback: string;
+            value: string;
+        };
+        /** @description A whole call's answer. */
+        CodeResult: {
+            /** Format: int64 */
+            duration_ms: number;
+            exception?: components["schemas"]["CodeException"] | null;
+            /** Format: int64 */
+            execution_count: number;
+            /** @description The last expression's value (also in `results`), when the code ended with one. */
+            main?: {
+                [key: string]: string;
+            } | null;
+            /** @description Every result in order; the last expression's value is the one with `main`. */
+            results: {
+                [key: string]: string;
+            }[];
+            stderr: string;
+            stdout: string;
+            timed_out: boolean;
+        };
         CreateApiKeyRequest: {
             /**
              * @description The store models the key may call: 1 to 32 patterns where `*` stands for any text
@@ -1461,6 +1614,14 @@ export interface components {
             max_credits?: string | null;
             name: string;
             role?: components["schemas"]["Role"] | null;
+        };
+        CreateCodeContextRequest: {
+            /** @description Its working directory (default the sandbox's). */
+            cwd?: string | null;
+            env?: {
+                [key: string]: string;
+            };
+            user?: components["schemas"]["RunAs"];
         };
         CreateRunRequest: {
             /** @description The program and its arguments (no shell). */
@@ -2206,6 +2367,23 @@ export interface components {
          * @enum {string}
          */
         RunAs: "user" | "root";
+        RunCodeRequest: {
+            /** @description Python source. The value of a last expression is the call's main result. */
+            code: string;
+            /**
+             * @description The context to run in (its variables, imports and working directory carry over);
+             *     `default` when none is named, made on first use.
+             */
+            context?: string | null;
+            /** @description Answer with an NDJSON stream of [`CodeEvent`]s as they come. */
+            stream?: boolean;
+            /**
+             * Format: int64
+             * @description Interrupt the code (KeyboardInterrupt, the context kept) after this many seconds
+             *     (default 300, at most 86 400).
+             */
+            timeout_secs?: number | null;
+        };
         RunInputs: {
             /** @description Files by relative path, with their text content. */
             files?: {
@@ -5266,6 +5444,454 @@ export interface operations {
             };
             /** @description The sandbox's disk is full (`disk_full`) */
             507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    run_code: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RunCodeRequest"];
+            };
+        };
+        responses: {
+            /** @description The call's result, or (with `stream`) its NDJSON events */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CodeResult"];
+                    "application/x-ndjson": components["schemas"]["CodeEvent"];
+                };
+            };
+            /** @description Body is not valid JSON (`invalid_json`) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, malformed, unknown, revoked or expired credentials (`unauthenticated`, `invalid_api_key`, `session_expired`, …) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not in the caller's team, or no such context (`context_not_found`) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Body larger than the limit (`payload_too_large`) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not `application/json` (`unsupported_media_type`) */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A field or parameter is invalid (`invalid_request`) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox's code contexts are at their limit (`too_many_contexts`), or rate limited (`rate_limited`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_contexts: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CodeContextList"];
+                };
+            };
+            /** @description Missing, malformed, unknown, revoked or expired credentials (`unauthenticated`, `invalid_api_key`, `session_expired`, …) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not in the caller's team */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A field or parameter is invalid (`invalid_request`) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too many requests from this address or key (`rate_limited`, with `Retry-After`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    create_context: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateCodeContextRequest"];
+            };
+        };
+        responses: {
+            /** @description Made */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CodeContext"];
+                };
+            };
+            /** @description Body is not valid JSON (`invalid_json`) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, malformed, unknown, revoked or expired credentials (`unauthenticated`, `invalid_api_key`, `session_expired`, …) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not in the caller's team */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Body larger than the limit (`payload_too_large`) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not `application/json` (`unsupported_media_type`) */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A field or parameter is invalid (`invalid_request`) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox's code contexts are at their limit (`too_many_contexts`), or rate limited (`rate_limited`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    delete_context: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+                /** @description Context id */
+                context: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Ended */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Missing, malformed, unknown, revoked or expired credentials (`unauthenticated`, `invalid_api_key`, `session_expired`, …) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not in the caller's team, or no such context (`context_not_found`) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A field or parameter is invalid (`invalid_request`) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too many requests from this address or key (`rate_limited`, with `Retry-After`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    interrupt_context: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+                /** @description Context id */
+                context: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Interrupted */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Missing, malformed, unknown, revoked or expired credentials (`unauthenticated`, `invalid_api_key`, `session_expired`, …) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not in the caller's team, or no such context (`context_not_found`) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A field or parameter is invalid (`invalid_request`) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too many requests from this address or key (`rate_limited`, with `Retry-After`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };

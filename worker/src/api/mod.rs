@@ -1,6 +1,7 @@
 //! The worker's internal HTTP API, called by the gateway with the node token. Errors use the
 //! public error body, so the gateway can pass them on.
 
+mod code;
 mod egress;
 mod exec;
 mod execs;
@@ -73,6 +74,19 @@ pub fn router(node: Arc<Node>, token: &str) -> Router {
         )
         .route(&paths::process("{id}", "{pid}"), get(exec::process))
         .route(&paths::exec("{id}", "{exec_id}", ""), get(execs::get))
+        .route(&paths::code("{id}", ""), post(code::run))
+        .route(
+            &paths::code("{id}", "contexts"),
+            post(code::create_context).get(code::list_contexts),
+        )
+        .route(
+            &paths::code("{id}", "contexts/{context}"),
+            axum::routing::delete(code::delete_context),
+        )
+        .route(
+            &paths::code("{id}", "contexts/{context}/interrupt"),
+            post(code::interrupt),
+        )
         .route(
             &paths::exec("{id}", "{exec_id}", "cancel"),
             post(execs::cancel),

@@ -42,6 +42,8 @@ impl IntoResponse for NodeError {
         let (status, code) = match &self {
             NodeError::SandboxNotFound => (StatusCode::NOT_FOUND, "sandbox_not_found"),
             NodeError::ProcessNotFound => (StatusCode::NOT_FOUND, "process_not_found"),
+            NodeError::ContextNotFound => (StatusCode::NOT_FOUND, "context_not_found"),
+            NodeError::TooManyContexts(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_contexts"),
             NodeError::ExecNotFound => (StatusCode::NOT_FOUND, "exec_not_found"),
             NodeError::ExecIdInUse(_) => (StatusCode::CONFLICT, "exec_id_in_use"),
             NodeError::ProcessExited(_) => (StatusCode::CONFLICT, "process_exited"),

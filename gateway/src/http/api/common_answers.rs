@@ -29,6 +29,7 @@ pub fn document(document: &mut Value) {
 /// when the sandbox is not running or is paused.
 const DATA_PLANE: &[&str] = &[
     "/archive",
+    "/code",
     "/egress",
     "/execs",
     "/files",

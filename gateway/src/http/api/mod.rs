@@ -6,6 +6,7 @@ mod api_keys;
 mod audit;
 mod auth;
 mod billing;
+mod code;
 pub mod common_answers;
 mod egress;
 mod execs;
@@ -54,6 +55,7 @@ use crate::state::AppState;
         (name = "audit", description = "The append-only audit log"),
         (name = "sandboxes", description = "Sandboxes: lifecycle, commands, background processes"),
         (name = "files", description = "Files and archives inside a sandbox"),
+        (name = "code", description = "Python in stateful contexts of a sandbox, with rich results"),
         (name = "billing", description = "Credits: balance, grants, ledger"),
         (name = "admin", description = "Operator routes (the node token)"),
         (name = "secrets", description = "Credentials in the vault (values never come out)"),
@@ -89,6 +91,7 @@ pub fn api_router(
         .merge(audit::router())
         .merge(sandboxes::router())
         .merge(execs::router())
+        .merge(code::router())
         .merge(sandbox_pause::router())
         .merge(previews::router())
         .merge(snapshots::router())

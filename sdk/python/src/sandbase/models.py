@@ -132,6 +132,94 @@ class CheckoutRequest(BaseModel):
     credits: Annotated[int, Field(description='Whole credits to buy.', ge=0)]
 
 
+class CodeDone(BaseModel):
+    """
+    How a call ended.
+    """
+
+    duration_ms: Annotated[int, Field(ge=0)]
+    execution_count: Annotated[
+        int, Field(description="The context's count of executions so far.", ge=0)
+    ]
+    timed_out: Annotated[bool, Field(description='Interrupted for its `timeout_secs`.')]
+
+
+class CodeEvent1(BaseModel):
+    """
+    One line of a streamed call: output chunks, results (`display()`, a shown figure, the
+    last expression's value with `main: true`), an exception, and `done` last (or
+    `{"error":{…}}` when the context itself broke).
+    """
+
+    stdout: str
+
+
+class CodeEvent2(BaseModel):
+    """
+    One line of a streamed call: output chunks, results (`display()`, a shown figure, the
+    last expression's value with `main: true`), an exception, and `done` last (or
+    `{"error":{…}}` when the context itself broke).
+    """
+
+    stderr: str
+
+
+class CodeEvent3(BaseModel):
+    """
+    One line of a streamed call: output chunks, results (`display()`, a shown figure, the
+    last expression's value with `main: true`), an exception, and `done` last (or
+    `{"error":{…}}` when the context itself broke).
+    """
+
+    main: bool
+    result: dict[str, str]
+
+
+class CodeEvent5(BaseModel):
+    """
+    One line of a streamed call: output chunks, results (`display()`, a shown figure, the
+    last expression's value with `main: true`), an exception, and `done` last (or
+    `{"error":{…}}` when the context itself broke).
+    """
+
+    done: CodeDone
+
+
+class CodeException(BaseModel):
+    """
+    An exception the code raised (KeyboardInterrupt when interrupted).
+    """
+
+    name: str
+    traceback: str
+    value: str
+
+
+class CodeResult(BaseModel):
+    """
+    A whole call's answer.
+    """
+
+    duration_ms: Annotated[int, Field(ge=0)]
+    exception: CodeException | None = None
+    execution_count: Annotated[int, Field(ge=0)]
+    main: Annotated[
+        dict[str, str] | None,
+        Field(
+            description="The last expression's value (also in `results`), when the code ended with one."
+        ),
+    ] = None
+    results: Annotated[
+        list[dict[str, str]],
+        Field(
+            description="Every result in order; the last expression's value is the one with `main`."
+        ),
+    ]
+    stderr: str
+    stdout: str
+    timed_out: bool
+
+
 AllowedModel = TypeAliasType(
     "AllowedModel", Annotated[str, Field(pattern='^[!-~]{1,128}$')]
 )
@@ -721,6 +809,37 @@ RunAs = TypeAliasType(
 )
 
 
+class RunCodeRequest(BaseModel):
+    model_config = ConfigDict(
+        extra='forbid',
+    )
+    code: Annotated[
+        str,
+        Field(
+            description="Python source. The value of a last expression is the call's main result."
+        ),
+    ]
+    context: Annotated[
+        str | None,
+        Field(
+            description='The context to run in (its variables, imports and working directory carry over);\n`default` when none is named, made on first use.'
+        ),
+    ] = None
+    stream: Annotated[
+        bool | None,
+        Field(
+            description='Answer with an NDJSON stream of [`CodeEvent`]s as they come.'
+        ),
+    ] = None
+    timeout_secs: Annotated[
+        int | None,
+        Field(
+            description='Interrupt the code (KeyboardInterrupt, the context kept) after this many seconds\n(default 300, at most 86 400).',
+            ge=0,
+        ),
+    ] = None
+
+
 class RunInputs(BaseModel):
     model_config = ConfigDict(
         extra='forbid',
@@ -1114,6 +1233,52 @@ class BalanceAnswer(BaseModel):
     reserved_micro: int | None = None
 
 
+class CodeContext(BaseModel):
+    """
+    A code context: a Python interpreter whose state lives on between calls.
+    """
+
+    created_at: AwareDatetime
+    id: str
+    pid: Annotated[int, Field(description="Its interpreter's process.", ge=0)]
+    user: RunAs
+
+
+class CodeContextList(BaseModel):
+    contexts: list[CodeContext]
+
+
+class CodeEvent4(BaseModel):
+    """
+    One line of a streamed call: output chunks, results (`display()`, a shown figure, the
+    last expression's value with `main: true`), an exception, and `done` last (or
+    `{"error":{…}}` when the context itself broke).
+    """
+
+    exception: CodeException
+
+
+class CodeEvent6(BaseModel):
+    """
+    One line of a streamed call: output chunks, results (`display()`, a shown figure, the
+    last expression's value with `main: true`), an exception, and `done` last (or
+    `{"error":{…}}` when the context itself broke).
+    """
+
+    error: ErrorDetail
+
+
+CodeEvent = TypeAliasType(
+    "CodeEvent",
+    Annotated[
+        CodeEvent1 | CodeEvent2 | CodeEvent3 | CodeEvent4 | CodeEvent5 | CodeEvent6,
+        Field(
+            description='One line of a streamed call: output chunks, results (`display()`, a shown figure, the\nlast expression\'s value with `main: true`), an exception, and `done` last (or\n`{"error":{…}}` when the context itself broke).'
+        ),
+    ],
+)
+
+
 class CreateApiKeyRequest(BaseModel):
     model_config = ConfigDict(
         extra='forbid',
@@ -1154,6 +1319,17 @@ class CreateApiKeyRequest(BaseModel):
         ),
     ]
     role: Role | None = None
+
+
+class CreateCodeContextRequest(BaseModel):
+    model_config = ConfigDict(
+        extra='forbid',
+    )
+    cwd: Annotated[
+        str | None, Field(description="Its working directory (default the sandbox's).")
+    ] = None
+    env: dict[str, str] | None = None
+    user: RunAs | None = None
 
 
 class CreateRunRequest(BaseModel):
