@@ -23,8 +23,8 @@ use crate::sandboxes::validate;
 use crate::state::AppState;
 use crate::workers::client::{CodeCall, SandboxCall};
 
-/// Longest code a call carries.
-const MAX_CODE_BYTES: usize = 1 << 20;
+/// Longest code a call carries, in characters.
+const MAX_CODE_CHARS: usize = 1 << 20;
 /// Longest timeout of a call.
 const MAX_TIMEOUT_SECS: u64 = 86_400;
 
@@ -83,9 +83,9 @@ async fn run_code(
 ) -> ApiResult<Response> {
     context.action("sandbox.code");
     principal.require(Role::Member)?;
-    if request.code.len() > MAX_CODE_BYTES || request.code.contains('\0') {
+    if request.code.chars().count() > MAX_CODE_CHARS || request.code.contains('\0') {
         return Err(ApiError::InvalidRequest(
-            "`code`: at most 1 MiB, without NUL".to_owned(),
+            "`code`: at most 1 048 576 characters, without NUL".to_owned(),
         ));
     }
     if let Some(timeout) = request.timeout_secs

@@ -280,6 +280,7 @@ fn configured(schemas: &mut Map<String, Value>, settings: &Settings) {
     }
     let bounds = [
         ("ExecRequest", crate::runs::submit::MAX_COMMAND_TIMEOUT_SECS),
+        ("RunCodeRequest", 86_400),
         ("CreateSandboxRequest", max_timeout),
         ("ExtendTimeoutRequest", max_timeout),
         (
@@ -339,6 +340,7 @@ fn fields(schemas: &mut Map<String, Value>) {
         "ExecRequest",
         "CreateRunRequest",
         "OpenTerminalRequest",
+        "CreateCodeContextRequest",
     ] {
         if let Some(env) = schemas
             .get_mut(name)
@@ -357,6 +359,9 @@ fn fields(schemas: &mut Map<String, Value>) {
         ("CreateRunRequest", "outputs", ABSOLUTE_PATH),
         ("Mount", "path", ABSOLUTE_PATH),
         ("OpenTerminalRequest", "cwd", ABSOLUTE_PATH),
+        ("CreateCodeContextRequest", "cwd", ABSOLUTE_PATH),
+        ("RunCodeRequest", "context", "^[A-Za-z0-9._-]{1,64}$"),
+        ("RunCodeRequest", "code", "^[^\\u0000]*$"),
     ] {
         if let Some(property) = schemas
             .get_mut(name)
@@ -364,6 +369,13 @@ fn fields(schemas: &mut Map<String, Value>) {
         {
             property["pattern"] = json!(pattern);
         }
+    }
+    // `http::api::code`: at most a million characters of code.
+    if let Some(code) = schemas
+        .get_mut("RunCodeRequest")
+        .and_then(|schema| schema.pointer_mut("/properties/code"))
+    {
+        code["maxLength"] = json!(1 << 20);
     }
     if let Some(items) = schemas
         .get_mut("CreateApiKeyRequest")

@@ -225,16 +225,16 @@ AllowedModel = TypeAliasType(
 )
 
 
+EnvAdditionalProperty = TypeAliasType(
+    "EnvAdditionalProperty", Annotated[str, Field(pattern='^[^\\u0000]*$')]
+)
+
+
 CmdItem = TypeAliasType("CmdItem", Annotated[str, Field(pattern='^[^\\u0000]*$')])
 
 
 Credential = TypeAliasType(
     "Credential", Annotated[str, Field(pattern='^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$')]
-)
-
-
-EnvAdditionalProperty = TypeAliasType(
-    "EnvAdditionalProperty", Annotated[str, Field(pattern='^[^\\u0000]*$')]
 )
 
 
@@ -816,13 +816,16 @@ class RunCodeRequest(BaseModel):
     code: Annotated[
         str,
         Field(
-            description="Python source. The value of a last expression is the call's main result."
+            description="Python source. The value of a last expression is the call's main result.",
+            max_length=1048576,
+            pattern='^[^\\u0000]*$',
         ),
     ]
     context: Annotated[
         str | None,
         Field(
-            description='The context to run in (its variables, imports and working directory carry over);\n`default` when none is named, made on first use.'
+            description='The context to run in (its variables, imports and working directory carry over);\n`default` when none is named, made on first use.',
+            pattern='^[A-Za-z0-9._-]{1,64}$',
         ),
     ] = None
     stream: Annotated[
@@ -835,7 +838,8 @@ class RunCodeRequest(BaseModel):
         int | None,
         Field(
             description='Interrupt the code (KeyboardInterrupt, the context kept) after this many seconds\n(default 300, at most 86 400).',
-            ge=0,
+            ge=1,
+            le=86400,
         ),
     ] = None
 
@@ -1326,9 +1330,20 @@ class CreateCodeContextRequest(BaseModel):
         extra='forbid',
     )
     cwd: Annotated[
-        str | None, Field(description="Its working directory (default the sandbox's).")
+        str | None,
+        Field(
+            description="Its working directory (default the sandbox's).",
+            pattern='^/[^\\u0000]{0,4095}$',
+        ),
     ] = None
-    env: dict[str, str] | None = None
+    env: Annotated[
+        dict[
+            Annotated[str, StringConstraints(pattern=r'^[^=\u0000]+$')],
+            EnvAdditionalProperty,
+        ]
+        | None,
+        Field(max_length=256),
+    ] = None
     user: RunAs | None = None
 
 
