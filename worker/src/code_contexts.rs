@@ -65,9 +65,7 @@ impl Hosted {
         let (pid, events, stdin) = match started {
             Ok(started) => started,
             Err(NodeError::Refused(Refused(refusal))) if refusal.kind == "not_found" => {
-                return Err(NodeError::Invalid(
-                    "this sandbox's template has no python3 for code contexts".to_owned(),
-                ));
+                return Err(NodeError::NoPython);
             }
             Err(other) => return Err(other),
         };

@@ -12,6 +12,8 @@ pub enum NodeError {
     ExecNotFound,
     #[error("exec_id `{0}` names another command in this sandbox; choose another id")]
     ExecIdInUse(String),
+    #[error("this sandbox's template has no python3 for code contexts")]
+    NoPython,
     #[error("no such code context in this sandbox (it may have ended)")]
     ContextNotFound,
     #[error("this sandbox has {0} code contexts already; delete one first")]

@@ -9,6 +9,7 @@ pub enum WorkerCode {
     ExecIdInUse,
     ContextNotFound,
     TooManyContexts,
+    PythonNotAvailable,
     ProcessExited,
     StdinClosed,
     SessionUserMismatch,
@@ -35,13 +36,14 @@ pub enum WorkerCode {
 }
 
 impl WorkerCode {
-    const ALL: [WorkerCode; 29] = [
+    const ALL: [WorkerCode; 30] = [
         WorkerCode::SandboxNotFound,
         WorkerCode::ProcessNotFound,
         WorkerCode::ExecNotFound,
         WorkerCode::ExecIdInUse,
         WorkerCode::ContextNotFound,
         WorkerCode::TooManyContexts,
+        WorkerCode::PythonNotAvailable,
         WorkerCode::ProcessExited,
         WorkerCode::StdinClosed,
         WorkerCode::SessionUserMismatch,
@@ -75,6 +77,7 @@ impl WorkerCode {
             WorkerCode::ExecIdInUse => "exec_id_in_use",
             WorkerCode::ContextNotFound => "context_not_found",
             WorkerCode::TooManyContexts => "too_many_contexts",
+            WorkerCode::PythonNotAvailable => "python_not_available",
             WorkerCode::ProcessExited => "process_exited",
             WorkerCode::StdinClosed => "stdin_closed",
             WorkerCode::SessionUserMismatch => "session_user_mismatch",

@@ -5506,7 +5506,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            /** @description The sandbox's template has no python3 (`python_not_available`), or the sandbox is not running (`sandbox_not_running`) or paused (`sandbox_paused`) */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -5691,7 +5691,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The sandbox is not running (`sandbox_not_running`) or is paused (`sandbox_paused`) */
+            /** @description The sandbox's template has no python3 (`python_not_available`), or the sandbox is not running (`sandbox_not_running`) or paused (`sandbox_paused`) */
             409: {
                 headers: {
                     [name: string]: unknown;

@@ -42,6 +42,7 @@ impl IntoResponse for NodeError {
         let (status, code) = match &self {
             NodeError::SandboxNotFound => (StatusCode::NOT_FOUND, "sandbox_not_found"),
             NodeError::ProcessNotFound => (StatusCode::NOT_FOUND, "process_not_found"),
+            NodeError::NoPython => (StatusCode::CONFLICT, "python_not_available"),
             NodeError::ContextNotFound => (StatusCode::NOT_FOUND, "context_not_found"),
             NodeError::TooManyContexts(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_contexts"),
             NodeError::ExecNotFound => (StatusCode::NOT_FOUND, "exec_not_found"),

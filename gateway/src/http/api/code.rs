@@ -72,6 +72,7 @@ async fn call(
             (CodeEvent = "application/x-ndjson"),
         )),
         (status = 404, description = "Not in the caller's team, or no such context (`context_not_found`)", body = ErrorBody),
+        (status = 409, description = "The sandbox's template has no python3 (`python_not_available`), or the sandbox is not running (`sandbox_not_running`) or paused (`sandbox_paused`)", body = ErrorBody),
         (status = 429, description = "The sandbox's code contexts are at their limit (`too_many_contexts`), or rate limited (`rate_limited`)", body = ErrorBody),
     ))]
 async fn run_code(
@@ -108,6 +109,7 @@ async fn run_code(
     responses(
         (status = 201, description = "Made", body = CodeContext),
         (status = 404, description = "Not in the caller's team", body = ErrorBody),
+        (status = 409, description = "The sandbox's template has no python3 (`python_not_available`), or the sandbox is not running (`sandbox_not_running`) or paused (`sandbox_paused`)", body = ErrorBody),
         (status = 429, description = "The sandbox's code contexts are at their limit (`too_many_contexts`), or rate limited (`rate_limited`)", body = ErrorBody),
     ))]
 async fn create_context(
