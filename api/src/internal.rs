@@ -201,6 +201,26 @@ pub struct Exec {
     pub record: Option<RecordFor>,
 }
 
+impl Exec {
+    /// `argv` run as `user`, with the sandbox's environment and directory, no input, no
+    /// timeout, not recorded.
+    pub fn new(argv: Vec<String>, user: RunAs) -> Exec {
+        Exec {
+            argv,
+            env: BTreeMap::new(),
+            cwd: None,
+            user,
+            stdin: None,
+            timeout_ms: None,
+            stream: false,
+            background: false,
+            session: None,
+            exec_id: None,
+            record: None,
+        }
+    }
+}
+
 /// Who a recorded command was run by.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct RecordFor {

@@ -43,23 +43,11 @@ impl Hosted {
         if contexts.len() >= MAX_CONTEXTS {
             return Err(NodeError::TooManyContexts(MAX_CONTEXTS));
         }
+        let argv = ["python3", "-u", "-c", KERNEL].map(str::to_owned).to_vec();
         let exec = Exec {
-            argv: vec![
-                "python3".to_owned(),
-                "-u".to_owned(),
-                "-c".to_owned(),
-                KERNEL.to_owned(),
-            ],
             env: request.env.clone(),
             cwd: request.cwd.clone(),
-            user: request.user,
-            stdin: None,
-            timeout_ms: None,
-            stream: false,
-            background: false,
-            session: None,
-            exec_id: None,
-            record: None,
+            ..Exec::new(argv, request.user)
         };
         let started = self.start_kept(self.exec_request(&exec)?, None).await;
         let (pid, events, stdin) = match started {

@@ -37,17 +37,9 @@ impl Hosted {
         let argv = request.cmd.clone().unwrap_or_default();
         // The sandbox's environment, directory and user, as for a command.
         let base = self.exec_request(&Exec {
-            argv: vec!["sh".to_owned()],
             env: request.env.clone(),
             cwd: request.cwd.clone(),
-            user: request.user,
-            stdin: None,
-            timeout_ms: None,
-            stream: false,
-            background: false,
-            session: None,
-            exec_id: None,
-            record: None,
+            ..Exec::new(vec!["sh".to_owned()], request.user)
         })?;
         let (session, pid) = self
             .agent

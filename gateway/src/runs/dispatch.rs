@@ -5,7 +5,6 @@
 //! artifact store, the sandbox destroyed. A run whose worker turns out full goes back to
 //! the front of its team's queue.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -338,17 +337,8 @@ async fn in_sandbox(
 
 fn command(argv: Vec<String>, user: RunAs, timeout_ms: Option<u64>) -> Exec {
     Exec {
-        argv,
-        env: BTreeMap::new(),
-        cwd: None,
-        user,
-        stdin: None,
         timeout_ms,
-        stream: false,
-        background: false,
-        session: None,
-        exec_id: None,
-        record: None,
+        ..Exec::new(argv, user)
     }
 }
 
