@@ -64,7 +64,7 @@ pub struct ToolResult {
 }
 
 /// The tokens a call used, in four kinds (what prices are per).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Usage {
     /// Input tokens read fresh (not from a cache, not written to one).
     pub input_tokens: u64,

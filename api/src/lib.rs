@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+pub mod agent_runs;
 pub mod code;
 pub mod conversation;
 pub mod execs;

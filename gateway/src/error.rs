@@ -247,11 +247,20 @@ pub enum ApiError {
     /// 500: any other internal failure; the cause is logged, not returned.
     #[error("internal error")]
     Internal(#[from] anyhow::Error),
+    /// A refusal with its own status and code (the harness's: `agent_run_finished`,
+    /// `idempotency_key_reused`, …), each documented on its route.
+    #[error("{message}")]
+    Refused {
+        status: StatusCode,
+        code: &'static str,
+        message: String,
+    },
 }
 
 impl ApiError {
     pub fn status_code(&self) -> StatusCode {
         match self {
+            ApiError::Refused { status, .. } => *status,
             ApiError::InvalidJson(_) => StatusCode::BAD_REQUEST,
             ApiError::InvalidRequest(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -327,6 +336,7 @@ impl ApiError {
             ApiError::InvalidRequest(_) => "invalid_request",
             ApiError::PayloadTooLarge => "payload_too_large",
             ApiError::UnsupportedMediaType => "unsupported_media_type",
+            ApiError::Refused { code, .. } => code,
             ApiError::Unauthenticated => "unauthenticated",
             ApiError::InvalidApiKey { .. } => "invalid_api_key",
             ApiError::ApiKeyRevoked { .. } => "api_key_revoked",

@@ -20,6 +20,7 @@ mod auth;
 mod credits;
 mod error;
 mod failed_auth;
+mod harness;
 mod http;
 mod invitations;
 mod ip_guard;

@@ -259,13 +259,18 @@ impl Application {
             sandboxes,
             billing,
             store,
+            harness: crate::state::HarnessServices::new(),
             redis,
             settings: Arc::new(settings),
         });
-        let router = routes.into_router(state.clone());
+        let (router, harness_api) = routes.into_router(state.clone());
         let internal_router = crate::http::internal_router(state.clone());
 
-        let background = spawn_background(&state, redis_client, channel, keys);
+        let mut background = spawn_background(&state, redis_client, channel, keys);
+        background.push(tokio::spawn(
+            crate::harness::dispatch::dispatch_forever(state.clone(), harness_api)
+                .instrument(tracing::info_span!("harness_dispatcher")),
+        ));
 
         let (listener, local_addr) = bind(state.settings.server.listen, "server.listen").await?;
         let (internal_listener, internal_addr) = bind(

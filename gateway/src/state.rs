@@ -54,6 +54,27 @@ pub struct Services {
     pub billing: BillingServices,
     /// The models and paid APIs offered through the gateway.
     pub store: Arc<crate::store::Store>,
+    pub harness: HarnessServices,
+}
+
+/// The harness's signals on this gateway.
+pub struct HarnessServices {
+    /// This gateway's name in the runs' leases.
+    pub instance: String,
+    /// Wakes this gateway's dispatcher (a run was made, or became ready to step).
+    pub wake: Arc<tokio::sync::Notify>,
+    /// The runs that have new events, for the streams following them here.
+    pub events: tokio::sync::broadcast::Sender<uuid::Uuid>,
+}
+
+impl HarnessServices {
+    pub fn new() -> HarnessServices {
+        HarnessServices {
+            instance: format!("gateway-{}", uuid::Uuid::new_v4().simple()),
+            wake: Arc::default(),
+            events: tokio::sync::broadcast::channel(4096).0,
+        }
+    }
 }
 
 /// Who is calling, and how often they may: keys, sessions, limits, failed attempts.

@@ -70,6 +70,8 @@ pub struct ApiAnswer {
     pub body: Vec<u8>,
     /// The answer was longer than [`MAX_ANSWER_BYTES`]: `body` is its beginning.
     pub truncated: bool,
+    /// Its headers, where the backend passes them on (`Retry-After`, the store's request id).
+    pub headers: http::HeaderMap,
 }
 
 impl ApiAnswer {
@@ -80,6 +82,11 @@ impl ApiAnswer {
     pub fn json(&self) -> Option<serde_json::Value> {
         serde_json::from_slice(&self.body).ok()
     }
+
+    /// A header's value as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|value| value.to_str().ok())
+    }
 }
 
 /// What the API answers, as it comes (a streamed command's NDJSON events, say).
@@ -87,6 +94,7 @@ pub struct ApiStream {
     pub status: u16,
     pub content_type: Option<String>,
     pub body: BoxStream<'static, Result<Vec<u8>, String>>,
+    pub headers: http::HeaderMap,
 }
 
 impl ApiStream {
@@ -111,7 +119,14 @@ impl ApiStream {
             status,
             content_type,
             body,
+            headers: http::HeaderMap::new(),
         }
+    }
+
+    /// The same answer, with the headers it came with.
+    pub fn with_headers(mut self, headers: http::HeaderMap) -> ApiStream {
+        self.headers = headers;
+        self
     }
 
     pub fn is_success(&self) -> bool {
@@ -126,6 +141,7 @@ impl ApiStream {
             status,
             content_type,
             mut body,
+            headers,
         } = self;
         let mut kept = Vec::new();
         let mut truncated = false;
@@ -155,6 +171,7 @@ impl ApiStream {
             content_type,
             body: kept,
             truncated,
+            headers,
         })
     }
 }

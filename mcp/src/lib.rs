@@ -29,6 +29,8 @@ pub use params::{
     CreateParams, Encoding, ExecParams, ExtendParams, Language, ListParams, PathParams,
     RunCodeParams, SandboxParams, WriteParams,
 };
+/// The MCP crate this one speaks through (its result types appear in the tools' answers).
+pub use rmcp;
 pub use server::Sandbase;
 
 /// What the server tells clients about itself (fixed text: nothing from a sandbox).

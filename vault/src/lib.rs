@@ -23,7 +23,10 @@ pub use operator::{
     OperatorSecret, operator_secrets, remove_operator_secret, reseal_operator_secrets,
     reveal_operator_secret, set_operator_secret,
 };
-pub use store::{DataKey, reveal, rotate, rotate_data_key, seal_secret, teams_with_data_keys};
+pub use store::{
+    DataKey, open_value, reveal, rotate, rotate_data_key, seal_secret, seal_value,
+    teams_with_data_keys,
+};
 pub use zeroize::Zeroizing;
 
 use aes_gcm::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};

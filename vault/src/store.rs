@@ -122,6 +122,37 @@ pub async fn seal_secret(
     Ok(())
 }
 
+/// Encrypts `value` with the team's data key, bound to `label` (what it is, say
+/// `agent-run-key/<run id>`): its nonce and ciphertext, kept by the caller. Only
+/// [`open_value`] with the same team and label opens it.
+pub async fn seal_value(
+    connection: &mut PgConnection,
+    keyring: &Keyring,
+    team_id: Uuid,
+    label: &str,
+    value: &[u8],
+) -> Result<(Vec<u8>, Vec<u8>), VaultError> {
+    let data_key = data_key(connection, keyring, team_id).await?;
+    Ok(seal(&data_key.key, &value_aad(team_id, label), value))
+}
+
+/// Decrypts what [`seal_value`] sealed for `team_id` under `label`.
+pub async fn open_value(
+    connection: &mut PgConnection,
+    keyring: &Keyring,
+    team_id: Uuid,
+    label: &str,
+    nonce: &[u8],
+    ciphertext: &[u8],
+) -> Result<Zeroizing<Vec<u8>>, VaultError> {
+    let data_key = data_key(connection, keyring, team_id).await?;
+    open(&data_key.key, &value_aad(team_id, label), nonce, ciphertext)
+}
+
+fn value_aad(team_id: Uuid, label: &str) -> Vec<u8> {
+    format!("sandbase/value/v1|{team_id}|{label}").into_bytes()
+}
+
 /// Decrypts version `version` of secret `secret_id`, which belongs to `team_id`.
 pub async fn reveal(
     connection: &mut PgConnection,

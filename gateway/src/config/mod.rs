@@ -23,10 +23,10 @@ pub use store::{
 };
 
 pub use sections::{
-    AuthSettings, BillingSettings, ConfigError, DatabaseSettings, EVENT_KINDS, LogFormat,
-    PreviewSettings, Price, RateLimitSettings, RedisSettings, ResourceSettings, RunSettings,
-    S3Settings, SandboxSettings, ServerSettings, SmtpSecurity, SmtpSettings, StripeSettings,
-    TelemetrySettings, VaultSettings, WorkerSettings,
+    AuthSettings, BillingSettings, ConfigError, DatabaseSettings, EVENT_KINDS, HarnessSettings,
+    LogFormat, PreviewSettings, Price, RateLimitSettings, RedisSettings, ResourceSettings,
+    RunSettings, S3Settings, SandboxSettings, ServerSettings, SmtpSecurity, SmtpSettings,
+    StripeSettings, TelemetrySettings, VaultSettings, WorkerSettings,
 };
 
 /// Every setting of the gateway. `sandbase.example.toml` documents each key and its default.
@@ -50,6 +50,9 @@ pub struct Settings {
     /// Preview URLs of sandboxes' ports.
     #[serde(default)]
     pub previews: PreviewSettings,
+    /// The harness: agent runs.
+    #[serde(default)]
+    pub harness: HarnessSettings,
     /// The models and paid APIs offered through the gateway.
     #[serde(default)]
     pub store: StoreSettings,
@@ -142,6 +145,7 @@ impl Default for Settings {
                 from: "SandBase <no-reply@localhost>".to_owned(),
             },
             previews: PreviewSettings::default(),
+            harness: HarnessSettings::default(),
             store: StoreSettings::default(),
             internal_tls: None,
         }

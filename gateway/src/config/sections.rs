@@ -564,3 +564,23 @@ pub(super) fn serialize_optional_secret<S: serde::Serializer>(
         None => serializer.serialize_none(),
     }
 }
+
+/// The harness (agent runs): how gateways share the runs they step.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HarnessSettings {
+    /// Seconds a gateway's lease of a run lasts unless renewed (renewed every third of it);
+    /// a run whose lease ran out is adopted by any gateway.
+    pub lease_secs: u64,
+    /// Most runs one gateway steps at once.
+    pub max_concurrent: usize,
+}
+
+impl Default for HarnessSettings {
+    fn default() -> Self {
+        HarnessSettings {
+            lease_secs: 15,
+            max_concurrent: 256,
+        }
+    }
+}

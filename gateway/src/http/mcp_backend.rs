@@ -46,9 +46,10 @@ impl Backend for InProcess {
             .get(CONTENT_TYPE)
             .and_then(|value| value.to_str().ok())
             .map(str::to_owned);
+        let headers = response.headers().clone();
         // Read as it comes: a streamed command's events reach the tool one by one.
         let body = response.into_body().into_data_stream();
-        Ok(ApiStream::new(status, content_type.as_deref(), body))
+        Ok(ApiStream::new(status, content_type.as_deref(), body).with_headers(headers))
     }
 
     async fn extra_tools(&self, _caller: Option<&http::request::Parts>) -> Vec<Tool> {

@@ -12,7 +12,7 @@ pub mod extract;
 pub mod internal;
 pub mod ip_limit;
 mod mcp;
-mod mcp_backend;
+pub mod mcp_backend;
 pub mod metrics;
 pub mod node_token;
 pub mod preview;
@@ -74,8 +74,9 @@ impl Routes {
 
     /// The public listener's application: request id → the address's rate → preview hosts
     /// (served apart from the API) → body limit →
-    /// metrics (route layer) → audit (route layer, API routes only) → handlers.
-    pub fn into_router(self, state: AppState) -> Router {
+    /// metrics (route layer) → audit (route layer, API routes only) → handlers; and the API
+    /// as the harness calls it in process (the same router, without `/mcp`).
+    pub fn into_router(self, state: AppState) -> (Router, Arc<mcp_backend::InProcess>) {
         let body_limit = state.settings.server.body_limit_bytes;
         let web = self.web;
         let app = self
@@ -89,16 +90,20 @@ impl Routes {
             })
             .method_not_allowed_fallback(api::method_not_allowed)
             .with_state(state.clone());
-        // MCP's tools call the API in process: the router as it is before `/mcp` joins it.
-        let with_mcp = app.clone().merge(mcp::router(
-            app.layer(DefaultBodyLimit::max(body_limit)),
+        // MCP's tools and the harness call the API in process: the router as it is before
+        // `/mcp` joins it.
+        let in_process = app.clone().layer(DefaultBodyLimit::max(body_limit));
+        let harness = Arc::new(mcp_backend::InProcess::new(
+            in_process.clone(),
             state.clone(),
         ));
-        with_mcp
+        let with_mcp = app.merge(mcp::router(in_process, state.clone()));
+        let router = with_mcp
             .layer(DefaultBodyLimit::max(body_limit))
             .layer(from_fn_with_state(state.clone(), preview::middleware))
             .layer(from_fn_with_state(state, ip_limit::middleware))
-            .layer(from_fn(request_id::middleware))
+            .layer(from_fn(request_id::middleware));
+        (router, harness)
     }
 }
 

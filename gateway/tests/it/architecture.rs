@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 const MAX_FILE_LINES: usize = 700;
 const CRATES: &[&str] = &[
-    "agent", "api", "billing", "cli", "egress", "gateway", "mcp", "vault", "worker",
+    "agent", "api", "billing", "cli", "egress", "gateway", "harness", "mcp", "vault", "worker",
 ];
 
 fn workspace() -> PathBuf {
@@ -331,6 +331,28 @@ fn sandbox_and_run_states_change_only_in_their_lifecycle_modules() {
         offenders.is_empty(),
         "states written outside a lifecycle module: {offenders:?}"
     );
+}
+
+#[test]
+fn agent_run_statuses_change_only_in_the_harness_lifecycle_module() {
+    let written = ["SET status", "status = '", "status = CASE"];
+    let offenders: Vec<String> = sources("gateway")
+        .into_iter()
+        .filter(|(path, text)| {
+            path.starts_with("gateway/src/harness/")
+                && !path.ends_with("harness/lifecycle.rs")
+                && written.iter().any(|literal| text.contains(literal))
+        })
+        .map(|(path, _)| path)
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "agent run statuses written outside harness/lifecycle.rs: {offenders:?}"
+    );
+    // The lifecycle module is where they are written.
+    let lifecycle =
+        std::fs::read_to_string(workspace().join("gateway/src/harness/lifecycle.rs")).unwrap();
+    assert!(lifecycle.contains("SET status") && lifecycle.contains("pub enum Status"));
 }
 
 #[test]

@@ -55,6 +55,131 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/agent-runs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The team's agent runs, newest first (the last 100). */
+        get: operations["list_agent_runs"];
+        put?: never;
+        /**
+         * Start an agent run: the model works in its sandbox with its tools, turn by turn, acting
+         *     with a key of its own (a child of the caller's, capped at `limits.max_credits`). The run
+         *     is stepped in the background: follow it with `GET …/events`. An `Idempotency-Key` sent
+         *     again with the same body within 24 hours answers the run it made (200).
+         */
+        post: operations["create_agent_run"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/agent-runs/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One agent run of the team. */
+        get: operations["get_agent_run"];
+        put?: never;
+        post?: never;
+        /** Delete an agent run that ended, with its journal (its steps, events and conversation). */
+        delete: operations["delete_agent_run"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/agent-runs/{id}/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Cancel the run (`scope: run`, the default: it ends `cancelled`, its sandbox destroyed if
+         *     it made it) or its turn (`scope: turn`: the run is idle and takes the next message). A
+         *     command going on is interrupted (SIGINT, SIGKILL a second later).
+         */
+        post: operations["cancel_agent_run"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/agent-runs/{id}/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The run's events after `after` (or the `Last-Event-ID` header): a JSON page, or Server-Sent
+         *     Events (`id: SEQ`, `event: TYPE`, `data:` the event) from the journal and then as they come,
+         *     until the run has ended. A client that reconnects, to any gateway, sees every `seq` once.
+         */
+        get: operations["agent_run_events"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/agent-runs/{id}/inputs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Send the run a message (the next turn's input: at once when it is idle, queued for the
+         *     end of the turn going on) or a client function's result (the run goes on once it has all
+         *     it waits for). An `Idempotency-Key` sent again answers without sending twice.
+         */
+        post: operations["agent_run_inputs"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/agent-runs/{id}/steps": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The run's ledger: each model step (model, usage, cost, latency, the store request) and
+         *     each tool step (arguments, exit code or error, duration, the exec id its output is kept
+         *     under), written before it happened.
+         */
+        get: operations["agent_run_steps"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/api-keys": {
         parameters: {
             query?: never;
@@ -1408,6 +1533,180 @@ export interface components {
              */
             priority?: number | null;
         };
+        /** @description A turn's input: a text (one user message) or messages. */
+        AgentInput: string | components["schemas"]["InputMessage"][];
+        /** @description What a run may do before it stops (`limited`). */
+        AgentLimits: {
+            /**
+             * @description Credits in all (a decimal, e.g. "0.50"): the cap of the run's own key, which every
+             *     model call, tool call and its sandbox's runtime count against.
+             */
+            max_credits?: string | null;
+            /**
+             * Format: int32
+             * @description Tool calls in all (default 1000).
+             */
+            max_tool_calls?: number | null;
+            /**
+             * Format: int32
+             * @description Turns in all (default 100).
+             */
+            max_turns?: number | null;
+            /**
+             * Format: int64
+             * @description Seconds of stepping in all, waits for people not counted (default 86400).
+             */
+            max_wall_secs?: number | null;
+        };
+        /** @description An agent run. */
+        AgentRun: {
+            /**
+             * Format: int64
+             * @description What its model calls cost, in micro-credits.
+             */
+            cost_micro: number;
+            /** Format: date-time */
+            created_at: string;
+            error?: components["schemas"]["ErrorDetail"] | null;
+            /** Format: date-time */
+            finished_at?: string | null;
+            /** Format: uuid */
+            id: string;
+            instructions?: string | null;
+            /**
+             * Format: uuid
+             * @description The run's own key (a child of its creator's).
+             */
+            key_id?: string | null;
+            /**
+             * Format: int64
+             * @description The number of its last event (`GET …/events?after=`).
+             */
+            last_seq: number;
+            limits: components["schemas"]["AgentLimits"];
+            metadata: {
+                [key: string]: string;
+            };
+            model: string;
+            /** @description Whether the run made its sandbox (and destroys it when it ends). */
+            owns_sandbox: boolean;
+            required_actions: components["schemas"]["RequiredAction"][];
+            /**
+             * Format: uuid
+             * @description The run's sandbox, once it has one.
+             */
+            sandbox_id?: string | null;
+            /** Format: date-time */
+            started_at?: string | null;
+            status: components["schemas"]["AgentRunStatus"];
+            /** Format: int32 */
+            tool_calls: number;
+            tools: components["schemas"]["AgentTool"][];
+            /**
+             * Format: int32
+             * @description Turns begun, and tool calls made, so far.
+             */
+            turns: number;
+            /** @description Tokens of every model call so far. */
+            usage: components["schemas"]["Usage"];
+        };
+        /** @description One entry of a run's stream. */
+        AgentRunEvent: {
+            /** Format: date-time */
+            at: string;
+            data: unknown;
+            /** Format: uuid */
+            run_id: string;
+            /**
+             * Format: int64
+             * @description 1, 2, 3… without gaps.
+             */
+            seq: number;
+            /** Format: int32 */
+            turn: number;
+            /**
+             * @description `run.created`, `run.status`, `turn.started`, `turn.completed`, `model.started`,
+             *     `model.completed`, `model.retry`, `tool.called`, `tool.completed`, `input.received`,
+             *     `limit.reached`, `error`.
+             */
+            type: string;
+        };
+        AgentRunEventPage: {
+            events: components["schemas"]["AgentRunEvent"][];
+            /** @description Whether more events than this page holds were there already. */
+            has_more: boolean;
+            /** @description The run's status when the page was read. */
+            status: components["schemas"]["AgentRunStatus"];
+        };
+        /** @description Something sent to a run. */
+        AgentRunInput: {
+            content: string;
+            /** @enum {string} */
+            type: "message";
+        } | {
+            call_id: string;
+            is_error?: boolean;
+            output: string;
+            /** @enum {string} */
+            type: "tool_result";
+        };
+        AgentRunList: {
+            agent_runs: components["schemas"]["AgentRun"][];
+        };
+        /**
+         * @description Where a run stands.
+         * @enum {string}
+         */
+        AgentRunStatus: "queued" | "running" | "requires_action" | "idle" | "completed" | "failed" | "cancelled" | "limited";
+        /** @description One step of the ledger: a model call or a tool call, written before it happened. */
+        AgentRunStep: {
+            args: unknown;
+            call_id?: string | null;
+            /** Format: int64 */
+            cost_micro: number;
+            /** Format: date-time */
+            finished_at?: string | null;
+            /** @description `model` or `tool`. */
+            kind: string;
+            /** @description The model, or the tool. */
+            name: string;
+            /**
+             * @description A model step: usage, stop reason, latency, the store request; a tool step: its exit
+             *     code or error, duration and the exec id its output is kept under.
+             */
+            result?: unknown;
+            /** Format: int32 */
+            seq: number;
+            /** Format: date-time */
+            started_at: string;
+            /** @description `intended` (begun), `completed`, `failed`, `interrupted` (its end unknown). */
+            state: string;
+            /** Format: int32 */
+            turn: number;
+        };
+        AgentRunStepList: {
+            steps: components["schemas"]["AgentRunStep"][];
+        };
+        /** @description The sandbox of a run. */
+        AgentSandbox: components["schemas"]["ExistingSandbox"] | components["schemas"]["CreateSandboxRequest"];
+        /** @description A tool the model may call. */
+        AgentTool: {
+            /** @enum {string} */
+            type: "shell";
+        } | {
+            /** @enum {string} */
+            type: "files";
+        } | {
+            /** @enum {string} */
+            type: "python";
+        } | {
+            description?: string | null;
+            name: string;
+            /** @description Its arguments' JSON Schema (an object). */
+            parameters?: unknown;
+            /** @enum {string} */
+            type: "function";
+        };
         /** @description An API key as listed: never its secret. */
         ApiKey: {
             /** @description The store models the key may call (glob patterns such as `openai/*`); absent: any. */
@@ -1505,6 +1804,11 @@ export interface components {
         BasicAuth: {
             username: string;
         };
+        CancelAgentRunRequest: {
+            scope?: components["schemas"]["CancelScope"] | null;
+        };
+        /** @enum {string} */
+        CancelScope: "turn" | "run";
         CheckoutAnswer: {
             session_id: string;
             /** @description Stripe Checkout's page: open it to pay. */
@@ -1589,6 +1893,34 @@ export interface components {
             stderr: string;
             stdout: string;
             timed_out: boolean;
+        };
+        CreateAgentRunRequest: {
+            /**
+             * Format: int64
+             * @description Seconds an idle run waits for a message before it is `completed` (default 3600).
+             */
+            idle_timeout_secs?: number | null;
+            /** @description The first turn's input: a text, or messages. */
+            input: components["schemas"]["AgentInput"];
+            /** @description What the model is told first, after SandBase's own words about the sandbox. */
+            instructions?: string | null;
+            limits?: components["schemas"]["AgentLimits"];
+            /** @description Up to 16 string pairs of the caller's own. */
+            metadata?: {
+                [key: string]: string;
+            };
+            /** @description Any model of the store (`GET /v1/store/models`), of either family. */
+            model: string;
+            on_uncertain_tool?: components["schemas"]["UncertainTool"] | null;
+            /**
+             * @description Whether calls the model makes together may run together (only those that change
+             *     nothing: file views and client functions; the rest run one at a time, in the
+             *     model's order). Default true.
+             */
+            parallel_tool_calls?: boolean | null;
+            sandbox?: components["schemas"]["AgentSandbox"] | null;
+            /** @description The tools the model may call (none: a conversation without tools). */
+            tools?: components["schemas"]["AgentTool"][];
         };
         CreateApiKeyRequest: {
             /**
@@ -1933,6 +2265,10 @@ export interface components {
             started_at: string;
             timed_out: boolean;
         };
+        ExistingSandbox: {
+            /** Format: uuid */
+            id: string;
+        };
         ExtendTimeoutRequest: {
             /**
              * Format: int64
@@ -1995,6 +2331,12 @@ export interface components {
             /** @description Set this query parameter to the secret, e.g. `key`. */
             query?: string | null;
         };
+        InputMessage: {
+            content: string;
+            role: components["schemas"]["InputRole"];
+        };
+        /** @enum {string} */
+        InputRole: "user" | "assistant";
         /** @description An invitation to join a team: nothing changes until the invitee accepts it. */
         Invitation: {
             /** Format: date-time */
@@ -2281,6 +2623,14 @@ export interface components {
         };
         RecordingList: {
             recordings: components["schemas"]["Recording"][];
+        };
+        /** @description Something the run waits for. */
+        RequiredAction: {
+            arguments: unknown;
+            call_id: string;
+            name: string;
+            /** @enum {string} */
+            type: "tool_result";
         };
         ResizeRequest: {
             /** Format: int32 */
@@ -2693,6 +3043,8 @@ export interface components {
             input: string;
             output: string;
         };
+        /** @enum {string} */
+        UncertainTool: "fail";
         UpdateMemberRequest: {
             role: components["schemas"]["Role"];
         };
@@ -2713,6 +3065,26 @@ export interface components {
          * @enum {string}
          */
         UsableBy: "admin" | "member";
+        /** @description The tokens a call used, in four kinds (what prices are per). */
+        Usage: {
+            /**
+             * Format: int64
+             * @description Input tokens written to the provider's prompt cache.
+             */
+            cache_write_tokens: number;
+            /**
+             * Format: int64
+             * @description Input tokens read from the provider's prompt cache.
+             */
+            cached_input_tokens: number;
+            /**
+             * Format: int64
+             * @description Input tokens read fresh (not from a cache, not written to one).
+             */
+            input_tokens: number;
+            /** Format: int64 */
+            output_tokens: number;
+        };
         UsageAnswer: {
             /** Format: date-time */
             from: string;
@@ -2902,6 +3274,688 @@ export interface operations {
                 };
             };
             /** @description Invalid amount or field */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too many requests from this address or key (`rate_limited`, with `Retry-After`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_agent_runs: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AgentRunList"];
+                };
+            };
+            /** @description Missing, malformed, unknown, revoked or expired credentials (`unauthenticated`, `invalid_api_key`, `session_expired`, …) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too many requests from this address or key (`rate_limited`, with `Retry-After`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    create_agent_run: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Makes a retried create answer the first run */
+                "Idempotency-Key"?: string | null;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateAgentRunRequest"];
+            };
+        };
+        responses: {
+            /** @description Made before with this Idempotency-Key and body */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AgentRun"];
+                };
+            };
+            /** @description Made (queued) */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AgentRun"];
+                };
+            };
+            /** @description Body is not valid JSON (`invalid_json`) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, malformed, unknown, revoked or expired credentials (`unauthenticated`, `invalid_api_key`, `session_expired`, …) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A `max_credits` beyond the caller key's cap (`exceeds_parent_key`), or a role below member */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox given by id is not the team's, or stopped */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Body larger than the limit (`payload_too_large`) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not `application/json` (`unsupported_media_type`) */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Invalid field (an unknown model, a tool twice), or the Idempotency-Key used for another body (`idempotency_key_reused`) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too many requests from this address or key (`rate_limited`, with `Retry-After`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The deployment has no vault to seal the run's key (`vault_not_configured`) */
+            501: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_agent_run: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Agent run id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AgentRun"];
+                };
+            };
+            /** @description Missing, malformed, unknown, revoked or expired credentials (`unauthenticated`, `invalid_api_key`, `session_expired`, …) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not in the caller's team */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A field or parameter is invalid (`invalid_request`) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too many requests from this address or key (`rate_limited`, with `Retry-After`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    delete_agent_run: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Agent run id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Missing, malformed, unknown, revoked or expired credentials (`unauthenticated`, `invalid_api_key`, `session_expired`, …) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not in the caller's team */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Still going: cancel it first (`agent_run_active`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A field or parameter is invalid (`invalid_request`) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too many requests from this address or key (`rate_limited`, with `Retry-After`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    cancel_agent_run: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Agent run id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CancelAgentRunRequest"];
+            };
+        };
+        responses: {
+            /** @description Asked for */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AgentRun"];
+                };
+            };
+            /** @description Body is not valid JSON (`invalid_json`) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, malformed, unknown, revoked or expired credentials (`unauthenticated`, `invalid_api_key`, `session_expired`, …) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not in the caller's team */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The run ended (`agent_run_finished`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Body larger than the limit (`payload_too_large`) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not `application/json` (`unsupported_media_type`) */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A field or parameter is invalid (`invalid_request`) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too many requests from this address or key (`rate_limited`, with `Retry-After`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    agent_run_events: {
+        parameters: {
+            query?: {
+                /** @description The events after this `seq` (0: from the first). */
+                after?: number;
+                /** @description Server-Sent Events, followed until the run ends (also with `Accept: text/event-stream`). */
+                stream?: boolean;
+                /** @description At most this many events in a page (1–1000, default 100). */
+                limit?: number;
+            };
+            header?: {
+                /** @description Resume a stream after this seq */
+                "Last-Event-ID"?: string | null;
+            };
+            path: {
+                /** @description Agent run id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page, or (streamed) the events */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AgentRunEventPage"];
+                    "text/event-stream": components["schemas"]["AgentRunEvent"];
+                };
+            };
+            /** @description Missing, malformed, unknown, revoked or expired credentials (`unauthenticated`, `invalid_api_key`, `session_expired`, …) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not in the caller's team */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Invalid `after` or `limit` */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too many requests from this address or key (`rate_limited`, with `Retry-After`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    agent_run_inputs: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Makes a retried input count once */
+                "Idempotency-Key"?: string | null;
+            };
+            path: {
+                /** @description Agent run id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["AgentRunInput"];
+            };
+        };
+        responses: {
+            /** @description Taken */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AgentRun"];
+                };
+            };
+            /** @description Body is not valid JSON (`invalid_json`) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, malformed, unknown, revoked or expired credentials (`unauthenticated`, `invalid_api_key`, `session_expired`, …) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not in the caller's team */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The run ended (`agent_run_finished`), waits for no such result (`not_waiting_for_tool_result`), or had its turns (`max_turns_reached`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Body larger than the limit (`payload_too_large`) */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not `application/json` (`unsupported_media_type`) */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Invalid input */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too many requests from this address or key (`rate_limited`, with `Retry-After`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    agent_run_steps: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Agent run id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AgentRunStepList"];
+                };
+            };
+            /** @description Missing, malformed, unknown, revoked or expired credentials (`unauthenticated`, `invalid_api_key`, `session_expired`, …) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not in the caller's team */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A field or parameter is invalid (`invalid_request`) */
             422: {
                 headers: {
                     [name: string]: unknown;

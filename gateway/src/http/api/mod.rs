@@ -2,6 +2,7 @@
 //! served OpenAPI document and the router are built from the same list and cannot drift.
 
 mod admin;
+mod agent_runs;
 mod api_keys;
 mod audit;
 mod auth;
@@ -104,7 +105,8 @@ pub fn api_router(
         .merge(admin::router())
         .merge(secrets::router())
         .merge(egress::router())
-        .merge(runs::router(settings.runs.input_limit_bytes));
+        .merge(runs::router(settings.runs.input_limit_bytes))
+        .merge(agent_runs::router());
     let operations = OpenApiRouter::new()
         .merge(health::router())
         .routes(routes!(openapi_document));

@@ -35,6 +35,7 @@ pub fn document(document: &mut Value, settings: &Settings) {
         cross_field(schemas);
         configured(schemas, settings);
         fields(schemas);
+        agent_runs(schemas);
     }
     // The team's default egress policy allows at least one host (DELETE clears it).
     if let Some(body) =
@@ -441,4 +442,55 @@ fn one_command(schema: &mut Value) {
         "required": ["command"],
         "properties": { "command": { "type": "string", "pattern": "\\S" } }
     });
+}
+
+/// An agent run's texts hold no NUL (PostgreSQL keeps none: `harness::create`), its
+/// metadata has the bounds `harness::create` checks, its credit cap is a positive amount.
+fn agent_runs(schemas: &mut Map<String, Value>) {
+    for name in [
+        "CreateAgentRunRequest",
+        "AgentInput",
+        "InputMessage",
+        "AgentTool",
+        "AgentRunInput",
+        "AgentLimits",
+    ] {
+        if let Some(schema) = schemas.get_mut(name) {
+            no_nul(schema);
+        }
+    }
+    if let Some(metadata) = schemas
+        .get_mut("CreateAgentRunRequest")
+        .and_then(|schema| schema.pointer_mut("/properties/metadata"))
+    {
+        metadata["maxProperties"] = json!(16);
+        metadata["propertyNames"] = json!({ "type": "string", "maxLength": 64 });
+        metadata["additionalProperties"] = json!({ "type": "string", "maxLength": 512 });
+    }
+    if let Some(cap) = schemas
+        .get_mut("AgentLimits")
+        .and_then(|schema| schema.pointer_mut("/properties/max_credits"))
+    {
+        cap["pattern"] = json!(POSITIVE_CREDITS);
+    }
+}
+
+/// Every string of `schema` without a pattern gets one refusing NUL.
+fn no_nul(schema: &mut Value) {
+    match schema {
+        Value::Object(object) => {
+            let is_string = object.get("type").is_some_and(|kind| {
+                kind == "string"
+                    || kind
+                        .as_array()
+                        .is_some_and(|kinds| kinds.contains(&json!("string")))
+            });
+            if is_string && !object.contains_key("pattern") && !object.contains_key("enum") {
+                object.insert("pattern".to_owned(), json!("^[^\\u0000]*$"));
+            }
+            object.values_mut().for_each(no_nul);
+        }
+        Value::Array(items) => items.iter_mut().for_each(no_nul),
+        _ => {}
+    }
 }

@@ -55,6 +55,204 @@ class AdminGrantRequest(BaseModel):
     ] = None
 
 
+AgentInput1 = TypeAliasType(
+    "AgentInput1",
+    Annotated[
+        str,
+        Field(
+            description="A turn's input: a text (one user message) or messages.",
+            pattern='^[^\\u0000]*$',
+        ),
+    ],
+)
+
+
+class AgentLimits(BaseModel):
+    """
+    What a run may do before it stops (`limited`).
+    """
+
+    model_config = ConfigDict(
+        extra='forbid',
+        regex_engine="python-re",
+    )
+    max_credits: Annotated[
+        str | None,
+        Field(
+            description='Credits in all (a decimal, e.g. "0.50"): the cap of the run\'s own key, which every\nmodel call, tool call and its sandbox\'s runtime count against.',
+            pattern='^\\s*(?=[0-9.]*[1-9])[0-9]{0,12}(\\.[0-9]{0,6})?\\s*$',
+        ),
+    ] = None
+    max_tool_calls: Annotated[
+        int | None,
+        Field(description='Tool calls in all (default 1000).', ge=1, le=100000),
+    ] = None
+    max_turns: Annotated[
+        int | None, Field(description='Turns in all (default 100).', ge=1, le=10000)
+    ] = None
+    max_wall_secs: Annotated[
+        int | None,
+        Field(
+            description='Seconds of stepping in all, waits for people not counted (default 86400).',
+            ge=1,
+            le=604800,
+        ),
+    ] = None
+
+
+class AgentRunEvent(BaseModel):
+    """
+    One entry of a run's stream.
+    """
+
+    at: AwareDatetime
+    data: Any
+    run_id: UUID
+    seq: Annotated[int, Field(description='1, 2, 3… without gaps.')]
+    turn: Annotated[int, Field(ge=0)]
+    type: Annotated[
+        str,
+        Field(
+            description='`run.created`, `run.status`, `turn.started`, `turn.completed`, `model.started`,\n`model.completed`, `model.retry`, `tool.called`, `tool.completed`, `input.received`,\n`limit.reached`, `error`.'
+        ),
+    ]
+
+
+class AgentRunInput1(BaseModel):
+    """
+    A user message: the next turn's input (queued when a turn is going on).
+    """
+
+    content: Annotated[
+        str, Field(max_length=1000000, min_length=1, pattern='^[^\\u0000]*$')
+    ]
+    type: Literal['message']
+
+
+class AgentRunInput2(BaseModel):
+    """
+    The result of a client function the run waits for.
+    """
+
+    call_id: Annotated[
+        str, Field(max_length=128, min_length=1, pattern='^[^\\u0000]*$')
+    ]
+    is_error: bool | None = None
+    output: Annotated[str, Field(max_length=1000000, pattern='^[^\\u0000]*$')]
+    type: Literal['tool_result']
+
+
+AgentRunInput = TypeAliasType(
+    "AgentRunInput",
+    Annotated[
+        AgentRunInput1 | AgentRunInput2, Field(description='Something sent to a run.')
+    ],
+)
+
+
+AgentRunStatus = TypeAliasType(
+    "AgentRunStatus",
+    Annotated[
+        Literal[
+            'queued',
+            'running',
+            'requires_action',
+            'idle',
+            'completed',
+            'failed',
+            'cancelled',
+            'limited',
+        ],
+        Field(description='Where a run stands.'),
+    ],
+)
+
+
+class AgentRunStep(BaseModel):
+    """
+    One step of the ledger: a model call or a tool call, written before it happened.
+    """
+
+    args: Any
+    call_id: str | None = None
+    cost_micro: int
+    finished_at: AwareDatetime | None = None
+    kind: Annotated[str, Field(description='`model` or `tool`.')]
+    name: Annotated[str, Field(description='The model, or the tool.')]
+    result: Annotated[
+        Any | None,
+        Field(
+            description='A model step: usage, stop reason, latency, the store request; a tool step: its exit\ncode or error, duration and the exec id its output is kept under.'
+        ),
+    ] = None
+    seq: Annotated[int, Field(ge=0)]
+    started_at: AwareDatetime
+    state: Annotated[
+        str,
+        Field(
+            description='`intended` (begun), `completed`, `failed`, `interrupted` (its end unknown).'
+        ),
+    ]
+    turn: Annotated[int, Field(ge=0)]
+
+
+class AgentRunStepList(BaseModel):
+    steps: list[AgentRunStep]
+
+
+class AgentTool1(BaseModel):
+    """
+    `shell`: commands in one bash session in the sandbox (its directory and exported
+    variables carry over), run as the sandbox user; the model sees at most 16 KiB of a
+    command's output (its first and last 8 KiB).
+    """
+
+    type: Literal['shell']
+
+
+class AgentTool2(BaseModel):
+    """
+    `files`: view (with line ranges), create, str_replace and insert on files in the
+    sandbox.
+    """
+
+    type: Literal['files']
+
+
+class AgentTool3(BaseModel):
+    """
+    `python`: Python in a context whose variables live on between calls (the code
+    endpoint).
+    """
+
+    type: Literal['python']
+
+
+class AgentTool4(BaseModel):
+    """
+    A function the client runs: the run waits in `requires_action` until its result is
+    posted (`POST …/inputs`, `tool_result`).
+    """
+
+    description: Annotated[
+        str | None, Field(max_length=4096, pattern='^[^\\u0000]*$')
+    ] = None
+    name: Annotated[str, Field(pattern='^[A-Za-z0-9_-]{1,64}$')]
+    parameters: Annotated[
+        Any | None, Field(description="Its arguments' JSON Schema (an object).")
+    ] = None
+    type: Literal['function']
+
+
+AgentTool = TypeAliasType(
+    "AgentTool",
+    Annotated[
+        AgentTool1 | AgentTool2 | AgentTool3 | AgentTool4,
+        Field(description='A tool the model may call.'),
+    ],
+)
+
+
 class AttachTicket(BaseModel):
     """
     A single-use ticket for a browser's WebSocket (which cannot send headers): valid for
@@ -118,6 +316,9 @@ class BasicAuth(BaseModel):
     username: Annotated[
         str, Field(pattern='^[^:\\u0000-\\u001f\\u007f-\\u009f]{1,256}$')
     ]
+
+
+CancelScope = TypeAliasType("CancelScope", Literal['turn', 'run'])
 
 
 class CheckoutAnswer(BaseModel):
@@ -220,6 +421,11 @@ class CodeResult(BaseModel):
     timed_out: bool
 
 
+MetadataAdditionalProperty = TypeAliasType(
+    "MetadataAdditionalProperty", Annotated[str, Field(max_length=512)]
+)
+
+
 AllowedModel = TypeAliasType(
     "AllowedModel", Annotated[str, Field(pattern='^[!-~]{1,128}$')]
 )
@@ -235,11 +441,6 @@ CmdItem = TypeAliasType("CmdItem", Annotated[str, Field(pattern='^[^\\u0000]*$')
 
 Credential = TypeAliasType(
     "Credential", Annotated[str, Field(pattern='^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$')]
-)
-
-
-MetadataAdditionalProperty = TypeAliasType(
-    "MetadataAdditionalProperty", Annotated[str, Field(max_length=512)]
 )
 
 
@@ -443,6 +644,13 @@ class ExecResult(BaseModel):
     ] = None
 
 
+class ExistingSandbox(BaseModel):
+    model_config = ConfigDict(
+        extra='forbid',
+    )
+    id: UUID
+
+
 class ExtendTimeoutRequest(BaseModel):
     model_config = ConfigDict(
         extra='forbid',
@@ -484,6 +692,9 @@ class GrantAnswer(BaseModel):
 
 class Health(BaseModel):
     status: str
+
+
+InputRole = TypeAliasType("InputRole", Literal['user', 'assistant'])
 
 
 Isolation = TypeAliasType(
@@ -741,6 +952,23 @@ class Recording(BaseModel):
 
 class RecordingList(BaseModel):
     recordings: list[Recording]
+
+
+class RequiredAction1(BaseModel):
+    """
+    The result of a client function (`POST …/inputs` `tool_result` with this `call_id`).
+    """
+
+    arguments: Any
+    call_id: str
+    name: str
+    type: Literal['tool_result']
+
+
+RequiredAction = TypeAliasType(
+    "RequiredAction",
+    Annotated[RequiredAction1, Field(description='Something the run waits for.')],
+)
 
 
 class ResizeRequest(BaseModel):
@@ -1104,6 +1332,9 @@ class TokenPrices(BaseModel):
     output: str
 
 
+UncertainTool = TypeAliasType("UncertainTool", Literal['fail'])
+
+
 class UpdateMemberRequest(BaseModel):
     model_config = ConfigDict(
         extra='forbid',
@@ -1131,6 +1362,29 @@ UsableBy = TypeAliasType(
         ),
     ],
 )
+
+
+class Usage(BaseModel):
+    """
+    The tokens a call used, in four kinds (what prices are per).
+    """
+
+    cache_write_tokens: Annotated[
+        int,
+        Field(description="Input tokens written to the provider's prompt cache.", ge=0),
+    ]
+    cached_input_tokens: Annotated[
+        int,
+        Field(description="Input tokens read from the provider's prompt cache.", ge=0),
+    ]
+    input_tokens: Annotated[
+        int,
+        Field(
+            description='Input tokens read fresh (not from a cache, not written to one).',
+            ge=0,
+        ),
+    ]
+    output_tokens: Annotated[int, Field(ge=0)]
 
 
 class UsagePoint(BaseModel):
@@ -1178,6 +1432,65 @@ class AddMemberRequest(BaseModel):
         ),
     ]
     role: Role | None = None
+
+
+class AgentRun(BaseModel):
+    """
+    An agent run.
+    """
+
+    cost_micro: Annotated[
+        int, Field(description='What its model calls cost, in micro-credits.')
+    ]
+    created_at: AwareDatetime
+    error: ErrorDetail | None = None
+    finished_at: AwareDatetime | None = None
+    id: UUID
+    instructions: str | None = None
+    key_id: Annotated[
+        UUID | None, Field(description="The run's own key (a child of its creator's).")
+    ] = None
+    last_seq: Annotated[
+        int, Field(description='The number of its last event (`GET …/events?after=`).')
+    ]
+    limits: AgentLimits
+    metadata: dict[str, str]
+    model: str
+    owns_sandbox: Annotated[
+        bool,
+        Field(
+            description='Whether the run made its sandbox (and destroys it when it ends).'
+        ),
+    ]
+    required_actions: list[RequiredAction]
+    sandbox_id: Annotated[
+        UUID | None, Field(description="The run's sandbox, once it has one.")
+    ] = None
+    started_at: AwareDatetime | None = None
+    status: AgentRunStatus
+    tool_calls: Annotated[int, Field(ge=0)]
+    tools: list[AgentTool]
+    turns: Annotated[
+        int, Field(description='Turns begun, and tool calls made, so far.', ge=0)
+    ]
+    usage: Annotated[Usage, Field(description='Tokens of every model call so far.')]
+
+
+class AgentRunEventPage(BaseModel):
+    events: list[AgentRunEvent]
+    has_more: Annotated[
+        bool,
+        Field(
+            description='Whether more events than this page holds were there already.'
+        ),
+    ]
+    status: Annotated[
+        AgentRunStatus, Field(description="The run's status when the page was read.")
+    ]
+
+
+class AgentRunList(BaseModel):
+    agent_runs: list[AgentRun]
 
 
 class ApiKey(BaseModel):
@@ -1235,6 +1548,13 @@ class BalanceAnswer(BaseModel):
         ),
     ] = None
     reserved_micro: int | None = None
+
+
+class CancelAgentRunRequest(BaseModel):
+    model_config = ConfigDict(
+        extra='forbid',
+    )
+    scope: CancelScope | None = None
 
 
 class CodeContext(BaseModel):
@@ -1618,6 +1938,14 @@ class ExecRequest(BaseModel):
     user: RunAs | None = None
 
 
+class InputMessage(BaseModel):
+    model_config = ConfigDict(
+        extra='forbid',
+    )
+    content: Annotated[str, Field(max_length=1000000, pattern='^[^\\u0000]*$')]
+    role: InputRole
+
+
 class Invitation(BaseModel):
     """
     An invitation to join a team: nothing changes until the invitee accepts it.
@@ -1935,6 +2263,81 @@ class UsageAnswer(BaseModel):
     to: AwareDatetime
     total: str
     total_micro: int
+
+
+AgentInput = TypeAliasType(
+    "AgentInput",
+    Annotated[
+        AgentInput1 | list[InputMessage],
+        Field(description="A turn's input: a text (one user message) or messages."),
+    ],
+)
+
+
+AgentSandbox = TypeAliasType(
+    "AgentSandbox",
+    Annotated[
+        ExistingSandbox | CreateSandboxRequest,
+        Field(description='The sandbox of a run.'),
+    ],
+)
+
+
+class CreateAgentRunRequest(BaseModel):
+    model_config = ConfigDict(
+        extra='forbid',
+    )
+    idle_timeout_secs: Annotated[
+        int | None,
+        Field(
+            description='Seconds an idle run waits for a message before it is `completed` (default 3600).',
+            ge=1,
+            le=604800,
+        ),
+    ] = None
+    input: Annotated[
+        AgentInput, Field(description="The first turn's input: a text, or messages.")
+    ]
+    instructions: Annotated[
+        str | None,
+        Field(
+            description="What the model is told first, after SandBase's own words about the sandbox.",
+            max_length=100000,
+            pattern='^[^\\u0000]*$',
+        ),
+    ] = None
+    limits: AgentLimits | None = None
+    metadata: Annotated[
+        dict[
+            Annotated[str, StringConstraints(max_length=64)], MetadataAdditionalProperty
+        ]
+        | None,
+        Field(description="Up to 16 string pairs of the caller's own.", max_length=16),
+    ] = None
+    model: Annotated[
+        str,
+        Field(
+            description='Any model of the store (`GET /v1/store/models`), of either family.',
+            max_length=200,
+            min_length=1,
+            pattern='^[^\\u0000]*$',
+        ),
+    ]
+    on_uncertain_tool: UncertainTool | None = None
+    parallel_tool_calls: Annotated[
+        bool | None,
+        Field(
+            description="Whether calls the model makes together may run together (only those that change\nnothing: file views and client functions; the rest run one at a time, in the\nmodel's order). Default true."
+        ),
+    ] = None
+    sandbox: AgentSandbox | None = None
+    tools: Annotated[
+        list[AgentTool] | None,
+        Field(
+            description='The tools the model may call (none: a conversation without tools).',
+            max_length=64,
+        ),
+    ] = None
 
 
 class ExecStatus(BaseModel):

@@ -1,0 +1,328 @@
+//! Agent runs: the harness's conversations (`/v1/agent-runs`). A run is a model, its
+//! instructions and tools, a sandbox, limits and a key of its own; it goes turn by turn,
+//! each turn model calls and the tool calls they ask for, journaled as steps before they
+//! happen and told as events numbered without gaps.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use crate::sandboxes::CreateSandboxRequest;
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateAgentRunRequest {
+    /// Any model of the store (`GET /v1/store/models`), of either family.
+    #[schema(min_length = 1, max_length = 200)]
+    pub model: String,
+    /// What the model is told first, after SandBase's own words about the sandbox.
+    #[serde(default)]
+    #[schema(max_length = 100000)]
+    pub instructions: Option<String>,
+    /// The first turn's input: a text, or messages.
+    pub input: AgentInput,
+    /// The tools the model may call (none: a conversation without tools).
+    #[serde(default)]
+    #[schema(max_items = 64)]
+    pub tools: Vec<AgentTool>,
+    /// Where the tools run: `POST /v1/sandboxes`'s body (the run makes the sandbox and
+    /// destroys it when it ends), or `{"id": …}` of a sandbox of the team (never destroyed by
+    /// the run). Absent: a sandbox of the default template.
+    #[serde(default)]
+    pub sandbox: Option<AgentSandbox>,
+    #[serde(default)]
+    pub limits: AgentLimits,
+    /// Whether calls the model makes together may run together (only those that change
+    /// nothing: file views and client functions; the rest run one at a time, in the
+    /// model's order). Default true.
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
+    /// What happens to a tool call a gateway was making when it died and that no worker
+    /// knows the end of: `fail` (the default: the model is told it may not have run) —
+    /// whatever was finished is adopted, never run again.
+    #[serde(default)]
+    pub on_uncertain_tool: Option<UncertainTool>,
+    /// Seconds an idle run waits for a message before it is `completed` (default 3600).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 604800)]
+    pub idle_timeout_secs: Option<u64>,
+    /// Up to 16 string pairs of the caller's own.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// A turn's input: a text (one user message) or messages.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum AgentInput {
+    Text(String),
+    Messages(Vec<InputMessage>),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputMessage {
+    pub role: InputRole,
+    #[schema(max_length = 1000000)]
+    pub content: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum InputRole {
+    User,
+    Assistant,
+}
+
+/// A tool the model may call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AgentTool {
+    /// `shell`: commands in one bash session in the sandbox (its directory and exported
+    /// variables carry over), run as the sandbox user; the model sees at most 16 KiB of a
+    /// command's output (its first and last 8 KiB).
+    Shell,
+    /// `files`: view (with line ranges), create, str_replace and insert on files in the
+    /// sandbox.
+    Files,
+    /// `python`: Python in a context whose variables live on between calls (the code
+    /// endpoint).
+    Python,
+    /// A function the client runs: the run waits in `requires_action` until its result is
+    /// posted (`POST …/inputs`, `tool_result`).
+    Function {
+        #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
+        name: String,
+        #[serde(default)]
+        #[schema(max_length = 4096)]
+        description: Option<String>,
+        /// Its arguments' JSON Schema (an object).
+        #[serde(default)]
+        parameters: Option<Value>,
+    },
+}
+
+/// The sandbox of a run.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum AgentSandbox {
+    /// A sandbox of the team, by id.
+    Existing(ExistingSandbox),
+    /// A sandbox the run makes (and destroys when it ends).
+    New(Box<CreateSandboxRequest>),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExistingSandbox {
+    pub id: Uuid,
+}
+
+/// What a run may do before it stops (`limited`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentLimits {
+    /// Turns in all (default 100).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 10000)]
+    pub max_turns: Option<u32>,
+    /// Tool calls in all (default 1000).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 100000)]
+    pub max_tool_calls: Option<u32>,
+    /// Credits in all (a decimal, e.g. "0.50"): the cap of the run's own key, which every
+    /// model call, tool call and its sandbox's runtime count against.
+    #[serde(default)]
+    pub max_credits: Option<String>,
+    /// Seconds of stepping in all, waits for people not counted (default 86400).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 604800)]
+    pub max_wall_secs: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum UncertainTool {
+    Fail,
+}
+
+/// Where a run stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentRunStatus {
+    /// Made, not yet stepped by a gateway.
+    Queued,
+    /// A turn is going on.
+    Running,
+    /// Waiting for the client: `required_actions` says what.
+    RequiresAction,
+    /// A turn ended; the run takes a message (`POST …/inputs`).
+    Idle,
+    Completed,
+    Failed,
+    Cancelled,
+    /// A limit stopped it (`error.code` says which).
+    Limited,
+}
+
+impl AgentRunStatus {
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            AgentRunStatus::Completed
+                | AgentRunStatus::Failed
+                | AgentRunStatus::Cancelled
+                | AgentRunStatus::Limited
+        )
+    }
+}
+
+/// Something the run waits for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum RequiredAction {
+    /// The result of a client function (`POST …/inputs` `tool_result` with this `call_id`).
+    ToolResult {
+        call_id: String,
+        name: String,
+        arguments: Value,
+    },
+}
+
+/// An agent run.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AgentRun {
+    pub id: Uuid,
+    pub status: AgentRunStatus,
+    pub model: String,
+    #[serde(default)]
+    pub instructions: Option<String>,
+    pub tools: Vec<AgentTool>,
+    /// The run's sandbox, once it has one.
+    #[serde(default)]
+    pub sandbox_id: Option<Uuid>,
+    /// Whether the run made its sandbox (and destroys it when it ends).
+    pub owns_sandbox: bool,
+    pub limits: AgentLimits,
+    pub required_actions: Vec<RequiredAction>,
+    /// Turns begun, and tool calls made, so far.
+    pub turns: u32,
+    pub tool_calls: u32,
+    /// Tokens of every model call so far.
+    pub usage: crate::conversation::Usage,
+    /// What its model calls cost, in micro-credits.
+    pub cost_micro: i64,
+    /// The number of its last event (`GET …/events?after=`).
+    pub last_seq: i64,
+    /// The run's own key (a child of its creator's).
+    #[serde(default)]
+    pub key_id: Option<Uuid>,
+    /// Why it stopped, when it failed or was limited.
+    #[serde(default)]
+    pub error: Option<crate::ErrorDetail>,
+    pub metadata: BTreeMap<String, String>,
+    pub created_at: DateTime<Utc>,
+    #[serde(default)]
+    pub started_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AgentRunList {
+    pub agent_runs: Vec<AgentRun>,
+}
+
+/// One entry of a run's stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AgentRunEvent {
+    /// 1, 2, 3… without gaps.
+    pub seq: i64,
+    pub run_id: Uuid,
+    pub turn: u32,
+    pub at: DateTime<Utc>,
+    /// `run.created`, `run.status`, `turn.started`, `turn.completed`, `model.started`,
+    /// `model.completed`, `model.retry`, `tool.called`, `tool.completed`, `input.received`,
+    /// `limit.reached`, `error`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub data: Value,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AgentRunEventPage {
+    pub events: Vec<AgentRunEvent>,
+    /// The run's status when the page was read.
+    pub status: AgentRunStatus,
+    /// Whether more events than this page holds were there already.
+    pub has_more: bool,
+}
+
+/// One step of the ledger: a model call or a tool call, written before it happened.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AgentRunStep {
+    pub seq: u32,
+    pub turn: u32,
+    /// `model` or `tool`.
+    pub kind: String,
+    /// `intended` (begun), `completed`, `failed`, `interrupted` (its end unknown).
+    pub state: String,
+    /// The model, or the tool.
+    pub name: String,
+    #[serde(default)]
+    pub call_id: Option<String>,
+    pub args: Value,
+    /// A model step: usage, stop reason, latency, the store request; a tool step: its exit
+    /// code or error, duration and the exec id its output is kept under.
+    #[serde(default)]
+    pub result: Option<Value>,
+    pub cost_micro: i64,
+    pub started_at: DateTime<Utc>,
+    #[serde(default)]
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AgentRunStepList {
+    pub steps: Vec<AgentRunStep>,
+}
+
+/// Something sent to a run.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AgentRunInput {
+    /// A user message: the next turn's input (queued when a turn is going on).
+    Message {
+        #[schema(min_length = 1, max_length = 1000000)]
+        content: String,
+    },
+    /// The result of a client function the run waits for.
+    ToolResult {
+        #[schema(min_length = 1, max_length = 128)]
+        call_id: String,
+        #[schema(max_length = 1000000)]
+        output: String,
+        #[serde(default)]
+        is_error: bool,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelAgentRunRequest {
+    /// `turn`: the turn ends and the run is idle; `run` (the default): the run ends,
+    /// `cancelled`.
+    #[serde(default)]
+    pub scope: Option<CancelScope>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelScope {
+    Turn,
+    Run,
+}

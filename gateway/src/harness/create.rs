@@ -1,0 +1,270 @@
+//! A new agent run: its request checked, its own key made and sealed, its row, its first
+//! turn's messages and events written in one transaction (with the audit row), and this
+//! gateway's dispatcher woken. An Idempotency-Key makes a retried create answer the first
+//! run (same body) or refuse (another body), for 24 hours.
+
+use http::StatusCode;
+use sandbase_api::agent_runs::{
+    AgentInput, AgentSandbox, AgentTool, CreateAgentRunRequest, InputRole,
+};
+use sandbase_api::conversation::{Message, Part, Role};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use super::journal::Write;
+use super::rows::{self, AgentRunRow};
+use super::run_key;
+use crate::audit::Audit;
+use crate::auth::Principal;
+use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
+
+/// Seconds an idle run waits for a message unless asked otherwise.
+const DEFAULT_IDLE_SECS: u64 = 3600;
+/// Names the built-in tools take; a client function may not.
+const BUILT_IN: [&str; 3] = ["shell", "files", "python"];
+
+/// Makes the run; `false` with the existing run when the Idempotency-Key was used for the
+/// same request before.
+pub async fn create(
+    state: &AppState,
+    principal: &Principal,
+    audit: &Audit,
+    idempotency_key: Option<String>,
+    request: CreateAgentRunRequest,
+) -> ApiResult<(bool, AgentRunRow)> {
+    let keyring = crate::secrets::keyring(state)?;
+    check(state, &request)?;
+    let max_credits = crate::sandboxes::validate::parse_cap(
+        "limits.max_credits",
+        request.limits.max_credits.as_deref(),
+    )?;
+    let hash = Sha256::digest(serde_json::to_vec(&request).unwrap_or_default()).to_vec();
+    if let Some(key) = &idempotency_key
+        && let Some(existing) = earlier(state, principal.team_id, key, &hash).await?
+    {
+        return Ok((false, existing));
+    }
+    let mut tx = state.db.begin().await?;
+    let (sandbox_id, spec, owns) = match &request.sandbox {
+        Some(AgentSandbox::Existing(existing)) => {
+            let found: Option<(String,)> =
+                sqlx::query_as("SELECT state FROM sandboxes WHERE id = $1 AND team_id = $2")
+                    .bind(existing.id)
+                    .bind(principal.team_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            match found {
+                Some((sandbox_state,)) if sandbox_state != "stopped" => {}
+                _ => return Err(ApiError::NotFound("sandbox")),
+            }
+            (Some(existing.id), None, false)
+        }
+        Some(AgentSandbox::New(body)) => (None, Some(json!(body)), true),
+        None => (None, Some(json!({})), true),
+    };
+    let id = Uuid::new_v4();
+    let sealed = run_key::mint(&mut tx, keyring, principal, id, max_credits).await?;
+    let (created_by_key, created_by_user) = (principal.api_key_id(), principal.user_id());
+    let inserted = sqlx::query(
+        "INSERT INTO agent_runs (id, team_id, created_by_key, created_by_user, creator_role, \
+             run_key_id, key_nonce, key_sealed, model, instructions, tools, sandbox_spec, \
+             sandbox_id, owns_sandbox, limits, parallel_tool_calls, on_uncertain_tool, \
+             idle_timeout_secs, metadata, status, turns, idempotency_key, request_hash) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, 'fail', \
+             $17, $18, $19, 1, $20, $21) ON CONFLICT DO NOTHING",
+    )
+    .bind(id)
+    .bind(principal.team_id)
+    .bind(created_by_key)
+    .bind(created_by_user)
+    .bind(principal.role.as_str())
+    .bind(sealed.key_id)
+    .bind(&sealed.nonce)
+    .bind(&sealed.sealed)
+    .bind(&request.model)
+    .bind(&request.instructions)
+    .bind(sqlx::types::Json(&request.tools))
+    .bind(&spec)
+    .bind(sandbox_id)
+    .bind(owns)
+    .bind(sqlx::types::Json(&request.limits))
+    .bind(request.parallel_tool_calls.unwrap_or(true))
+    .bind(request.idle_timeout_secs.unwrap_or(DEFAULT_IDLE_SECS) as i32)
+    .bind(sqlx::types::Json(&request.metadata))
+    .bind(super::lifecycle::Status::Queued)
+    .bind(&idempotency_key)
+    .bind(&hash)
+    .execute(&mut *tx)
+    .await?;
+    if inserted.rows_affected() == 0 {
+        // The same Idempotency-Key, at the same moment: the other request's run.
+        drop(tx);
+        let key = idempotency_key.unwrap_or_default();
+        return match earlier(state, principal.team_id, &key, &hash).await? {
+            Some(existing) => Ok((false, existing)),
+            None => Err(reused()),
+        };
+    }
+    audit
+        .record(
+            &mut tx,
+            principal,
+            Some(format!("agent_run:{id}")),
+            json!({ "model": request.model, "key_id": sealed.key_id }),
+        )
+        .await?;
+    tx.commit().await?;
+    first_turn(state, id, &request).await?;
+    state.harness.wake.notify_one();
+    let mut connection = state.db.acquire().await?;
+    Ok((
+        true,
+        rows::fetch(&mut connection, principal.team_id, id).await?,
+    ))
+}
+
+/// The run's first events and its first turn's messages.
+async fn first_turn(state: &AppState, id: Uuid, request: &CreateAgentRunRequest) -> ApiResult<()> {
+    let mut write = Write::unleased(&state.db, id).await?;
+    write
+        .event(
+            "run.created",
+            json!({ "model": request.model, "tools": request.tools,
+                                       "limits": request.limits, "metadata": request.metadata }),
+        )
+        .await?;
+    write.event("turn.started", json!({ "turn": 1 })).await?;
+    for message in input_messages(&request.input) {
+        write.message(&message).await?;
+    }
+    write.commit().await?;
+    let _ = state.harness.events.send(id);
+    Ok(())
+}
+
+/// A turn's input as messages of the conversation.
+pub fn input_messages(input: &AgentInput) -> Vec<Message> {
+    let text = |role, text: &str| Message {
+        role,
+        content: vec![Part::Text {
+            text: text.to_owned(),
+        }],
+    };
+    match input {
+        AgentInput::Text(words) => vec![text(Role::User, words)],
+        AgentInput::Messages(messages) => messages
+            .iter()
+            .map(|message| {
+                let role = match message.role {
+                    InputRole::User => Role::User,
+                    InputRole::Assistant => Role::Assistant,
+                };
+                text(role, &message.content)
+            })
+            .collect(),
+    }
+}
+
+/// The run an earlier request with this Idempotency-Key made (within 24 hours): answered
+/// for the same body, refused for another.
+async fn earlier(
+    state: &AppState,
+    team_id: Uuid,
+    key: &str,
+    hash: &[u8],
+) -> ApiResult<Option<AgentRunRow>> {
+    let found: Option<AgentRunRow> = sqlx::query_as(&format!(
+        "SELECT {} FROM agent_runs WHERE team_id = $1 AND idempotency_key = $2 \
+           AND created_at > now() - interval '24 hours'",
+        rows::RUN_COLUMNS
+    ))
+    .bind(team_id)
+    .bind(key)
+    .fetch_optional(&state.db)
+    .await?;
+    match found {
+        Some(row) if row.request_hash.as_deref() == Some(hash) => Ok(Some(row)),
+        Some(_) => Err(reused()),
+        None => Ok(None),
+    }
+}
+
+fn reused() -> ApiError {
+    ApiError::Refused {
+        status: StatusCode::UNPROCESSABLE_ENTITY,
+        code: "idempotency_key_reused",
+        message: "this Idempotency-Key was used for another request in the last 24 hours"
+            .to_owned(),
+    }
+}
+
+/// What the request asks for, checked before anything is made.
+fn check(state: &AppState, request: &CreateAgentRunRequest) -> ApiResult<()> {
+    let invalid = |message: String| Err(ApiError::InvalidRequest(message));
+    if serde_json::to_string(request).is_ok_and(|text| text.contains("\\u0000")) {
+        return invalid("text in an agent run may not contain NUL characters".to_owned());
+    }
+    if !state
+        .store
+        .models()
+        .iter()
+        .any(|model| model.settings.id == request.model)
+    {
+        return invalid(format!(
+            "no model `{}` in the store: GET /v1/store/models lists them",
+            request.model
+        ));
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for tool in &request.tools {
+        let name = match tool {
+            AgentTool::Shell => "shell",
+            AgentTool::Files => "files",
+            AgentTool::Python => "python",
+            AgentTool::Function {
+                name, parameters, ..
+            } => {
+                if BUILT_IN.contains(&name.as_str()) {
+                    return invalid(format!(
+                        "a function may not be named `{name}` (a built-in tool)"
+                    ));
+                }
+                if parameters
+                    .as_ref()
+                    .is_some_and(|schema| !schema.is_object())
+                {
+                    return invalid(format!(
+                        "the parameters of `{name}` must be a JSON Schema object"
+                    ));
+                }
+                name.as_str()
+            }
+        };
+        if !names.insert(name.to_owned()) {
+            return invalid(format!("the tool `{name}` is given twice"));
+        }
+    }
+    match &request.input {
+        AgentInput::Text(text) if text.trim().is_empty() => {
+            return invalid("`input` is empty".to_owned());
+        }
+        AgentInput::Messages(messages) if messages.is_empty() => {
+            return invalid("`input` has no messages".to_owned());
+        }
+        _ => {}
+    }
+    if request.metadata.len() > 16
+        || request
+            .metadata
+            .iter()
+            .any(|(key, value)| key.len() > 64 || value.len() > 512)
+    {
+        return invalid(
+            "`metadata`: at most 16 pairs, keys of at most 64 bytes, values of at most 512"
+                .to_owned(),
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,28 @@
+//! Agent runs' rows, leases and dispatch: the harness's loop (`sandbase-harness` for what it
+//! says to models and how tools run) driven step by step on this gateway, journaled in
+//! PostgreSQL before every step.
+//!
+//! `lifecycle.rs`: the status enum and every change of it (the only module writing
+//! `status`); `rows.rs`: a run as PostgreSQL keeps it and the reads of it; `create.rs`: a
+//! new run, its own key and Idempotency-Key; `run_key.rs`: the run's key, sealed by the
+//! vault; `journal.rs`: epoch-checked writes of steps, events and the conversation;
+//! `lease.rs`: a gateway's lease of a run, renewed by heartbeat; `dispatch.rs`: claiming
+//! runs whose lease is free or ran out; `run.rs`: a run as the gateway stepping it holds it;
+//! `driver.rs` and `steps.rs`: the loop; `cancel.rs`: a tool call watched for a cancel; `recover.rs`:
+//! what an adopted run does with a step its former owner left begun; `inputs.rs`: messages,
+//! tool results and cancels sent to a run; `events.rs`: reading the stream.
+
+mod cancel;
+pub mod create;
+pub mod dispatch;
+mod driver;
+pub mod events;
+pub mod inputs;
+mod journal;
+mod lease;
+pub mod lifecycle;
+mod recover;
+pub mod rows;
+mod run;
+mod run_key;
+mod steps;

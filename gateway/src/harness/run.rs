@@ -1,0 +1,141 @@
+//! A run as the gateway stepping it holds it: its row, its key's head for every call, its
+//! model's family, its prompt and tools, its lease — and what ends a drive: the lease lost,
+//! or the run settled (`idle`, `requires_action`, or a final status, which destroys the
+//! sandbox the run made and revokes its key).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandbase_harness::Family;
+use sandbase_harness::tools::ToolDef;
+use sandbase_mcp::{ApiRequest, Backend, Caller};
+use serde_json::{Value, json};
+
+use super::journal::{self, JournalError};
+use super::lease::Lease;
+use super::lifecycle::{self, Status};
+use super::rows::AgentRunRow;
+use crate::auth::key_cache::Invalidation;
+use crate::state::AppState;
+
+pub const DEFAULT_MAX_TURNS: u32 = 100;
+pub const DEFAULT_MAX_TOOL_CALLS: u32 = 1000;
+pub const DEFAULT_MAX_WALL_SECS: u64 = 86_400;
+
+/// Why a drive stopped before the run settled.
+#[derive(Debug, thiserror::Error)]
+pub enum Halt {
+    #[error("the lease of this run was lost")]
+    LeaseLost,
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+impl From<JournalError> for Halt {
+    fn from(error: JournalError) -> Halt {
+        match error {
+            JournalError::LeaseLost => Halt::LeaseLost,
+            JournalError::Database(error) => Halt::Database(error),
+        }
+    }
+}
+
+/// Whether the loop goes on after a step.
+pub enum Flow {
+    Continue,
+    /// The run waits or ended: the drive is over.
+    Stop,
+}
+
+/// A run being stepped here, with what every step needs.
+pub struct Run<'a, B> {
+    pub state: &'a AppState,
+    pub backend: &'a B,
+    pub lease: Arc<Lease>,
+    pub row: AgentRunRow,
+    /// The head of every call the run makes (its key).
+    pub parts: http::request::Parts,
+    pub family: Family,
+    pub max_output: u64,
+    pub system: String,
+    pub tools: Vec<ToolDef>,
+}
+
+impl<B: Backend> Run<'_, B> {
+    pub fn caller(&self) -> Caller<'_> {
+        Caller {
+            parts: Some(&self.parts),
+            progress: None,
+        }
+    }
+
+    pub fn sandbox(&self) -> String {
+        self.row
+            .sandbox_id
+            .map(|id| id.to_string())
+            .unwrap_or_default()
+    }
+
+    /// Fails unless this gateway still holds the lease: checked before every side effect.
+    pub fn check_lease(&self) -> Result<(), Halt> {
+        if self.lease.is_valid() {
+            Ok(())
+        } else {
+            Err(Halt::LeaseLost)
+        }
+    }
+
+    /// Commits a journal write and tells this gateway's followers of the run.
+    pub async fn commit(&self, write: journal::Write) -> Result<(), Halt> {
+        if write.commit().await? {
+            let _ = self.state.harness.events.send(self.row.id);
+        }
+        Ok(())
+    }
+
+    /// Ends the drive with the run in `status` (`idle`, `requires_action` or a final one):
+    /// a final status destroys the sandbox the run made, first (its key is revoked with it).
+    pub async fn settle(
+        &self,
+        status: Status,
+        error: Option<(&str, String)>,
+        required: Value,
+    ) -> Result<Flow, Halt> {
+        self.check_lease()?;
+        if status.is_final() && self.row.owns_sandbox && self.row.sandbox_id.is_some() {
+            let path = format!("/v1/sandboxes/{}", self.sandbox());
+            if let Err(why) = self
+                .backend
+                .call(Some(&self.parts), ApiRequest::delete(path))
+                .await
+            {
+                tracing::warn!(error = %why, "destroying an agent run's sandbox failed");
+            }
+        }
+        let error = error.map(|(code, message)| json!({ "code": code, "message": message }));
+        let mut write = journal::begin(&self.state.db, self.lease.claim).await?;
+        if matches!(status, Status::Idle) || status.is_final() {
+            write
+                .event("turn.completed", json!({ "turn": write.turn }))
+                .await?;
+        }
+        let (event, revoked) =
+            lifecycle::settle(&mut write.tx, self.row.id, status, error, required).await?;
+        write.event("run.status", event).await?;
+        self.commit(write).await?;
+        if let Some(public_id) = revoked {
+            let invalidator = &self.state.auth.invalidator;
+            invalidator.publish(Invalidation::Key(public_id)).await;
+        }
+        Ok(Flow::Stop)
+    }
+}
+
+/// How long to wait before retrying a model call: its `Retry-After` (at most 30 s), else
+/// 1, 2, 4 s.
+pub fn backoff(attempt: u32, retry_after: Option<&str>) -> Duration {
+    retry_after
+        .and_then(|value| value.trim().parse::<u64>().ok())
+        .map(|secs| Duration::from_secs(secs.min(30)))
+        .unwrap_or_else(|| Duration::from_secs(1 << attempt.min(4).saturating_sub(1)))
+}

@@ -1,0 +1,369 @@
+//! The steps of the loop: a model call (the worst case reserved by the store before it,
+//! retried on an overload before any output, 3 tries in all) and the tool calls its answer
+//! asked for (each journaled `intended` first, its shell command named `{run}-{step}` so
+//! that a second start answers the first), and the limits checked between them.
+
+use std::time::Instant;
+
+use futures_util::future::join_all;
+use sandbase_api::conversation::{Message, Part, Role, ToolCall, ToolResult};
+use sandbase_harness::tools::{self, ToolKind, ToolOutcome};
+use sandbase_harness::{ModelRequest, model};
+use sandbase_mcp::{ApiRequest, Backend};
+use serde_json::{Value, json};
+
+use super::journal;
+use super::lifecycle::Status;
+use super::rows::AgentRunRow;
+use super::run::{DEFAULT_MAX_TOOL_CALLS, DEFAULT_MAX_WALL_SECS, Flow, Halt, Run, backoff};
+
+/// Tries of a model call that failed before any output.
+const TRIES: u32 = 3;
+
+/// Ends the run `limited` by `limit`.
+pub async fn limited<B: Backend>(run: &Run<'_, B>, limit: &str) -> Result<Flow, Halt> {
+    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    write
+        .event("limit.reached", json!({ "limit": limit }))
+        .await?;
+    run.commit(write).await?;
+    let message = format!("the run reached its `{limit}`");
+    run.settle(Status::Limited, Some(("limit_reached", message)), json!([]))
+        .await
+}
+
+/// The run's wall-clock limit, checked between steps.
+pub async fn over_limit<B: Backend>(
+    run: &Run<'_, B>,
+    now: &AgentRunRow,
+) -> Result<Option<Flow>, Halt> {
+    let wall = now.limits.0.max_wall_secs.unwrap_or(DEFAULT_MAX_WALL_SECS);
+    let started = now.started_at.unwrap_or(now.created_at);
+    if (chrono::Utc::now() - started).num_seconds() > i64::try_from(wall).unwrap_or(i64::MAX) {
+        return limited(run, "max_wall_secs").await.map(Some);
+    }
+    Ok(None)
+}
+
+/// One model call, journaled before it is made.
+pub async fn model<B: Backend>(run: &Run<'_, B>) -> Result<Flow, Halt> {
+    run.check_lease()?;
+    let mut connection = run.state.db.acquire().await?;
+    let conversation = super::rows::conversation(&mut connection, run.row.id).await?;
+    drop(connection);
+    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    let args = json!({ "messages": conversation.len() });
+    let step = write
+        .intend("model", &run.row.model, None, &args, run.lease.claim.epoch)
+        .await?;
+    write
+        .event(
+            "model.started",
+            json!({ "step": step, "model": run.row.model }),
+        )
+        .await?;
+    run.commit(write).await?;
+    let body = ModelRequest {
+        model: &run.row.model,
+        family: run.family,
+        system: &run.system,
+        conversation: &conversation,
+        tools: &run.tools,
+        max_output: run.max_output,
+        parallel_tool_calls: run.row.parallel_tool_calls,
+    }
+    .body();
+    let started = Instant::now();
+    let (answer, attempt) = call_model(run, step, &body).await?;
+    let latency_ms = started.elapsed().as_millis() as u64;
+    let answer = match answer {
+        Ok(answer) => answer,
+        Err(why) => return failed_model(run, step, 502, "upstream_failed", &why, attempt).await,
+    };
+    let body = answer.json().unwrap_or(Value::Null);
+    let parsed = answer
+        .is_success()
+        .then(|| model::parse_answer(run.family, &body))
+        .flatten();
+    let Some(parsed) = parsed else {
+        let code = body["error"]["code"]
+            .as_str()
+            .or(body["error"]["type"].as_str());
+        let message = body["error"]["message"]
+            .as_str()
+            .unwrap_or("the model's answer could not be read");
+        return failed_model(
+            run,
+            step,
+            answer.status,
+            code.unwrap_or("model_error"),
+            message,
+            attempt,
+        )
+        .await;
+    };
+    let request_id = answer
+        .header(crate::http::store::forward::REQUEST_HEADER)
+        .map(str::to_owned);
+    let cost = store_cost(run, request_id.as_deref()).await;
+    let result = json!({ "usage": parsed.usage, "stop_reason": parsed.stop_reason,
+                         "latency_ms": latency_ms, "store_request": request_id, "attempts": attempt });
+    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    write.finish_step(step, "completed", &result, cost).await?;
+    write.message(&parsed.message).await?;
+    write.spent(parsed.usage, cost);
+    write
+        .event(
+            "model.completed",
+            json!({ "step": step, "model": run.row.model,
+            "usage": parsed.usage, "cost_micro": cost, "stop_reason": parsed.stop_reason,
+            "latency_ms": latency_ms, "message": parsed.message }),
+        )
+        .await?;
+    run.commit(write).await?;
+    Ok(Flow::Continue)
+}
+
+/// The model call, tried again after an overload or a failure before any output (its
+/// `Retry-After` honoured, a `model.retry` event each time), [`TRIES`] times at most; the
+/// last answer and how many tries it took.
+async fn call_model<B: Backend>(
+    run: &Run<'_, B>,
+    step: i32,
+    body: &Value,
+) -> Result<(Result<sandbase_mcp::ApiAnswer, String>, u32), Halt> {
+    let mut attempt = 1;
+    loop {
+        run.check_lease()?;
+        let request = ApiRequest::post(run.family.path(), body.clone());
+        let answer = run.backend.call(Some(&run.parts), request).await;
+        let (status, retry_after) = match &answer {
+            Ok(answer) => (
+                answer.status,
+                answer.header("retry-after").map(str::to_owned),
+            ),
+            Err(_) => (502, None),
+        };
+        let overloaded = matches!(status, 408 | 429 | 500..=599);
+        if !overloaded || attempt == TRIES {
+            return Ok((answer, attempt));
+        }
+        let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+        let retry = json!({ "step": step, "attempt": attempt, "status": status,
+                            "retry_after": retry_after });
+        write.event("model.retry", retry).await?;
+        run.commit(write).await?;
+        tokio::time::sleep(backoff(attempt, retry_after.as_deref())).await;
+        attempt += 1;
+    }
+}
+
+/// What a store call cost, from the team's record of it once the store settled it (within
+/// a second; 0 when it cannot be read).
+async fn store_cost<B: Backend>(run: &Run<'_, B>, request_id: Option<&str>) -> i64 {
+    let Some(id) = request_id else { return 0 };
+    let path = format!("/v1/store/requests/{id}");
+    for _ in 0..40 {
+        let answer = run
+            .backend
+            .call(Some(&run.parts), ApiRequest::get(path.clone()))
+            .await;
+        match answer {
+            Ok(answer) if answer.is_success() => {
+                return answer
+                    .json()
+                    .and_then(|body| body["credits_micro"].as_i64())
+                    .unwrap_or(0);
+            }
+            Ok(answer) if answer.status == 404 => {
+                tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+            }
+            _ => return 0,
+        }
+    }
+    0
+}
+
+/// A model call that failed for good: the step `failed`, the run `limited` when credits or
+/// the key's cap refused it, else `failed` (`retries_exhausted` after the tries).
+async fn failed_model<B: Backend>(
+    run: &Run<'_, B>,
+    step: i32,
+    status: u16,
+    code: &str,
+    message: &str,
+    attempts: u32,
+) -> Result<Flow, Halt> {
+    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    let result =
+        json!({ "status": status, "code": code, "message": message, "attempts": attempts });
+    write.finish_step(step, "failed", &result, 0).await?;
+    write.event("error", result.clone()).await?;
+    run.commit(write).await?;
+    let message = message.to_owned();
+    match (status, code) {
+        (402, _) => {
+            run.settle(Status::Limited, Some((code, message)), json!([]))
+                .await
+        }
+        (408 | 429 | 500..=599, _) if attempts == TRIES => {
+            run.settle(
+                Status::Failed,
+                Some(("retries_exhausted", message)),
+                json!([]),
+            )
+            .await
+        }
+        _ => {
+            run.settle(Status::Failed, Some((code, message)), json!([]))
+                .await
+        }
+    }
+}
+
+/// The tool calls of the model's last message that have no result yet: those SandBase
+/// runs, in the model's order (calls that change nothing side by side when the run allows
+/// it), then the run waits for the client's functions.
+pub async fn tools<B: Backend>(
+    run: &Run<'_, B>,
+    now: &AgentRunRow,
+    calls: Vec<ToolCall>,
+) -> Result<Flow, Halt> {
+    let tools = &run.row.tools.0;
+    let max_calls = now
+        .limits
+        .0
+        .max_tool_calls
+        .unwrap_or(DEFAULT_MAX_TOOL_CALLS);
+    let (functions, ours): (Vec<ToolCall>, Vec<ToolCall>) = calls
+        .into_iter()
+        .partition(|call| tools::kind(tools, call) == ToolKind::Function);
+    let mut made = i64::from(now.tool_calls);
+    let mut index = 0;
+    while index < ours.len() {
+        // A batch: one call that changes the sandbox, or calls that change nothing.
+        let read_only = |call: &ToolCall| tools::kind(tools, call).is_read_only();
+        let mut end = index + 1;
+        if run.row.parallel_tool_calls && read_only(&ours[index]) {
+            while end < ours.len() && read_only(&ours[end]) {
+                end += 1;
+            }
+        }
+        if made + (end - index) as i64 > i64::from(max_calls) {
+            return limited(run, "max_tool_calls").await;
+        }
+        let batch = &ours[index..end];
+        let results = join_all(batch.iter().map(|call| tool(run, call))).await;
+        for result in results {
+            result?;
+        }
+        made += batch.len() as i64;
+        index = end;
+    }
+    if functions.is_empty() {
+        return Ok(Flow::Continue);
+    }
+    let required: Vec<Value> = functions
+        .iter()
+        .map(|call| {
+            json!({ "type": "tool_result", "call_id": call.id, "name": call.name,
+                            "arguments": call.arguments })
+        })
+        .collect();
+    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    for call in &functions {
+        write
+            .event(
+                "tool.called",
+                json!({ "call_id": call.id, "tool": call.name,
+                                           "args": call.arguments, "client": true }),
+            )
+            .await?;
+    }
+    run.commit(write).await?;
+    run.settle(Status::RequiresAction, None, Value::Array(required))
+        .await
+}
+
+/// One tool call: journaled, run, its result written.
+async fn tool<B: Backend>(run: &Run<'_, B>, call: &ToolCall) -> Result<(), Halt> {
+    run.check_lease()?;
+    let kind = tools::kind(&run.row.tools.0, call);
+    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    let epoch = run.lease.claim.epoch;
+    let step = write
+        .intend("tool", &call.name, Some(&call.id), &call.arguments, epoch)
+        .await?;
+    write
+        .event(
+            "tool.called",
+            json!({ "step": step, "call_id": call.id, "tool": call.name,
+                                       "args": call.arguments }),
+        )
+        .await?;
+    run.commit(write).await?;
+    run.check_lease()?;
+    let exec_id = exec_id(run, step);
+    let started = Instant::now();
+    let outcome = super::cancel::watched(run, &exec_id, kind, async {
+        tools::execute(
+            run.backend,
+            &run.caller(),
+            &run.sandbox(),
+            &exec_id,
+            kind,
+            call,
+        )
+        .await
+    })
+    .await;
+    record_tool(
+        run,
+        step,
+        call,
+        &outcome,
+        started.elapsed().as_millis() as u64,
+    )
+    .await
+}
+
+/// The exec id of a tool step's command: `{run}-{step}`, the same on any gateway.
+pub fn exec_id<B>(run: &Run<'_, B>, step: i32) -> String {
+    format!("{}-{step}", run.row.id)
+}
+
+/// A tool step's end: the ledger, the conversation and the stream, in one write.
+pub async fn record_tool<B: Backend>(
+    run: &Run<'_, B>,
+    step: i32,
+    call: &ToolCall,
+    outcome: &ToolOutcome,
+    duration_ms: u64,
+) -> Result<(), Halt> {
+    let mut detail = outcome.detail.clone();
+    detail["duration_ms"] = json!(duration_ms);
+    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    write
+        .finish_step(step, outcome.step_state(), &detail, 0)
+        .await?;
+    let result = ToolResult {
+        call_id: call.id.clone(),
+        content: outcome.content.clone(),
+        is_error: outcome.is_error,
+    };
+    write
+        .message(&Message {
+            role: Role::User,
+            content: vec![Part::ToolResult(result)],
+        })
+        .await?;
+    write
+        .event(
+            "tool.completed",
+            json!({ "step": step, "call_id": call.id, "tool": call.name,
+            "is_error": outcome.is_error, "exit_code": detail["exit_code"],
+            "duration_ms": duration_ms, "exec_id": detail["exec_id"], "output": outcome.content }),
+        )
+        .await?;
+    run.commit(write).await
+}

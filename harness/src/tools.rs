@@ -1,0 +1,325 @@
+//! The tools a run offers its model — their definitions, what kind each call is, and their
+//! execution in the run's sandbox through the public API: `shell` in one bash session under
+//! a deterministic exec id (so that a second start of the same step answers the first and
+//! runs nothing), `python` on the code endpoint, `files` on the MCP server's file tools.
+//! Client functions are not executed here: the run waits for their results.
+
+use sandbase_api::agent_runs::AgentTool;
+use sandbase_api::conversation::ToolCall;
+use sandbase_mcp::{ApiRequest, Backend, Caller};
+use serde_json::{Value, json};
+
+use crate::output;
+
+/// The shell session every `shell` call of a run runs in.
+pub const SHELL_SESSION: &str = "agent";
+
+/// Seconds a `shell` or `python` call may run unless the model asks otherwise.
+pub const DEFAULT_TOOL_SECS: u64 = 600;
+
+/// A tool as a model is told of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolDef {
+    pub name: String,
+    pub description: String,
+    pub parameters: Value,
+}
+
+/// The definitions of `tools`.
+pub fn definitions(tools: &[AgentTool]) -> Vec<ToolDef> {
+    tools.iter().map(definition).collect()
+}
+
+fn definition(tool: &AgentTool) -> ToolDef {
+    let def = |name: &str, description: &str, parameters: Value| ToolDef {
+        name: name.to_owned(),
+        description: description.to_owned(),
+        parameters,
+    };
+    match tool {
+        AgentTool::Shell => def(
+            "shell",
+            "Run a bash command line in the sandbox's shell session (the working directory and \
+             exported variables carry over between calls). Answers the exit code and output.",
+            json!({ "type": "object", "properties": {
+                "command": { "type": "string", "description": "The command line." },
+                "timeout_secs": { "type": "integer", "minimum": 1, "maximum": 3600 } },
+                "required": ["command"] }),
+        ),
+        AgentTool::Files => def(
+            "files",
+            "View, create and edit files in the sandbox. `view` shows a file with line numbers \
+             (`view_range` [first, last], -1 for the end) or lists a directory; `create` writes \
+             `file_text`; `str_replace` replaces the one occurrence of `old_str` with \
+             `new_str`; `insert` puts `insert_text` after line `insert_line` (0: the top). \
+             Relative paths are under /work.",
+            json!({ "type": "object", "properties": {
+                "command": { "type": "string", "enum": ["view", "create", "str_replace", "insert"] },
+                "path": { "type": "string" },
+                "view_range": { "type": "array", "items": { "type": "integer" } },
+                "file_text": { "type": "string" }, "old_str": { "type": "string" },
+                "new_str": { "type": "string" }, "insert_line": { "type": "integer", "minimum": 0 },
+                "insert_text": { "type": "string" } },
+                "required": ["command", "path"] }),
+        ),
+        AgentTool::Python => def(
+            "python",
+            "Run Python code in a persistent interpreter in the sandbox: variables and imports \
+             live on between calls. Answers the output, the last expression's value and any \
+             exception.",
+            json!({ "type": "object", "properties": {
+                "code": { "type": "string" },
+                "timeout_secs": { "type": "integer", "minimum": 1, "maximum": 3600 } },
+                "required": ["code"] }),
+        ),
+        AgentTool::Function {
+            name,
+            description,
+            parameters,
+        } => def(
+            name,
+            description.as_deref().unwrap_or_default(),
+            parameters
+                .clone()
+                .unwrap_or_else(|| json!({ "type": "object", "properties": {} })),
+        ),
+    }
+}
+
+/// What a call is, for running it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolKind {
+    Shell,
+    Files {
+        changes: bool,
+    },
+    Python,
+    /// The client runs it.
+    Function,
+    /// The model named no tool of the run.
+    Unknown,
+}
+
+impl ToolKind {
+    /// Whether a call may run beside others: it changes nothing in the sandbox.
+    pub fn is_read_only(self) -> bool {
+        matches!(
+            self,
+            ToolKind::Files { changes: false } | ToolKind::Function
+        )
+    }
+}
+
+/// What `call` is among `tools`.
+pub fn kind(tools: &[AgentTool], call: &ToolCall) -> ToolKind {
+    tools
+        .iter()
+        .find_map(|tool| match tool {
+            AgentTool::Shell if call.name == "shell" => Some(ToolKind::Shell),
+            AgentTool::Python if call.name == "python" => Some(ToolKind::Python),
+            AgentTool::Files if call.name == "files" => Some(ToolKind::Files {
+                changes: call.arguments["command"] != "view",
+            }),
+            AgentTool::Function { name, .. } if *name == call.name => Some(ToolKind::Function),
+            _ => None,
+        })
+        .unwrap_or(ToolKind::Unknown)
+}
+
+/// What a tool call gave.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolOutcome {
+    /// What the model is shown (capped).
+    pub content: String,
+    pub is_error: bool,
+    /// For the ledger: exit code, duration, the exec id the output is kept under…
+    pub detail: Value,
+}
+
+impl ToolOutcome {
+    pub fn error(message: impl Into<String>) -> ToolOutcome {
+        let content = message.into();
+        ToolOutcome {
+            detail: json!({ "error": content }),
+            content,
+            is_error: true,
+        }
+    }
+
+    /// A call whose end is unknown (its gateway stopped while it ran).
+    pub fn interrupted(message: impl Into<String>) -> ToolOutcome {
+        let mut outcome = ToolOutcome::error(message);
+        outcome.detail["interrupted"] = json!(true);
+        outcome
+    }
+
+    /// The ledger's state of the step it ends.
+    pub fn step_state(&self) -> &'static str {
+        if self.detail["interrupted"] == true {
+            "interrupted"
+        } else if self.is_error {
+            "failed"
+        } else {
+            "completed"
+        }
+    }
+}
+
+/// Where a sandbox's named command's whole output is kept.
+pub fn kept_at(sandbox: &str, exec_id: &str) -> String {
+    format!("GET /v1/sandboxes/{sandbox}/execs/{exec_id}")
+}
+
+/// Runs `call` (of kind `kind`, not a client function) in `sandbox`; `exec_id` names its
+/// command where the tool has one.
+pub async fn execute<B: Backend>(
+    backend: &B,
+    caller: &Caller<'_>,
+    sandbox: &str,
+    exec_id: &str,
+    kind: ToolKind,
+    call: &ToolCall,
+) -> ToolOutcome {
+    match kind {
+        ToolKind::Shell => shell(backend, caller, sandbox, exec_id, &call.arguments).await,
+        ToolKind::Python => python(backend, caller, sandbox, &call.arguments).await,
+        ToolKind::Files { .. } => {
+            match crate::files::run(backend, caller, sandbox, &call.arguments).await {
+                Ok(text) => ToolOutcome {
+                    content: output::shown(&text, "the file itself"),
+                    is_error: false,
+                    detail: json!({ "command": call.arguments["command"] }),
+                },
+                Err(error) => ToolOutcome::error(error),
+            }
+        }
+        ToolKind::Function => ToolOutcome::error("a client function is run by the client"),
+        ToolKind::Unknown => {
+            ToolOutcome::error(format!("there is no tool `{}` in this run", call.name))
+        }
+    }
+}
+
+fn timeout(arguments: &Value) -> u64 {
+    arguments["timeout_secs"]
+        .as_u64()
+        .unwrap_or(DEFAULT_TOOL_SECS)
+        .clamp(1, 3600)
+}
+
+/// The exec request of a `shell` call (the same for its first start and any later one).
+pub fn shell_request(sandbox: &str, exec_id: &str, arguments: &Value) -> Option<ApiRequest> {
+    let command = arguments["command"].as_str()?;
+    Some(ApiRequest::post(
+        format!("/v1/sandboxes/{sandbox}/exec"),
+        json!({ "command": command, "session": SHELL_SESSION, "exec_id": exec_id,
+                "timeout_secs": timeout(arguments) }),
+    ))
+}
+
+async fn shell<B: Backend>(
+    backend: &B,
+    caller: &Caller<'_>,
+    sandbox: &str,
+    exec_id: &str,
+    arguments: &Value,
+) -> ToolOutcome {
+    let Some(request) = shell_request(sandbox, exec_id, arguments) else {
+        return ToolOutcome::error("`command` (a string) is required");
+    };
+    let answer = match backend.call(caller.parts, request).await {
+        Ok(answer) => answer,
+        Err(why) => return ToolOutcome::error(format!("the sandbox could not be reached: {why}")),
+    };
+    let body = answer.json().unwrap_or(Value::Null);
+    if !answer.is_success() {
+        return ToolOutcome::error(refusal(&body, answer.status));
+    }
+    command_outcome(sandbox, exec_id, &body)
+}
+
+/// A named command's result (`ExecResult`) as the model sees it.
+pub fn command_outcome(sandbox: &str, exec_id: &str, result: &Value) -> ToolOutcome {
+    let exit = result["exit_code"].as_i64().unwrap_or(-1);
+    let mut text = String::new();
+    let stdout = result["stdout"].as_str().unwrap_or_default();
+    let stderr = result["stderr"].as_str().unwrap_or_default();
+    text.push_str(stdout);
+    if !stderr.is_empty() {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(stderr);
+    }
+    let mut shown = output::shown(&text, &kept_at(sandbox, exec_id));
+    if result["timed_out"] == true {
+        shown.push_str("\n[the command timed out and was killed]");
+    }
+    if result["truncated"] == true {
+        shown.push_str("\n[only the last MiB of the output was kept]");
+    }
+    ToolOutcome {
+        content: format!("exit code {exit}\n{shown}"),
+        is_error: exit != 0,
+        detail: json!({ "exit_code": exit, "exec_id": exec_id,
+                        "duration_ms": result["duration_ms"], "timed_out": result["timed_out"],
+                        "output_bytes": text.len() }),
+    }
+}
+
+async fn python<B: Backend>(
+    backend: &B,
+    caller: &Caller<'_>,
+    sandbox: &str,
+    arguments: &Value,
+) -> ToolOutcome {
+    let Some(code) = arguments["code"].as_str() else {
+        return ToolOutcome::error("`code` (a string) is required");
+    };
+    let request = ApiRequest::post(
+        format!("/v1/sandboxes/{sandbox}/code"),
+        json!({ "code": code, "timeout_secs": timeout(arguments) }),
+    );
+    let answer = match backend.call(caller.parts, request).await {
+        Ok(answer) => answer,
+        Err(why) => return ToolOutcome::error(format!("the sandbox could not be reached: {why}")),
+    };
+    let body = answer.json().unwrap_or(Value::Null);
+    if !answer.is_success() {
+        return ToolOutcome::error(refusal(&body, answer.status));
+    }
+    let mut text = String::new();
+    for stream in ["stdout", "stderr"] {
+        text.push_str(body[stream].as_str().unwrap_or_default());
+    }
+    for result in body["results"].as_array().into_iter().flatten() {
+        if let Some(plain) = result["text/plain"].as_str() {
+            text.push_str(plain);
+            text.push('\n');
+        }
+        if let Some(png) = result["image/png"].as_str() {
+            text.push_str(&format!(
+                "[an image/png result, {} bytes of base64]\n",
+                png.len()
+            ));
+        }
+    }
+    let exception = &body["exception"];
+    if let Some(traceback) = exception["traceback"].as_str() {
+        text.push_str(traceback);
+    }
+    ToolOutcome {
+        content: output::shown(&text, "the interpreter's variables"),
+        is_error: !exception.is_null(),
+        detail: json!({ "execution_count": body["execution_count"],
+                        "duration_ms": body["duration_ms"], "timed_out": body["timed_out"],
+                        "exception": exception["name"] }),
+    }
+}
+
+/// An API refusal as the model is told it.
+fn refusal(body: &Value, status: u16) -> String {
+    let code = body["error"]["code"].as_str().unwrap_or("error");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    format!("refused ({status} {code}): {message}")
+}
