@@ -38,8 +38,8 @@ CREATE TABLE agent_runs (
     cost_micro        bigint NOT NULL DEFAULT 0,
     last_seq          bigint NOT NULL DEFAULT 0,
     last_step         integer NOT NULL DEFAULT 0,
-    -- A cancel asked for and not yet carried out: 'turn', 'run', or 'idle' (the idle
-    -- timeout: the run ends `completed`).
+    -- A cancel asked for and not yet carried out: 'turn', 'run', 'idle' (the idle timeout:
+    -- the run ends `completed`) or 'revoked' (its key was: `failed`).
     cancel_scope      text,
     -- The gateway stepping the run, until when, and the lease's epoch (raised by every
     -- claim: a write carrying an older epoch is refused).

@@ -9,10 +9,15 @@ pub const MAX_SHOWN: usize = 16 * 1024;
 /// `MAX_SHOWN / 2` bytes (cut at character boundaries) around a line naming what was left
 /// out and `kept_at`, where the whole output can be read.
 pub fn shown(text: &str, kept_at: &str) -> String {
-    if text.len() <= MAX_SHOWN {
+    shown_within(text, kept_at, MAX_SHOWN)
+}
+
+/// The same within `max` bytes (what is left of [`MAX_SHOWN`] beside other lines).
+pub fn shown_within(text: &str, kept_at: &str, max: usize) -> String {
+    if text.len() <= max {
         return text.to_owned();
     }
-    let half = MAX_SHOWN / 2;
+    let half = max / 2;
     let mut head_end = half;
     while !text.is_char_boundary(head_end) {
         head_end -= 1;

@@ -251,15 +251,18 @@ pub fn command_outcome(sandbox: &str, exec_id: &str, result: &Value) -> ToolOutc
         }
         text.push_str(stderr);
     }
-    let mut shown = output::shown(&text, &kept_at(sandbox, exec_id));
+    let head = format!("exit code {exit}\n");
+    let mut notes = String::new();
     if result["timed_out"] == true {
-        shown.push_str("\n[the command timed out and was killed]");
+        notes.push_str("[the command timed out and was killed]\n");
     }
     if result["truncated"] == true {
-        shown.push_str("\n[only the last MiB of the output was kept]");
+        notes.push_str("[only the last MiB of the output was kept]\n");
     }
+    let room = output::MAX_SHOWN - head.len() - notes.len();
+    let shown = output::shown_within(&text, &kept_at(sandbox, exec_id), room);
     ToolOutcome {
-        content: format!("exit code {exit}\n{shown}"),
+        content: format!("{head}{notes}{shown}"),
         is_error: exit != 0,
         detail: json!({ "exit_code": exit, "exec_id": exec_id,
                         "duration_ms": result["duration_ms"], "timed_out": result["timed_out"],

@@ -88,3 +88,113 @@ def test_another_team_sees_nothing_of_a_run(team, cluster):
             other.call(method, f"/v1/agent-runs/{run['id']}{path}", body)
         assert refused.value.code == 404, (method, path)
     assert team.wait(run["id"])["status"] == "idle"
+
+
+def error_of(refused):
+    return refused.value.code, json.loads(refused.value.read())["error"]["code"]
+
+
+def test_a_model_overloaded_twice_is_retried_and_the_run_completes(team):
+    team.cluster.standin.script("retry", [{"text": "fine at last"}])
+    run = team.call("POST", "/v1/agent-runs", {
+        "model": "anthropic/claude-test", "input": "[[script:retry]] go [[overloaded:2]]"})
+    done = team.wait(run["id"])
+    assert done["status"] == "idle", done
+    events = team.events(run["id"])
+    retries = [e["data"] for e in events if e["type"] == "model.retry"]
+    assert [(r["attempt"], r["status"]) for r in retries] == [(1, 529), (2, 529)], retries
+    (step,) = team.call("GET", f"/v1/agent-runs/{run['id']}/steps")["steps"]
+    assert step["result"]["attempts"] == 3 and step["state"] == "completed", step
+
+
+def test_a_cancelled_turn_interrupts_its_command_and_keeps_the_shell_session(team):
+    steps = [{"tool": "shell", "arguments": {"command": "cd /tmp && sleep 600"}},
+             {"tool": "shell", "arguments": {"command": "pwd"}},
+             {"text": "back"}]
+    run = team.run("openai/gpt-test", "cancel-turn", steps)
+    import time
+    deadline = time.time() + 60
+    while not any(e["type"] == "tool.called" for e in team.events(run["id"])):
+        assert time.time() < deadline
+        time.sleep(0.05)
+    time.sleep(1)
+    team.call("POST", f"/v1/agent-runs/{run['id']}/cancel", {"scope": "turn"})
+    cancelled = team.wait(run["id"], statuses=("idle",), deadline=30)
+    first = [e["data"] for e in team.events(run["id"]) if e["type"] == "tool.completed"]
+    assert len(first) == 1 and first[0]["exit_code"] != 0, first
+    team.call("POST", f"/v1/agent-runs/{run['id']}/inputs", {"type": "message", "content": "go on"})
+    done = team.wait(run["id"], statuses=("idle",))
+    assert done["turns"] == cancelled["turns"] + 1, done
+    outputs = [e["data"]["output"] for e in team.events(run["id"]) if e["type"] == "tool.completed"]
+    assert outputs[-1].splitlines()[:2] == ["exit code 0", "/tmp"], outputs
+
+
+def test_ten_mib_of_output_reaches_the_model_as_16_kib(team):
+    steps = [{"tool": "shell", "arguments": {"command": "head -c 10485760 /dev/zero | tr '\\0' a; echo END"}},
+             {"text": "seen"}]
+    run = team.run("openai/gpt-test", "big-output", steps)
+    assert team.wait(run["id"])["status"] == "idle"
+    sent = [r for r in team.cluster.standin.requests("[[script:big-output]]")]
+    tool_messages = [m["content"] for r in sent for m in r["body"]["messages"] if m.get("role") == "tool"]
+    assert tool_messages, sent
+    assert all(len(text.encode()) <= 16 * 1024 for text in tool_messages), [len(t) for t in tool_messages]
+    assert "bytes elided" in tool_messages[0] and tool_messages[0].rstrip().endswith("END")
+
+
+def test_bad_requests_get_clear_errors_and_leave_the_run_intact(team):
+    bad = [
+        ({"model": "nope/none", "input": "hi"}, 422, "invalid_request"),
+        ({"model": "openai/gpt-test", "input": "hi", "tools": [{"type": "rocket"}]}, 422, "invalid_request"),
+        ({"model": "openai/gpt-test", "input": "hi\u0000"}, 422, "invalid_request"),
+        ({"model": "openai/gpt-test", "input": "hi", "tools": [{"type": "shell"}, {"type": "shell"}]}, 422, "invalid_request"),
+        ({"model": "openai/gpt-test", "input": "hi", "sandbox": {"id": "00000000-0000-0000-0000-000000000000"}}, 404, "not_found"),
+        ({"model": "openai/gpt-test", "input": "x" * (2 * 1024 * 1024)}, 413, "payload_too_large"),
+    ]
+    for body, status, code in bad:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            team.call("POST", "/v1/agent-runs", body)
+        assert error_of(refused) == (status, code), body.get("tools") or body["model"]
+    run = team.run("openai/gpt-test", "intact", [{"text": "ok"}], tools=())
+    assert team.wait(run["id"])["status"] == "idle"
+    for body, status in [({"type": "message", "content": "a\u0000b"}, 422), ({"type": "nope"}, 422),
+                         ({"type": "tool_result", "call_id": "c", "output": "x"}, 409)]:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            team.call("POST", f"/v1/agent-runs/{run['id']}/inputs", body)
+        assert refused.value.code == status, body
+    team.call("POST", f"/v1/agent-runs/{run['id']}/inputs", {"type": "message", "content": "again"})
+    assert team.wait(run["id"], statuses=("idle",))["turns"] == 2
+
+
+def test_the_same_idempotency_key_answers_the_first_run(team, cluster):
+    import urllib.request
+    body = {"model": "openai/gpt-test", "input": "[[script:idem]] hi"}
+    team.cluster.standin.script("idem", [{"text": "once"}])
+
+    def create(payload):
+        request = urllib.request.Request(
+            f"{cluster.urls[0]}/v1/agent-runs", data=json.dumps(payload).encode(), method="POST",
+            headers={"authorization": f"Bearer {team.token}", "content-type": "application/json",
+                     "idempotency-key": "key-1"})
+        with urllib.request.urlopen(request) as answer:
+            return answer.status, json.loads(answer.read())
+
+    (first_status, first), (second_status, second) = create(body), create(body)
+    assert (first_status, second_status) == (201, 200) and first["id"] == second["id"]
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        create({**body, "input": "other"})
+    assert error_of(refused) == (422, "idempotency_key_reused")
+
+
+def test_revoking_the_creators_key_ends_the_run(team):
+    child = team.call("POST", "/v1/api-keys", {"name": "agent maker"})
+    wait = {"type": "function", "name": "wait_here"}
+    team.cluster.standin.script("revoke", [{"tool": "wait_here", "arguments": {}}])
+    run = team.call("POST", "/v1/agent-runs", {"model": "openai/gpt-test",
+                                                "input": "[[script:revoke]] go", "tools": [wait]},
+                    token=child["token"])
+    assert team.wait(run["id"])["status"] == "requires_action"
+    team.call("DELETE", f"/v1/api-keys/{child['id']}")
+    ended = team.wait(run["id"], statuses=("failed",), deadline=30)
+    assert ended["error"]["code"] == "key_revoked", ended
+    sandbox = team.call("GET", f"/v1/sandboxes/{ended['sandbox_id']}")
+    assert sandbox["state"] == "stopped", sandbox

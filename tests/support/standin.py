@@ -14,7 +14,8 @@ What it answers is chosen per request, so concurrent tests share one process:
   sent back once its result arrives, then the next step or a final answer
   (``{"text": "…"}``). Past its end a script repeats its last step.
 * Failures on demand, in the last user message: ``busy`` (429 with ``Retry-After: 7``),
-  ``overloaded`` (Anthropic's 529 with ``Retry-After: 3``), ``broken`` (500, body
+  ``overloaded`` (Anthropic's 529 with ``Retry-After: 3``), ``[[overloaded:N]]`` (529 with
+  ``Retry-After: 1`` to the first N requests of that text, then answered), ``broken`` (500, body
   ``BROKEN``), ``slow`` (a whole answer after a second, a stream 200 ms between events),
   ``[[first-byte:SECONDS]]`` (nothing at all for that long), ``[[cut]]`` (a stream that
   breaks off before its final usage), ``[[deltas:N]]`` (an Anthropic text streamed as N
@@ -82,6 +83,8 @@ BROKEN = compact({"error": {"message": "broke", "type": "server_error"}})
 
 SCRIPTS = {}
 REQUESTS = []
+# How many requests each text asking for `[[overloaded:N]]` has had.
+OVERLOADED = {}
 LOCK = threading.Lock()
 
 
@@ -248,7 +251,16 @@ class Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(data)
             return True
-        if "overloaded" in last:
+        times = re.search(r"\[\[overloaded:(\d+)\]\]", last)
+        if times:
+            with LOCK:
+                OVERLOADED[last] = OVERLOADED.get(last, 0) + 1
+                seen = OVERLOADED[last]
+            if seen <= int(times.group(1)):
+                error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+                self.send_json(529, error, [("retry-after", "1")])
+                return True
+        elif "overloaded" in last:
             error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
             self.send_json(529, error, [("retry-after", "3")])
             return True

@@ -2,7 +2,7 @@
 //! queued ones, ones made ready by an input, and ones whose lease ran out (their gateway
 //! died or stalled: adopted here) — up to `harness.max_concurrent` at once, and drives each
 //! in a task of its own. Woken at once when this gateway made a run ready, and every second
-//! for the others' and for idle runs past their timeout.
+//! for the others', for idle runs past their timeout and for runs whose key was revoked.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,6 +35,7 @@ async fn claim_all<B: Backend>(
 ) -> Result<(), sqlx::Error> {
     let mut connection = state.db.acquire().await?;
     lifecycle::expire_idle(&mut connection).await?;
+    lifecycle::expire_revoked(&mut connection).await?;
     let lease_secs = state.settings.harness.lease_secs;
     loop {
         let Ok(slot) = slots.clone().try_acquire_owned() else {

@@ -259,11 +259,20 @@ async fn turns<B: Backend>(run: &Run<'_, B>) -> Result<(), Halt> {
 }
 
 /// A cancel asked for: `turn` leaves the run idle, `run` ends it `cancelled`, `idle` (its
-/// idle timeout) `completed`.
+/// idle timeout) `completed`, `revoked` (its key was) `failed`.
 async fn cancelled<B: Backend>(run: &Run<'_, B>, scope: &str) -> Result<Flow, Halt> {
     match scope {
         "turn" => run.settle(Status::Idle, None, json!([])).await,
         "idle" => run.settle(Status::Completed, None, json!([])).await,
+        "revoked" => {
+            let why = "the run's key was revoked (its creator's key was, or an admin did)";
+            run.settle(
+                Status::Failed,
+                Some(("key_revoked", why.to_owned())),
+                json!([]),
+            )
+            .await
+        }
         _ => run.settle(Status::Cancelled, None, json!([])).await,
     }
 }

@@ -170,6 +170,26 @@ pub async fn expire_idle(connection: &mut PgConnection) -> Result<u64, sqlx::Err
     Ok(expired.rows_affected())
 }
 
+/// The runs whose key was revoked (their creator's key revoked, say) and that have not
+/// ended: made `running` with a `revoked` cancel, so that a gateway ends them (`failed`,
+/// `key_revoked`) within a second or, when one steps them, at its next step.
+pub async fn expire_revoked(connection: &mut PgConnection) -> Result<u64, sqlx::Error> {
+    let expired = sqlx::query(
+        "UPDATE agent_runs r SET cancel_scope = 'revoked', updated_at = now(), \
+             status = CASE WHEN r.status IN ('idle', 'requires_action') THEN 'running' \
+                           ELSE r.status END, \
+             lease_until = CASE WHEN r.status IN ('idle', 'requires_action') THEN NULL \
+                                ELSE r.lease_until END \
+         FROM api_keys k \
+         WHERE k.id = r.run_key_id AND k.revoked_at IS NOT NULL \
+           AND r.status IN ('queued', 'running', 'idle', 'requires_action') \
+           AND r.cancel_scope IS DISTINCT FROM 'revoked'",
+    )
+    .execute(connection)
+    .await?;
+    Ok(expired.rows_affected())
+}
+
 /// Asks for a cancel of `scope` (`turn`, `run`); a waiting run is made one a gateway steps,
 /// so that it is carried out (its sandbox destroyed) at once. Nothing to do for a turn of a
 /// run that is idle already: false then.

@@ -202,6 +202,15 @@ async fn failed_model<B: Backend>(
     run.commit(write).await?;
     let message = message.to_owned();
     match (status, code) {
+        (401, _) => {
+            let why = "the run's key was revoked (its creator's key was, or an admin did)";
+            run.settle(
+                Status::Failed,
+                Some(("key_revoked", why.to_owned())),
+                json!([]),
+            )
+            .await
+        }
         (402, _) => {
             run.settle(Status::Limited, Some((code, message)), json!([]))
                 .await
