@@ -92,6 +92,14 @@ pub enum AgentTool {
     /// `python`: Python in a context whose variables live on between calls (the code
     /// endpoint).
     Python,
+    /// The tools of an MCP server of the store (`GET /v1/store/apis` lists none of them;
+    /// the operator's `[[store.mcp_servers]]`), by name: its credential injected by the
+    /// gateway, each call priced as the store prices it. A tool the server marks read-only
+    /// runs beside other such calls.
+    Mcp {
+        #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
+        server: String,
+    },
     /// A function the client runs: the run waits in `requires_action` until its result is
     /// posted (`POST …/inputs`, `tool_result`).
     Function {

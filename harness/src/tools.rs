@@ -26,8 +26,61 @@ pub struct ToolDef {
 }
 
 /// The definitions of `tools`.
+/// The definitions of `tools` (an MCP server's tools come from [`mcp_definition`]).
 pub fn definitions(tools: &[AgentTool]) -> Vec<ToolDef> {
-    tools.iter().map(definition).collect()
+    tools
+        .iter()
+        .filter(|tool| !matches!(tool, AgentTool::Mcp { .. }))
+        .map(definition)
+        .collect()
+}
+
+/// The name a model calls an MCP server's tool `server.tool` by (letters, digits, `_` and
+/// `-` only, as both families require): `server__tool`.
+pub fn mcp_model_name(name: &str) -> String {
+    name.replacen('.', "__", 1)
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect()
+}
+
+/// An MCP server's tool as the model is told of it.
+pub fn mcp_definition(tool: &sandbase_mcp::rmcp::model::Tool) -> ToolDef {
+    ToolDef {
+        name: mcp_model_name(&tool.name),
+        description: tool.description.as_deref().unwrap_or_default().to_owned(),
+        parameters: Value::Object(tool.input_schema.as_ref().clone()),
+    }
+}
+
+/// Whether an MCP server says its tool changes nothing.
+pub fn mcp_read_only(tool: &sandbase_mcp::rmcp::model::Tool) -> bool {
+    tool.annotations
+        .as_ref()
+        .and_then(|annotations| annotations.read_only_hint)
+        .unwrap_or(false)
+}
+
+/// What an MCP tool call answered, as the model sees it.
+pub fn mcp_outcome(result: &sandbase_mcp::rmcp::model::CallToolResult) -> ToolOutcome {
+    let text: Vec<String> = result
+        .content
+        .iter()
+        .filter_map(|block| block.as_text().map(|text| text.text.clone()))
+        .collect();
+    let text = text.join("\n");
+    ToolOutcome {
+        content: output::shown(&text, "the MCP server's answer"),
+        is_error: result.is_error.unwrap_or(false),
+        detail: json!({ "bytes": text.len() }),
+    }
 }
 
 fn definition(tool: &AgentTool) -> ToolDef {
@@ -72,6 +125,11 @@ fn definition(tool: &AgentTool) -> ToolDef {
                 "timeout_secs": { "type": "integer", "minimum": 1, "maximum": 3600 } },
                 "required": ["code"] }),
         ),
+        AgentTool::Mcp { server } => def(
+            server,
+            "(an MCP server's tools: offered one by one)",
+            json!({ "type": "object" }),
+        ),
         AgentTool::Function {
             name,
             description,
@@ -94,6 +152,10 @@ pub enum ToolKind {
         changes: bool,
     },
     Python,
+    /// A tool of one of the store's MCP servers.
+    Mcp {
+        read_only: bool,
+    },
     /// The client runs it.
     Function,
     /// The model named no tool of the run.
@@ -105,7 +167,9 @@ impl ToolKind {
     pub fn is_read_only(self) -> bool {
         matches!(
             self,
-            ToolKind::Files { changes: false } | ToolKind::Function
+            ToolKind::Files { changes: false }
+                | ToolKind::Function
+                | ToolKind::Mcp { read_only: true }
         )
     }
 }
@@ -194,6 +258,7 @@ pub async fn execute<B: Backend>(
             }
         }
         ToolKind::Function => ToolOutcome::error("a client function is run by the client"),
+        ToolKind::Mcp { .. } => ToolOutcome::error("an MCP tool is called by its server's client"),
         ToolKind::Unknown => {
             ToolOutcome::error(format!("there is no tool `{}` in this run", call.name))
         }
@@ -325,4 +390,22 @@ fn refusal(body: &Value, status: u16) -> String {
     let code = body["error"]["code"].as_str().unwrap_or("error");
     let message = body["error"]["message"].as_str().unwrap_or_default();
     format!("refused ({status} {code}): {message}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_mcp_tool_marked_read_only_runs_beside_others() {
+        let tool: sandbase_mcp::rmcp::model::Tool = serde_json::from_value(json!({
+            "name": "upstream.peek", "description": "Looks.", "annotations": {"readOnlyHint": true},
+            "inputSchema": {"type": "object", "properties": {"seconds": {"type": "number"}}}
+        }))
+        .expect("a tool");
+        assert!(mcp_read_only(&tool));
+        assert!(ToolKind::Mcp { read_only: true }.is_read_only());
+        assert!(!ToolKind::Mcp { read_only: false }.is_read_only());
+        assert_eq!(mcp_definition(&tool).name, "upstream__peek");
+    }
 }

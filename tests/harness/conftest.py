@@ -11,6 +11,8 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import socket
+import sys
 import time
 import urllib.parse
 import uuid
@@ -58,8 +60,26 @@ input = "3"
 cached_input = "0.30"
 cache_write = "3.75"
 output = "15"
+
+[[store.mcp_servers]]
+name = "upstream"
+url = "http://127.0.0.1:{mcp_port}/mcp"
+credential_file = "{mcp_secret}"
+price_per_call = "0.01"
+timeout_secs = 10
 """
 MODELS = ["openai/gpt-test", "anthropic/claude-test"]
+
+
+def wait_for_port(port, deadline=30):
+    end = time.time() + deadline
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.time() < end, f"nothing listens on {port}"
+            time.sleep(0.1)
 
 
 class Cluster:
@@ -67,13 +87,22 @@ class Cluster:
         self.workdir = workdir
         self.standin = StandIn.spawn()
         write = lambda name, text: open(os.path.join(workdir, name), "w").write(text) and None
+        # An operator's MCP server (tests/mcp/upstream.py), counting its calls in a file.
+        self.mcp_port, self.mcp_calls = free_port(), os.path.join(workdir, "mcp-calls")
+        write("mcp-calls", "")
+        write("mcp.secret", "upstream-mcp-secret\n")
+        upstream = os.path.join(os.path.dirname(os.path.dirname(__file__)), "mcp", "upstream.py")
+        self.mcp = subprocess.Popen(
+            [sys.executable, upstream, str(self.mcp_port), self.mcp_calls],
+            stdout=subprocess.DEVNULL, stderr=open(os.path.join(workdir, "mcp.log"), "w"))
         write("openai.key", OPENAI_SECRET + "\n")
         write("anthropic.key", ANTHROPIC_SECRET + "\n")
         write("vault.keys", f"1:{base64.b64encode(os.urandom(32)).decode()}\n")
         self.config = os.path.join(workdir, "sandbase.toml")
         write("sandbase.toml", CONFIG.format(
             upstream=self.standin.url, openai_file=os.path.join(workdir, "openai.key"),
-            anthropic_file=os.path.join(workdir, "anthropic.key")))
+            anthropic_file=os.path.join(workdir, "anthropic.key"), mcp_port=self.mcp_port,
+            mcp_secret=os.path.join(workdir, "mcp.secret")))
         self.env = gateway_env(database_url, "harness", workdir,
                                WORKERS__NODE_TOKEN=NODE_TOKEN,
                                VAULT__KEY_FILE=os.path.join(workdir, "vault.keys"),
@@ -116,7 +145,7 @@ class Cluster:
         return open(os.path.join(self.workdir, name)).read()
 
     def close(self):
-        for process in [self.worker, *self.gateways]:
+        for process in [self.worker, *self.gateways, self.mcp]:
             if process is not None and process.poll() is None:
                 process.terminate()
                 process.wait(timeout=60)
@@ -130,6 +159,7 @@ def cluster():
     cluster = Cluster(workdir, database_url)
     try:
         subprocess.run([BINARY, "migrate"], env=cluster.env, check=True, capture_output=True)
+        wait_for_port(cluster.mcp_port)
         cluster.start_gateway(0)
         cluster.start_gateway(1)
         cluster.worker, _ = start_worker(f"http://127.0.0.1:{cluster.ports[0][1]}",
@@ -178,6 +208,10 @@ class Team:
         return page["events"]
 
     def exec(self, sandbox_id, command):
+        """A command in a run's sandbox, resumed first (a waiting run's sandbox is paused)."""
+        sandbox = self.call("GET", f"/v1/sandboxes/{sandbox_id}")
+        if sandbox["state"] == "paused":
+            self.call("POST", f"/v1/sandboxes/{sandbox_id}/resume", {})
         return self.call("POST", f"/v1/sandboxes/{sandbox_id}/exec", {"command": command})
 
 

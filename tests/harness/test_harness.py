@@ -25,6 +25,8 @@ def test_a_three_tool_run_completes_on_each_family(team, model):
     done = team.wait(run["id"])
     assert done["status"] == "idle", done
     assert (done["turns"], done["tool_calls"]) == (1, 3), done
+    # Waiting for a message, the run's sandbox is paused (billed as paused).
+    assert team.call("GET", f"/v1/sandboxes/{done['sandbox_id']}")["state"] == "paused"
     assert done["usage"]["output_tokens"] > 0 and done["cost_micro"] > 0, done
     events = team.events(run["id"])
     assert [event["seq"] for event in events] == list(range(1, len(events) + 1))
@@ -196,5 +198,27 @@ def test_revoking_the_creators_key_ends_the_run(team):
     team.call("DELETE", f"/v1/api-keys/{child['id']}")
     ended = team.wait(run["id"], statuses=("failed",), deadline=30)
     assert ended["error"]["code"] == "key_revoked", ended
-    sandbox = team.call("GET", f"/v1/sandboxes/{ended['sandbox_id']}")
-    assert sandbox["state"] == "stopped", sandbox
+    # Its sandbox stops with its key (the gateways' key_ended job, every second).
+    import time
+    deadline = time.time() + 15
+    while (sandbox := team.call("GET", f"/v1/sandboxes/{ended['sandbox_id']}"))["state"] != "stopped":
+        assert time.time() < deadline, sandbox
+        time.sleep(0.2)
+    assert sandbox["stop_reason"] in ("key_revoked", "destroyed"), sandbox
+
+
+def test_read_only_mcp_calls_run_side_by_side_and_the_rest_in_order(team, cluster):
+    peek = {"tool": "upstream__peek", "arguments": {"seconds": 1}}
+    steps = [{"tools": [peek, peek]}, {"text": "looked twice"}]
+    run = team.run("openai/gpt-test", "mcp-peek", steps, tools=[{"type": "mcp", "server": "upstream"}])
+    done = team.wait(run["id"])
+    assert done["status"] == "idle" and done["tool_calls"] == 2, done
+    tools = [s for s in team.call("GET", f"/v1/agent-runs/{run['id']}/steps")["steps"] if s["kind"] == "tool"]
+    assert [s["name"] for s in tools] == ["upstream__peek"] * 2, tools
+    import datetime
+    at = lambda text: datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    span = max(at(s["finished_at"]) for s in tools) - min(at(s["started_at"]) for s in tools)
+    assert span.total_seconds() < 1.6, span
+    outputs = [e["data"]["output"] for e in team.events(run["id"]) if e["type"] == "tool.completed"]
+    assert outputs == ["seen", "seen"], outputs
+    assert open(cluster.mcp_calls).read().count("peek") >= 2

@@ -7,6 +7,7 @@ import sys
 import anyio
 import uvicorn
 from mcp.server.mcpserver import MCPServer
+from mcp.types import ToolAnnotations
 
 SECRET = "upstream-mcp-secret"
 port, counter = int(sys.argv[1]), sys.argv[2]
@@ -20,6 +21,15 @@ def echo(text: str) -> str:
     with open(counter, "a") as handle:
         handle.write("echo\n")
     return f"upstream heard: {text}"
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+async def peek(seconds: float) -> str:
+    """Looks for a while; changes nothing."""
+    with open(counter, "a") as handle:
+        handle.write("peek\n")
+    await anyio.sleep(seconds)
+    return "seen"
 
 
 @server.tool()

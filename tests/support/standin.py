@@ -12,7 +12,9 @@ What it answers is chosen per request, so concurrent tests share one process:
   registered as NAME (``POST /_standin/scripts``): step *i* is answered when the request
   carries *i* tool results, so a step is a tool call (``{"tool": NAME, "arguments": {…}}``),
   sent back once its result arrives, then the next step or a final answer
-  (``{"text": "…"}``). Past its end a script repeats its last step.
+  (``{"text": "…"}``); a step ``{"tools": [{"tool": …, "arguments": …}, …]}`` is several
+  calls at once (answered whole, not streamed), and the next step is the one numbered by
+  how many results then came. Past its end a script repeats its last step.
 * Failures on demand, in the last user message: ``busy`` (429 with ``Retry-After: 7``),
   ``overloaded`` (Anthropic's 529 with ``Retry-After: 3``), ``[[overloaded:N]]`` (529 with
   ``Retry-After: 1`` to the first N requests of that text, then answered), ``broken`` (500, body
@@ -136,6 +138,8 @@ def decide(body, tools):
         if not steps:
             return ("text", f"no script named {scripted.group(1)}")
         step = steps[min(tool_results(body), len(steps) - 1)]
+        if "tools" in step:
+            return ("tools", [(call["tool"], call.get("arguments") or {}) for call in step["tools"]])
         if "tool" in step:
             return ("tool", step["tool"], step.get("arguments") or {})
         return ("text", step.get("text", TEXT))
@@ -278,7 +282,13 @@ class Handler(BaseHTTPRequestHandler):
         model = body["model"]
         tools = [tool["function"]["name"] for tool in body.get("tools") or []]
         said = decide(body, tools)
-        if said[0] == "tool":
+        if said[0] == "tools":
+            message = {"role": "assistant", "content": None, "tool_calls": [{
+                "id": f"call_{number}", "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments)}}
+                for number, (name, arguments) in enumerate(said[1], 1)]}
+            finish = "tool_calls"
+        elif said[0] == "tool":
             message = {"role": "assistant", "content": None, "tool_calls": [{
                 "id": "call_1", "type": "function",
                 "function": {"name": said[1], "arguments": json.dumps(said[2])}}]}
@@ -390,7 +400,12 @@ class Handler(BaseHTTPRequestHandler):
         if thinking:
             blocks.append({"type": "thinking", "thinking": "Let me think.",
                            "signature": SIGNATURE})
-        if said[0] == "tool":
+        if said[0] == "tools":
+            blocks.append({"type": "text", "text": "Checking."})
+            blocks += [{"type": "tool_use", "id": f"toolu_{number}", "name": name, "input": arguments}
+                       for number, (name, arguments) in enumerate(said[1], 1)]
+            stop = "tool_use"
+        elif said[0] == "tool":
             blocks.append({"type": "text", "text": "Checking."})
             blocks.append({"type": "tool_use", "id": "toolu_1", "name": said[1],
                            "input": said[2]})

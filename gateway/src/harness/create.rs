@@ -223,6 +223,16 @@ fn check(state: &AppState, request: &CreateAgentRunRequest) -> ApiResult<()> {
             AgentTool::Shell => "shell",
             AgentTool::Files => "files",
             AgentTool::Python => "python",
+            AgentTool::Mcp { server } => {
+                let servers = &state.store.mcp_servers;
+                if !servers.iter().any(|known| known.settings.name == *server) {
+                    return invalid(format!(
+                        "the store has no MCP server `{server}` (the operator's \
+                         `[[store.mcp_servers]]`)"
+                    ));
+                }
+                server.as_str()
+            }
             AgentTool::Function {
                 name, parameters, ..
             } => {

@@ -90,6 +90,7 @@ async fn prepare<'a, B: Backend>(
         parts,
         family: Family::OpenAi,
         max_output: 4096,
+        mcp: Vec::new(),
     };
     if token.is_none() {
         let why = "the run's key could not be opened (the vault's keys changed?)".to_owned();
@@ -104,6 +105,7 @@ async fn prepare<'a, B: Backend>(
     if !find_model(&mut run).await? || !ensure_sandbox(&mut run).await? {
         return Ok(None);
     }
+    mcp_tools(&mut run).await;
     if !super::recover::unfinished(&run).await? {
         return Ok(None);
     }
@@ -141,13 +143,54 @@ async fn find_model<B: Backend>(run: &mut Run<'_, B>) -> Result<bool, Halt> {
     }
 }
 
+/// The tools of the store's MCP servers the run names, offered one by one.
+async fn mcp_tools<B: Backend>(run: &mut Run<'_, B>) {
+    let servers: Vec<String> = run
+        .row
+        .tools
+        .0
+        .iter()
+        .filter_map(|tool| match tool {
+            sandbase_api::agent_runs::AgentTool::Mcp { server } => Some(format!("{server}.")),
+            _ => None,
+        })
+        .collect();
+    if servers.is_empty() {
+        return;
+    }
+    for tool in run.backend.extra_tools(Some(&run.parts)).await {
+        if servers
+            .iter()
+            .any(|prefix| tool.name.starts_with(prefix.as_str()))
+        {
+            let definition = sandbase_harness::tools::mcp_definition(&tool);
+            let read_only = sandbase_harness::tools::mcp_read_only(&tool);
+            run.mcp
+                .push((definition.name.clone(), tool.name.to_string(), read_only));
+            run.tools.push(definition);
+        }
+    }
+}
+
 /// Makes the run's sandbox when it has none yet (recorded at once, under the epoch).
 async fn ensure_sandbox<B: Backend>(run: &mut Run<'_, B>) -> Result<bool, Halt> {
     if run.row.sandbox_id.is_some() {
+        if run.row.owns_sandbox {
+            // Paused while the run waited: resumed (a sandbox that runs answers 409, kept).
+            let path = format!("/v1/sandboxes/{}/resume", run.sandbox());
+            let _ = run
+                .backend
+                .call(Some(&run.parts), ApiRequest::post(path, json!({})))
+                .await;
+        }
         return Ok(true);
     }
     run.check_lease()?;
-    let spec = run.row.sandbox_spec.clone().unwrap_or_else(|| json!({}));
+    let mut spec = run.row.sandbox_spec.clone().unwrap_or_else(|| json!({}));
+    if spec.get("timeout_secs").is_none_or(Value::is_null) {
+        // The sandbox lives as long as the run may (the run destroys it when it ends).
+        spec["timeout_secs"] = json!(run.state.settings.sandboxes.max_timeout_secs);
+    }
     let made = run
         .backend
         .call(Some(&run.parts), ApiRequest::post("/v1/sandboxes", spec))

@@ -46,7 +46,7 @@ pub async fn unfinished<B: Backend>(run: &Run<'_, B>) -> Result<bool, Halt> {
 
 /// The begun call's result where its worker kept it, else an interrupted call.
 async fn adopt<B: Backend>(run: &Run<'_, B>, step: &StepRow, call: &ToolCall) -> ToolOutcome {
-    let kept = if tools::kind(&run.row.tools.0, call) == ToolKind::Shell {
+    let kept = if run.kind(call) == ToolKind::Shell {
         kept_command(run, &exec_id(run, step.seq), call).await
     } else {
         None

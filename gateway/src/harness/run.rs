@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandbase_harness::Family;
 use sandbase_harness::tools::ToolDef;
+use sandbase_harness::{Family, ToolKind};
 use sandbase_mcp::{ApiRequest, Backend, Caller};
 use serde_json::{Value, json};
 
@@ -59,6 +59,9 @@ pub struct Run<'a, B> {
     pub max_output: u64,
     pub system: String,
     pub tools: Vec<ToolDef>,
+    /// The store's MCP tools the run offers: the name the model calls, the server's name
+    /// (`server.tool`), and whether it changes nothing.
+    pub mcp: Vec<(String, String, bool)>,
 }
 
 impl<B: Backend> Run<'_, B> {
@@ -66,6 +69,20 @@ impl<B: Backend> Run<'_, B> {
         Caller {
             parts: Some(&self.parts),
             progress: None,
+        }
+    }
+
+    /// What a call of the model is.
+    pub fn kind(&self, call: &sandbase_api::conversation::ToolCall) -> ToolKind {
+        match self
+            .mcp
+            .iter()
+            .find(|(model_name, ..)| *model_name == call.name)
+        {
+            Some((_, _, read_only)) => ToolKind::Mcp {
+                read_only: *read_only,
+            },
+            None => sandbase_harness::tools::kind(&self.row.tools.0, call),
         }
     }
 
@@ -102,14 +119,17 @@ impl<B: Backend> Run<'_, B> {
         required: Value,
     ) -> Result<Flow, Halt> {
         self.check_lease()?;
-        if status.is_final() && self.row.owns_sandbox && self.row.sandbox_id.is_some() {
+        if self.row.owns_sandbox && self.row.sandbox_id.is_some() {
+            // A final status destroys the sandbox the run made; a wait pauses it (billed as
+            // paused) until the run is stepped again.
             let path = format!("/v1/sandboxes/{}", self.sandbox());
-            if let Err(why) = self
-                .backend
-                .call(Some(&self.parts), ApiRequest::delete(path))
-                .await
-            {
-                tracing::warn!(error = %why, "destroying an agent run's sandbox failed");
+            let request = if status.is_final() {
+                ApiRequest::delete(path)
+            } else {
+                ApiRequest::post(format!("{path}/pause"), json!({}))
+            };
+            if let Err(why) = self.backend.call(Some(&self.parts), request).await {
+                tracing::warn!(error = %why, "destroying or pausing an agent run's sandbox failed");
             }
         }
         let error = error.map(|(code, message)| json!({ "code": code, "message": message }));

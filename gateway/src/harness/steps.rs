@@ -238,7 +238,6 @@ pub async fn tools<B: Backend>(
     now: &AgentRunRow,
     calls: Vec<ToolCall>,
 ) -> Result<Flow, Halt> {
-    let tools = &run.row.tools.0;
     let max_calls = now
         .limits
         .0
@@ -246,12 +245,12 @@ pub async fn tools<B: Backend>(
         .unwrap_or(DEFAULT_MAX_TOOL_CALLS);
     let (functions, ours): (Vec<ToolCall>, Vec<ToolCall>) = calls
         .into_iter()
-        .partition(|call| tools::kind(tools, call) == ToolKind::Function);
+        .partition(|call| run.kind(call) == ToolKind::Function);
     let mut made = i64::from(now.tool_calls);
     let mut index = 0;
     while index < ours.len() {
         // A batch: one call that changes the sandbox, or calls that change nothing.
-        let read_only = |call: &ToolCall| tools::kind(tools, call).is_read_only();
+        let read_only = |call: &ToolCall| run.kind(call).is_read_only();
         let mut end = index + 1;
         if run.row.parallel_tool_calls && read_only(&ours[index]) {
             while end < ours.len() && read_only(&ours[end]) {
@@ -297,7 +296,7 @@ pub async fn tools<B: Backend>(
 /// One tool call: journaled, run, its result written.
 async fn tool<B: Backend>(run: &Run<'_, B>, call: &ToolCall) -> Result<(), Halt> {
     run.check_lease()?;
-    let kind = tools::kind(&run.row.tools.0, call);
+    let kind = run.kind(call);
     let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
     let epoch = run.lease.claim.epoch;
     let step = write
@@ -315,15 +314,13 @@ async fn tool<B: Backend>(run: &Run<'_, B>, call: &ToolCall) -> Result<(), Halt>
     let exec_id = exec_id(run, step);
     let started = Instant::now();
     let outcome = super::cancel::watched(run, &exec_id, kind, async {
-        tools::execute(
-            run.backend,
-            &run.caller(),
-            &run.sandbox(),
-            &exec_id,
-            kind,
-            call,
-        )
-        .await
+        match kind {
+            ToolKind::Mcp { .. } => mcp_call(run, call).await,
+            _ => {
+                let caller = run.caller();
+                tools::execute(run.backend, &caller, &run.sandbox(), &exec_id, kind, call).await
+            }
+        }
     })
     .await;
     record_tool(
@@ -334,6 +331,27 @@ async fn tool<B: Backend>(run: &Run<'_, B>, call: &ToolCall) -> Result<(), Halt>
         started.elapsed().as_millis() as u64,
     )
     .await
+}
+
+/// A call of a store MCP server's tool (its credential injected, priced per call by the
+/// store).
+async fn mcp_call<B: Backend>(run: &Run<'_, B>, call: &ToolCall) -> ToolOutcome {
+    let Some((_, name, _)) = run
+        .mcp
+        .iter()
+        .find(|(model_name, ..)| *model_name == call.name)
+    else {
+        return ToolOutcome::error(format!("there is no tool `{}` in this run", call.name));
+    };
+    let arguments = call.arguments.as_object().cloned();
+    match run
+        .backend
+        .call_extra(Some(&run.parts), name, arguments)
+        .await
+    {
+        Some(result) => tools::mcp_outcome(&result),
+        None => ToolOutcome::error(format!("the MCP server of `{name}` is gone")),
+    }
 }
 
 /// The exec id of a tool step's command: `{run}-{step}`, the same on any gateway.

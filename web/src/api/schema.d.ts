@@ -1700,6 +1700,10 @@ export interface components {
             /** @enum {string} */
             type: "python";
         } | {
+            server: string;
+            /** @enum {string} */
+            type: "mcp";
+        } | {
             description?: string | null;
             name: string;
             /** @description Its arguments' JSON Schema (an object). */

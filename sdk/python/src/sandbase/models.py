@@ -230,6 +230,18 @@ class AgentTool3(BaseModel):
 
 class AgentTool4(BaseModel):
     """
+    The tools of an MCP server of the store (`GET /v1/store/apis` lists none of them;
+    the operator's `[[store.mcp_servers]]`), by name: its credential injected by the
+    gateway, each call priced as the store prices it. A tool the server marks read-only
+    runs beside other such calls.
+    """
+
+    server: Annotated[str, Field(pattern='^[A-Za-z0-9_-]{1,64}$')]
+    type: Literal['mcp']
+
+
+class AgentTool5(BaseModel):
+    """
     A function the client runs: the run waits in `requires_action` until its result is
     posted (`POST …/inputs`, `tool_result`).
     """
@@ -247,7 +259,7 @@ class AgentTool4(BaseModel):
 AgentTool = TypeAliasType(
     "AgentTool",
     Annotated[
-        AgentTool1 | AgentTool2 | AgentTool3 | AgentTool4,
+        AgentTool1 | AgentTool2 | AgentTool3 | AgentTool4 | AgentTool5,
         Field(description='A tool the model may call.'),
     ],
 )
