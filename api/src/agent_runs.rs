@@ -46,6 +46,12 @@ pub struct CreateAgentRunRequest {
     /// whatever was finished is adopted, never run again.
     #[serde(default)]
     pub on_uncertain_tool: Option<UncertainTool>,
+    /// Which tool calls need a person's approval: the first rule that matches a call decides
+    /// (`allow`, `ask`, `deny`); a call no rule matches is allowed. Patterns are a
+    /// convenience, not a boundary: the sandbox is the boundary.
+    #[serde(default)]
+    #[schema(max_items = 32)]
+    pub approvals: Vec<ApprovalRule>,
     /// Seconds an idle run waits for a message before it is `completed` (default 3600).
     #[serde(default)]
     #[schema(minimum = 1, maximum = 604800)]
@@ -112,6 +118,52 @@ pub enum AgentTool {
         #[serde(default)]
         parameters: Option<Value>,
     },
+}
+
+/// A rule of a run's approvals.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalRule {
+    /// The tool: `shell`, `files`, `python`, `mcp:SERVER`, or `*` for any.
+    #[schema(min_length = 1, max_length = 80)]
+    pub tool: String,
+    /// A regular expression the call must match: a `shell` call's command, a `python` call's
+    /// code, a `files` call's `COMMAND PATH`, an MCP call's arguments as JSON.
+    #[serde(default, rename = "match")]
+    #[schema(max_length = 1000)]
+    pub pattern: Option<String>,
+    /// Only calls that change nothing (`true`) or calls that may change something (`false`).
+    #[serde(default)]
+    pub read_only: Option<bool>,
+    pub policy: ApprovalPolicy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalPolicy {
+    Allow,
+    /// The run waits in `requires_action` for a decision.
+    Ask,
+    /// The model is told the call was denied.
+    Deny,
+}
+
+/// A decision on a call that waits for approval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    Allow,
+    Deny,
+}
+
+/// How far a decision reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Remember {
+    /// This call only.
+    Call,
+    /// Every later call of the same tool under the same rule, in this run.
+    Run,
 }
 
 /// The sandbox of a run.
@@ -199,6 +251,17 @@ pub enum RequiredAction {
         name: String,
         arguments: Value,
     },
+    /// A decision on a call an approval rule asks about (`POST …/inputs`, `approval`), by a
+    /// person or a key of at least the run creator's role that is not the run's own.
+    Approval {
+        call_id: String,
+        name: String,
+        arguments: Value,
+        /// The tool as the rules name it (`shell`, `mcp:SERVER`…).
+        tool: String,
+        /// The rule's index in `approvals`.
+        rule: u32,
+    },
 }
 
 /// An agent run.
@@ -216,6 +279,7 @@ pub struct AgentRun {
     /// Whether the run made its sandbox (and destroys it when it ends).
     pub owns_sandbox: bool,
     pub limits: AgentLimits,
+    pub approvals: Vec<ApprovalRule>,
     pub required_actions: Vec<RequiredAction>,
     /// Turns begun, and tool calls made, so far.
     pub turns: u32,
@@ -316,6 +380,18 @@ pub enum AgentRunInput {
         output: String,
         #[serde(default)]
         is_error: bool,
+    },
+    /// A decision on a call that waits for approval.
+    Approval {
+        #[schema(min_length = 1, max_length = 128)]
+        call_id: String,
+        decision: Decision,
+        #[serde(default)]
+        #[schema(max_length = 2000)]
+        reason: Option<String>,
+        /// `call` (the default) or `run`.
+        #[serde(default)]
+        remember: Option<Remember>,
     },
 }
 

@@ -12,6 +12,7 @@
 //! own words about the sandbox. The loop itself — journal, leases, limits — is the
 //! gateway's (`gateway/src/harness/`), which drives these functions step by step.
 
+pub mod approval;
 mod files;
 pub mod model;
 pub mod output;

@@ -85,6 +85,7 @@ def wait_for_port(port, deadline=30):
 class Cluster:
     def __init__(self, workdir, database_url):
         self.workdir = workdir
+        self.database_url = database_url
         self.standin = StandIn.spawn()
         write = lambda name, text: open(os.path.join(workdir, name), "w").write(text) and None
         # An operator's MCP server (tests/mcp/upstream.py), counting its calls in a file.
@@ -108,6 +109,9 @@ class Cluster:
                                VAULT__KEY_FILE=os.path.join(workdir, "vault.keys"),
                                SANDBOXES__DEFAULT_TEMPLATE="base",
                                HARNESS__LEASE_SECS="3",
+                               # A sandbox nobody keeps alive lives 5 s: a run's lives as
+                               # long as the run.
+                               SANDBOXES__DEFAULT_TIMEOUT_SECS="5",
                                WORKERS__HEARTBEAT_TTL_SECS="30",
                                WORKERS__LOST_AFTER_SECS="60",
                                RATE_LIMIT__PER_SECOND="10000", RATE_LIMIT__BURST="10000",

@@ -222,3 +222,53 @@ def test_read_only_mcp_calls_run_side_by_side_and_the_rest_in_order(team, cluste
     outputs = [e["data"]["output"] for e in team.events(run["id"]) if e["type"] == "tool.completed"]
     assert outputs == ["seen", "seen"], outputs
     assert open(cluster.mcp_calls).read().count("peek") >= 2
+
+
+def test_a_call_waits_for_a_persons_approval_on_another_gateway(team, cluster):
+    from tests.support.gateways import psql
+    steps = [{"tool": "shell", "arguments": {"command": "echo data > /work/keep.txt"}},
+             {"tool": "shell", "arguments": {"command": "rm -f /work/nothing && cat /work/keep.txt"}},
+             {"text": "approved and done"}]
+    rules = [{"tool": "shell", "match": "^rm ", "policy": "ask"}]
+    run = team.run("openai/gpt-test", "approve", steps, approvals=rules)
+    waiting = team.wait(run["id"])
+    assert waiting["status"] == "requires_action" and waiting["tool_calls"] == 1, waiting
+    (action,) = waiting["required_actions"]
+    assert (action["type"], action["tool"], action["rule"]) == ("approval", "shell", 0), action
+    decide = {"type": "approval", "call_id": action["call_id"], "decision": "allow"}
+    # A member below the creator's role may not decide.
+    member = team.call("POST", "/v1/api-keys", {"name": "member", "role": "member"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        team.call("POST", f"/v1/agent-runs/{run['id']}/inputs", decide, token=member["token"])
+    assert error_of(refused) == (403, "forbidden")
+    # Nor may the run's own key (played by a key of the test's, made the run's).
+    own = team.call("POST", "/v1/api-keys", {"name": "own", "role": "owner"})
+    psql(f"UPDATE agent_runs SET run_key_id = '{own['id']}' WHERE id = '{run['id']}'",
+         database=cluster.database_url)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        team.call("POST", f"/v1/agent-runs/{run['id']}/inputs", decide, token=own["token"])
+    assert error_of(refused) == (403, "forbidden")
+    # 20 s later (a sandbox nobody kept alive lives 5 s here), a person decides on the other
+    # gateway; the next tool sees the first tool's file.
+    import time
+    time.sleep(20)
+    team.call("POST", f"/v1/agent-runs/{run['id']}/inputs", {**decide, "reason": "fine"}, gateway=1)
+    done = team.wait(run["id"], statuses=("idle",))
+    outputs = [e["data"]["output"] for e in team.events(run["id"]) if e["type"] == "tool.completed"]
+    assert outputs[-1].splitlines()[1] == "data", outputs
+    resolved = [e["data"] for e in team.events(run["id"]) if e["type"] == "approval.resolved"]
+    assert [(r["decision"], r["reason"]) for r in resolved] == [("allow", "fine")], resolved
+    assert done["tool_calls"] == 2, done
+
+
+def test_a_denied_call_does_not_run_and_the_model_is_told(team):
+    steps = [{"tool": "shell", "arguments": {"command": "echo ran >> /work/.denied"}},
+             {"text": "understood"}]
+    rules = [{"tool": "shell", "match": "denied", "policy": "deny"}]
+    run = team.run("openai/gpt-test", "deny", steps, approvals=rules)
+    done = team.wait(run["id"])
+    assert done["status"] == "idle", done
+    (completed,) = [e["data"] for e in team.events(run["id"]) if e["type"] == "tool.completed"]
+    assert completed["is_error"] and "denied by the run's approval rules" in completed["output"]
+    counted = team.exec(done["sandbox_id"], "cat /work/.denied 2>/dev/null; echo end")
+    assert counted["stdout"] == "end\n", counted

@@ -27,8 +27,8 @@ def free_port():
         return sock.getsockname()[1]
 
 
-def psql(sql):
-    subprocess.run(["psql", DATABASE_URL, "-qAt", "-c", sql], check=True, capture_output=True)
+def psql(sql, database=DATABASE_URL):
+    subprocess.run(["psql", database, "-qAt", "-c", sql], check=True, capture_output=True)
 
 
 def fresh_database(prefix):

@@ -71,9 +71,10 @@ pub async fn create(
         "INSERT INTO agent_runs (id, team_id, created_by_key, created_by_user, creator_role, \
              run_key_id, key_nonce, key_sealed, model, instructions, tools, sandbox_spec, \
              sandbox_id, owns_sandbox, limits, parallel_tool_calls, on_uncertain_tool, \
-             idle_timeout_secs, metadata, status, turns, idempotency_key, request_hash) \
+             idle_timeout_secs, metadata, status, turns, idempotency_key, request_hash, \
+             approvals) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, 'fail', \
-             $17, $18, $19, 1, $20, $21) ON CONFLICT DO NOTHING",
+             $17, $18, $19, 1, $20, $21, $22) ON CONFLICT DO NOTHING",
     )
     .bind(id)
     .bind(principal.team_id)
@@ -96,6 +97,7 @@ pub async fn create(
     .bind(super::lifecycle::Status::Queued)
     .bind(&idempotency_key)
     .bind(&hash)
+    .bind(sqlx::types::Json(&request.approvals))
     .execute(&mut *tx)
     .await?;
     if inserted.rows_affected() == 0 {
@@ -217,6 +219,7 @@ fn check(state: &AppState, request: &CreateAgentRunRequest) -> ApiResult<()> {
             request.model
         ));
     }
+    sandbase_harness::approval::check(&request.approvals).map_err(ApiError::InvalidRequest)?;
     let mut names = std::collections::BTreeSet::new();
     for tool in &request.tools {
         let name = match tool {

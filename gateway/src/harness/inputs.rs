@@ -5,9 +5,10 @@
 //! answer without sending it twice.
 
 use http::StatusCode;
-use sandbase_api::agent_runs::{AgentRunInput, CancelScope, RequiredAction};
+use sandbase_api::Role as TeamRole;
+use sandbase_api::agent_runs::{AgentRunInput, CancelScope, Remember, RequiredAction};
 use sandbase_api::conversation::{Message, Part, Role, ToolResult};
-use serde_json::json;
+use serde_json::{Value, json};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -15,6 +16,7 @@ use super::journal::Write;
 use super::lifecycle::{self, Status};
 use super::rows::{self, AgentRunRow};
 use super::run::DEFAULT_MAX_TURNS;
+use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 
@@ -34,16 +36,16 @@ fn finished(row: &AgentRunRow) -> ApiError {
     )
 }
 
-/// Sends `input` to the run `id` of `team_id`.
+/// Sends `input` to the run `id` of `principal`'s team.
 pub async fn send(
     state: &AppState,
-    team_id: Uuid,
+    principal: &Principal,
     id: Uuid,
     input: AgentRunInput,
     idempotency_key: Option<String>,
 ) -> ApiResult<AgentRunRow> {
     let mut connection = state.db.acquire().await?;
-    rows::fetch(&mut connection, team_id, id).await?;
+    rows::fetch(&mut connection, principal.team_id, id).await?;
     drop(connection);
     if serde_json::to_string(&input).is_ok_and(|text| text.contains("\\u0000")) {
         return Err(ApiError::InvalidRequest(
@@ -58,6 +60,10 @@ pub async fn send(
     let kind = match &input {
         AgentRunInput::Message { .. } => "message",
         AgentRunInput::ToolResult { .. } => "tool_result",
+        AgentRunInput::Approval { .. } => {
+            may_decide(&mut write.tx, principal, &row).await?;
+            "approval"
+        }
     };
     let recorded: Option<(Uuid,)> = sqlx::query_as(
         "INSERT INTO agent_run_inputs (id, run_id, kind, body, idempotency_key, taken) \
@@ -88,6 +94,17 @@ pub async fn send(
                 is_error,
             };
             tool_result(&mut write, &row, result).await?
+        }
+        AgentRunInput::Approval {
+            call_id,
+            decision,
+            reason,
+            remember,
+        } => {
+            let decision = json!({ "call_id": call_id, "decision": decision, "reason": reason,
+                                   "remember": remember.unwrap_or(Remember::Call),
+                                   "by": principal.actor_id() });
+            approval(&mut write, &row, decision).await?
         }
     };
     write.commit().await?;
@@ -140,7 +157,7 @@ async fn tool_result(write: &mut Write, row: &AgentRunRow, result: ToolResult) -
     let waiting = &row.required_actions.0;
     let wanted = waiting
         .iter()
-        .any(|RequiredAction::ToolResult { call_id, .. }| *call_id == result.call_id);
+        .any(|action| matches!(action, RequiredAction::ToolResult { call_id, .. } if *call_id == result.call_id));
     if row.status != Status::RequiresAction || !wanted {
         return Err(refused(
             StatusCode::CONFLICT,
@@ -153,7 +170,7 @@ async fn tool_result(write: &mut Write, row: &AgentRunRow, result: ToolResult) -
     }
     let left: Vec<&RequiredAction> = waiting
         .iter()
-        .filter(|RequiredAction::ToolResult { call_id, .. }| *call_id != result.call_id)
+        .filter(|action| !matches!(action, RequiredAction::ToolResult { call_id, .. } if *call_id == result.call_id))
         .collect();
     write
         .event(
@@ -173,6 +190,76 @@ async fn tool_result(write: &mut Write, row: &AgentRunRow, result: ToolResult) -
         .bind(sqlx::types::Json(&left))
         .execute(&mut *write.tx)
         .await?;
+    if left.is_empty() {
+        lifecycle::resume(&mut write.tx, row.id).await?;
+    }
+    Ok(left.is_empty())
+}
+
+/// Whether `principal` may decide on the run's calls: a person or a key of at least the
+/// creator's role, and not the run's own key nor a key it made.
+async fn may_decide(
+    connection: &mut PgConnection,
+    principal: &Principal,
+    row: &AgentRunRow,
+) -> ApiResult<()> {
+    let creator: TeamRole = row.creator_role.parse().unwrap_or(TeamRole::Owner);
+    principal.require(creator)?;
+    let Some(key_id) = principal.api_key_id() else {
+        return Ok(());
+    };
+    let lineage: Vec<Uuid> = sqlx::query_scalar("SELECT lineage FROM api_keys WHERE id = $1")
+        .bind(key_id)
+        .fetch_optional(connection)
+        .await?
+        .unwrap_or_default();
+    let run_key = row.run_key_id;
+    if run_key == Some(key_id) || run_key.is_some_and(|run_key| lineage.contains(&run_key)) {
+        return Err(ApiError::Forbidden(
+            "a run's own key (or a key it made) cannot decide on the run's calls".to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// A decision on a call that waits for one: kept with the run's decisions; the run goes on
+/// once it waits for nothing more.
+async fn approval(write: &mut Write, row: &AgentRunRow, mut decision: Value) -> ApiResult<bool> {
+    let call_id = decision["call_id"].as_str().unwrap_or_default().to_owned();
+    let waiting = &row.required_actions.0;
+    let asked = waiting.iter().find_map(|action| match action {
+        RequiredAction::Approval {
+            call_id: id,
+            tool,
+            rule,
+            ..
+        } if *id == call_id => Some((tool.clone(), *rule)),
+        _ => None,
+    });
+    let Some((tool, rule)) = asked.filter(|_| row.status == Status::RequiresAction) else {
+        return Err(refused(
+            StatusCode::CONFLICT,
+            "not_waiting_for_approval",
+            format!("this run waits for no decision on a call `{call_id}`"),
+        ));
+    };
+    decision["tool"] = json!(tool);
+    decision["rule"] = json!(rule);
+    write.event("approval.resolved", decision.clone()).await?;
+    let left: Vec<&RequiredAction> = waiting
+        .iter()
+        .filter(|action| {
+            !matches!(action, RequiredAction::Approval { call_id: id, .. } if *id == call_id)
+        })
+        .collect();
+    sqlx::query(
+        "UPDATE agent_runs SET required_actions = $2, decisions = decisions || $3 WHERE id = $1",
+    )
+    .bind(row.id)
+    .bind(sqlx::types::Json(&left))
+    .bind(json!([decision]))
+    .execute(&mut *write.tx)
+    .await?;
     if left.is_empty() {
         lifecycle::resume(&mut write.tx, row.id).await?;
     }
@@ -199,7 +286,7 @@ pub async fn take_messages(
                 role: Role::User,
                 content: vec![Part::Text { text: content }],
             }),
-            AgentRunInput::ToolResult { .. } => None,
+            AgentRunInput::ToolResult { .. } | AgentRunInput::Approval { .. } => None,
         })
         .collect())
 }

@@ -12,6 +12,7 @@
 //! what an adopted run does with a step its former owner left begun; `inputs.rs`: messages,
 //! tool results and cancels sent to a run; `events.rs`: reading the stream.
 
+mod approvals;
 mod cancel;
 pub mod create;
 pub mod dispatch;

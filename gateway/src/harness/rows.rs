@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use sandbase_api::agent_runs::{
-    AgentLimits, AgentRun, AgentRunEvent, AgentRunStep, AgentTool, RequiredAction,
+    AgentLimits, AgentRun, AgentRunEvent, AgentRunStep, AgentTool, ApprovalRule, RequiredAction,
 };
 use sandbase_api::conversation::{Message, Usage};
 use serde_json::Value;
@@ -14,8 +14,9 @@ use uuid::Uuid;
 use super::lifecycle::Status;
 use crate::error::{ApiError, ApiResult};
 
-pub const RUN_COLUMNS: &str = "id, team_id, run_key_id, key_nonce, key_sealed, model, \
-    instructions, tools, sandbox_spec, sandbox_id, owns_sandbox, limits, parallel_tool_calls, \
+pub const RUN_COLUMNS: &str = "id, team_id, creator_role, run_key_id, key_nonce, key_sealed, \
+    model, instructions, tools, sandbox_spec, sandbox_id, owns_sandbox, limits, approvals, \
+    decisions, parallel_tool_calls, \
     metadata, status, error, required_actions, turns, tool_calls, usage, cost_micro, last_seq, \
     cancel_scope, request_hash, created_at, started_at, finished_at";
 
@@ -23,6 +24,7 @@ pub const RUN_COLUMNS: &str = "id, team_id, run_key_id, key_nonce, key_sealed, m
 pub struct AgentRunRow {
     pub id: Uuid,
     pub team_id: Uuid,
+    pub creator_role: String,
     pub run_key_id: Option<Uuid>,
     pub key_nonce: Vec<u8>,
     pub key_sealed: Vec<u8>,
@@ -33,6 +35,9 @@ pub struct AgentRunRow {
     pub sandbox_id: Option<Uuid>,
     pub owns_sandbox: bool,
     pub limits: sqlx::types::Json<AgentLimits>,
+    pub approvals: sqlx::types::Json<Vec<ApprovalRule>>,
+    /// The decisions made on calls: `{call_id, tool, rule, decision, remember, reason, by}`.
+    pub decisions: Value,
     pub parallel_tool_calls: bool,
     pub metadata: sqlx::types::Json<BTreeMap<String, String>>,
     pub status: Status,
@@ -61,6 +66,7 @@ impl AgentRunRow {
             sandbox_id: self.sandbox_id,
             owns_sandbox: self.owns_sandbox,
             limits: self.limits.0.clone(),
+            approvals: self.approvals.0.clone(),
             required_actions: self.required_actions.0.clone(),
             turns: u32::try_from(self.turns).unwrap_or(0),
             tool_calls: u32::try_from(self.tool_calls).unwrap_or(0),

@@ -12,6 +12,7 @@ use sandbase_harness::{ModelRequest, model};
 use sandbase_mcp::{ApiRequest, Backend};
 use serde_json::{Value, json};
 
+use super::approvals::{Gate, gate};
 use super::journal;
 use super::lifecycle::Status;
 use super::rows::AgentRunRow;
@@ -246,14 +247,21 @@ pub async fn tools<B: Backend>(
     let (functions, ours): (Vec<ToolCall>, Vec<ToolCall>) = calls
         .into_iter()
         .partition(|call| run.kind(call) == ToolKind::Function);
+    let gates: Vec<Gate> = ours
+        .iter()
+        .map(|call| gate(run, &now.decisions, call))
+        .collect();
+    // What runs now: the calls before the first that waits for a person.
+    let asked = gates.iter().position(|gate| matches!(gate, Gate::Ask(_)));
+    let runnable = asked.unwrap_or(ours.len());
     let mut made = i64::from(now.tool_calls);
     let mut index = 0;
-    while index < ours.len() {
+    while index < runnable {
         // A batch: one call that changes the sandbox, or calls that change nothing.
         let read_only = |call: &ToolCall| run.kind(call).is_read_only();
         let mut end = index + 1;
         if run.row.parallel_tool_calls && read_only(&ours[index]) {
-            while end < ours.len() && read_only(&ours[end]) {
+            while end < runnable && read_only(&ours[end]) {
                 end += 1;
             }
         }
@@ -261,12 +269,21 @@ pub async fn tools<B: Backend>(
             return limited(run, "max_tool_calls").await;
         }
         let batch = &ours[index..end];
-        let results = join_all(batch.iter().map(|call| tool(run, call))).await;
+        let results = join_all(
+            batch
+                .iter()
+                .zip(&gates[index..end])
+                .map(|(call, gate)| tool(run, call, gate)),
+        )
+        .await;
         for result in results {
             result?;
         }
         made += batch.len() as i64;
         index = end;
+    }
+    if let Some(at) = asked {
+        return ask(run, &ours[at], &gates[at]).await;
     }
     if functions.is_empty() {
         return Ok(Flow::Continue);
@@ -293,8 +310,28 @@ pub async fn tools<B: Backend>(
         .await
 }
 
-/// One tool call: journaled, run, its result written.
-async fn tool<B: Backend>(run: &Run<'_, B>, call: &ToolCall) -> Result<(), Halt> {
+/// The run waits for a person's decision on `call`.
+async fn ask<B: Backend>(run: &Run<'_, B>, call: &ToolCall, gate: &Gate) -> Result<Flow, Halt> {
+    let Gate::Ask(rule) = gate else {
+        return Ok(Flow::Continue);
+    };
+    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    write
+        .event(
+            "approval.requested",
+            json!({ "call_id": call.id, "tool": call.name,
+                                               "args": call.arguments, "rule": rule }),
+        )
+        .await?;
+    run.commit(write).await?;
+    let tool = sandbase_harness::approval::tool_label(run.kind(call), call);
+    let required = json!([{ "type": "approval", "call_id": call.id, "name": call.name,
+                            "arguments": call.arguments, "tool": tool, "rule": rule }]);
+    run.settle(Status::RequiresAction, None, required).await
+}
+
+/// One tool call: journaled, run (unless denied), its result written.
+async fn tool<B: Backend>(run: &Run<'_, B>, call: &ToolCall, gate: &Gate) -> Result<(), Halt> {
     run.check_lease()?;
     let kind = run.kind(call);
     let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
@@ -315,6 +352,12 @@ async fn tool<B: Backend>(run: &Run<'_, B>, call: &ToolCall) -> Result<(), Halt>
     let started = Instant::now();
     let outcome = super::cancel::watched(run, &exec_id, kind, async {
         match kind {
+            _ if matches!(gate, Gate::Deny(_)) => {
+                let Gate::Deny(why) = gate else {
+                    unreachable!()
+                };
+                ToolOutcome::error(why.clone())
+            }
             ToolKind::Mcp { .. } => mcp_call(run, call).await,
             _ => {
                 let caller = run.caller();

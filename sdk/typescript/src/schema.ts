@@ -149,8 +149,11 @@ export interface paths {
         put?: never;
         /**
          * Send the run a message (the next turn's input: at once when it is idle, queued for the
-         *     end of the turn going on) or a client function's result (the run goes on once it has all
-         *     it waits for). An `Idempotency-Key` sent again answers without sending twice.
+         *     end of the turn going on), a client function's result, or a decision on a call its
+         *     approval rules ask about (by a person or a key of at least the run creator's role, not
+         *     the run's own; `remember: run` covers the same tool under the same rule): the run goes on
+         *     once it has all it waits for. An `Idempotency-Key` sent again answers without sending
+         *     twice.
          */
         post: operations["agent_run_inputs"];
         delete?: never;
@@ -1560,6 +1563,7 @@ export interface components {
         };
         /** @description An agent run. */
         AgentRun: {
+            approvals: components["schemas"]["ApprovalRule"][];
             /**
              * Format: int64
              * @description What its model calls cost, in micro-credits.
@@ -1649,6 +1653,13 @@ export interface components {
             output: string;
             /** @enum {string} */
             type: "tool_result";
+        } | {
+            call_id: string;
+            decision: components["schemas"]["Decision"];
+            reason?: string | null;
+            remember?: components["schemas"]["Remember"] | null;
+            /** @enum {string} */
+            type: "approval";
         };
         AgentRunList: {
             agent_runs: components["schemas"]["AgentRun"][];
@@ -1744,6 +1755,21 @@ export interface components {
         };
         ApiKeyList: {
             items: components["schemas"]["ApiKey"][];
+        };
+        /** @enum {string} */
+        ApprovalPolicy: "allow" | "ask" | "deny";
+        /** @description A rule of a run's approvals. */
+        ApprovalRule: {
+            /**
+             * @description A regular expression the call must match: a `shell` call's command, a `python` call's
+             *     code, a `files` call's `COMMAND PATH`, an MCP call's arguments as JSON.
+             */
+            match?: string | null;
+            policy: components["schemas"]["ApprovalPolicy"];
+            /** @description Only calls that change nothing (`true`) or calls that may change something (`false`). */
+            read_only?: boolean | null;
+            /** @description The tool: `shell`, `files`, `python`, `mcp:SERVER`, or `*` for any. */
+            tool: string;
         };
         /**
          * @description A single-use ticket for a browser's WebSocket (which cannot send headers): valid for
@@ -1899,6 +1925,12 @@ export interface components {
             timed_out: boolean;
         };
         CreateAgentRunRequest: {
+            /**
+             * @description Which tool calls need a person's approval: the first rule that matches a call decides
+             *     (`allow`, `ask`, `deny`); a call no rule matches is allowed. Patterns are a
+             *     convenience, not a boundary: the sandbox is the boundary.
+             */
+            approvals?: components["schemas"]["ApprovalRule"][];
             /**
              * Format: int64
              * @description Seconds an idle run waits for a message before it is `completed` (default 3600).
@@ -2074,6 +2106,11 @@ export interface components {
             /** @description Sent as `x-sandbase-preview-token`; works until the preview is replaced or removed. */
             token: string;
         };
+        /**
+         * @description A decision on a call that waits for approval.
+         * @enum {string}
+         */
+        Decision: "allow" | "deny";
         DirectoryListing: {
             entries: components["schemas"]["FileInfo"][];
             path: string;
@@ -2628,6 +2665,11 @@ export interface components {
         RecordingList: {
             recordings: components["schemas"]["Recording"][];
         };
+        /**
+         * @description How far a decision reaches.
+         * @enum {string}
+         */
+        Remember: "call" | "run";
         /** @description Something the run waits for. */
         RequiredAction: {
             arguments: unknown;
@@ -2635,6 +2677,19 @@ export interface components {
             name: string;
             /** @enum {string} */
             type: "tool_result";
+        } | {
+            arguments: unknown;
+            call_id: string;
+            name: string;
+            /**
+             * Format: int32
+             * @description The rule's index in `approvals`.
+             */
+            rule: number;
+            /** @description The tool as the rules name it (`shell`, `mcp:SERVER`…). */
+            tool: string;
+            /** @enum {string} */
+            type: "approval";
         };
         ResizeRequest: {
             /** Format: int32 */
@@ -3855,6 +3910,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description A decision by the run's own key (or a key it made), or by a role below the run creator's (`forbidden`) */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Not in the caller's team */
             404: {
                 headers: {
@@ -3864,7 +3928,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description The run ended (`agent_run_finished`), waits for no such result (`not_waiting_for_tool_result`), or had its turns (`max_turns_reached`) */
+            /** @description The run ended (`agent_run_finished`), waits for no such result (`not_waiting_for_tool_result`) or decision (`not_waiting_for_approval`), or had its turns (`max_turns_reached`) */
             409: {
                 headers: {
                     [name: string]: unknown;

@@ -242,15 +242,19 @@ async fn agent_run_steps(
 }
 
 /// Send the run a message (the next turn's input: at once when it is idle, queued for the
-/// end of the turn going on) or a client function's result (the run goes on once it has all
-/// it waits for). An `Idempotency-Key` sent again answers without sending twice.
+/// end of the turn going on), a client function's result, or a decision on a call its
+/// approval rules ask about (by a person or a key of at least the run creator's role, not
+/// the run's own; `remember: run` covers the same tool under the same rule): the run goes on
+/// once it has all it waits for. An `Idempotency-Key` sent again answers without sending
+/// twice.
 #[utoipa::path(post, path = "/v1/agent-runs/{id}/inputs", tag = "agent-runs", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "Agent run id"),
         ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried input count once")),
     request_body = AgentRunInput,
     responses((status = 202, description = "Taken", body = AgentRun),
         (status = 404, description = "Not in the caller's team", body = ErrorBody),
-        (status = 409, description = "The run ended (`agent_run_finished`), waits for no such result (`not_waiting_for_tool_result`), or had its turns (`max_turns_reached`)", body = ErrorBody),
+        (status = 403, description = "A decision by the run's own key (or a key it made), or by a role below the run creator's (`forbidden`)", body = ErrorBody),
+        (status = 409, description = "The run ended (`agent_run_finished`), waits for no such result (`not_waiting_for_tool_result`) or decision (`not_waiting_for_approval`), or had its turns (`max_turns_reached`)", body = ErrorBody),
         (status = 422, description = "Invalid input", body = ErrorBody)))]
 async fn agent_run_inputs(
     State(state): State<AppState>,
@@ -263,7 +267,7 @@ async fn agent_run_inputs(
     context.action("agent_run.input");
     principal.require(Role::Member)?;
     let key = idempotency_key(&headers)?;
-    let row = inputs::send(&state, principal.team_id, id, input, key).await?;
+    let row = inputs::send(&state, &principal, id, input, key).await?;
     Ok((StatusCode::ACCEPTED, Json(row.to_api())))
 }
 

@@ -454,6 +454,7 @@ fn agent_runs(schemas: &mut Map<String, Value>) {
         "AgentTool",
         "AgentRunInput",
         "AgentLimits",
+        "ApprovalRule",
     ] {
         if let Some(schema) = schemas.get_mut(name) {
             no_nul(schema);

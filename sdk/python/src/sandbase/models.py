@@ -142,14 +142,6 @@ class AgentRunInput2(BaseModel):
     type: Literal['tool_result']
 
 
-AgentRunInput = TypeAliasType(
-    "AgentRunInput",
-    Annotated[
-        AgentRunInput1 | AgentRunInput2, Field(description='Something sent to a run.')
-    ],
-)
-
-
 AgentRunStatus = TypeAliasType(
     "AgentRunStatus",
     Annotated[
@@ -263,6 +255,43 @@ AgentTool = TypeAliasType(
         Field(description='A tool the model may call.'),
     ],
 )
+
+
+ApprovalPolicy = TypeAliasType("ApprovalPolicy", Literal['allow', 'ask', 'deny'])
+
+
+class ApprovalRule(BaseModel):
+    """
+    A rule of a run's approvals.
+    """
+
+    model_config = ConfigDict(
+        extra='forbid',
+    )
+    match: Annotated[
+        str | None,
+        Field(
+            description="A regular expression the call must match: a `shell` call's command, a `python` call's\ncode, a `files` call's `COMMAND PATH`, an MCP call's arguments as JSON.",
+            max_length=1000,
+            pattern='^[^\\u0000]*$',
+        ),
+    ] = None
+    policy: ApprovalPolicy
+    read_only: Annotated[
+        bool | None,
+        Field(
+            description='Only calls that change nothing (`true`) or calls that may change something (`false`).'
+        ),
+    ] = None
+    tool: Annotated[
+        str,
+        Field(
+            description='The tool: `shell`, `files`, `python`, `mcp:SERVER`, or `*` for any.',
+            max_length=80,
+            min_length=1,
+            pattern='^[^\\u0000]*$',
+        ),
+    ]
 
 
 class AttachTicket(BaseModel):
@@ -465,6 +494,15 @@ Host = TypeAliasType(
                 '^(?=(\\*\\.)?[^:*]{1,253}(:[0-9]+)?$)(\\*\\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)+(?![0-9]+(:|$))[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?$'
             )
         ),
+    ],
+)
+
+
+Decision = TypeAliasType(
+    "Decision",
+    Annotated[
+        Literal['allow', 'deny'],
+        Field(description='A decision on a call that waits for approval.'),
     ],
 )
 
@@ -966,6 +1004,12 @@ class RecordingList(BaseModel):
     recordings: list[Recording]
 
 
+Remember = TypeAliasType(
+    "Remember",
+    Annotated[Literal['call', 'run'], Field(description='How far a decision reaches.')],
+)
+
+
 class RequiredAction1(BaseModel):
     """
     The result of a client function (`POST …/inputs` `tool_result` with this `call_id`).
@@ -977,9 +1021,29 @@ class RequiredAction1(BaseModel):
     type: Literal['tool_result']
 
 
+class RequiredAction2(BaseModel):
+    """
+    A decision on a call an approval rule asks about (`POST …/inputs`, `approval`), by a
+    person or a key of at least the run creator's role that is not the run's own.
+    """
+
+    arguments: Any
+    call_id: str
+    name: str
+    rule: Annotated[int, Field(description="The rule's index in `approvals`.", ge=0)]
+    tool: Annotated[
+        str,
+        Field(description='The tool as the rules name it (`shell`, `mcp:SERVER`…).'),
+    ]
+    type: Literal['approval']
+
+
 RequiredAction = TypeAliasType(
     "RequiredAction",
-    Annotated[RequiredAction1, Field(description='Something the run waits for.')],
+    Annotated[
+        RequiredAction1 | RequiredAction2,
+        Field(description='Something the run waits for.'),
+    ],
 )
 
 
@@ -1451,6 +1515,7 @@ class AgentRun(BaseModel):
     An agent run.
     """
 
+    approvals: list[ApprovalRule]
     cost_micro: Annotated[
         int, Field(description='What its model calls cost, in micro-credits.')
     ]
@@ -1499,6 +1564,31 @@ class AgentRunEventPage(BaseModel):
     status: Annotated[
         AgentRunStatus, Field(description="The run's status when the page was read.")
     ]
+
+
+class AgentRunInput3(BaseModel):
+    """
+    A decision on a call that waits for approval.
+    """
+
+    call_id: Annotated[
+        str, Field(max_length=128, min_length=1, pattern='^[^\\u0000]*$')
+    ]
+    decision: Decision
+    reason: Annotated[str | None, Field(max_length=2000, pattern='^[^\\u0000]*$')] = (
+        None
+    )
+    remember: Remember | None = None
+    type: Literal['approval']
+
+
+AgentRunInput = TypeAliasType(
+    "AgentRunInput",
+    Annotated[
+        AgentRunInput1 | AgentRunInput2 | AgentRunInput3,
+        Field(description='Something sent to a run.'),
+    ],
+)
 
 
 class AgentRunList(BaseModel):
@@ -2299,6 +2389,13 @@ class CreateAgentRunRequest(BaseModel):
     model_config = ConfigDict(
         extra='forbid',
     )
+    approvals: Annotated[
+        list[ApprovalRule] | None,
+        Field(
+            description="Which tool calls need a person's approval: the first rule that matches a call decides\n(`allow`, `ask`, `deny`); a call no rule matches is allowed. Patterns are a\nconvenience, not a boundary: the sandbox is the boundary.",
+            max_length=32,
+        ),
+    ] = None
     idle_timeout_secs: Annotated[
         int | None,
         Field(
