@@ -398,15 +398,21 @@ pub enum AgentRunInput {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CancelAgentRunRequest {
-    /// `turn`: the turn ends and the run is idle; `run` (the default): the run ends,
-    /// `cancelled`.
+    /// `tool`: the call `call_id` only (the model gets its output marked cancelled and the
+    /// turn goes on); `turn`: the turn ends and the run is idle; `run` (the default): the run
+    /// ends, `cancelled`.
     #[serde(default)]
     pub scope: Option<CancelScope>,
+    /// The call to cancel, with `scope: tool`.
+    #[serde(default)]
+    #[schema(min_length = 1, max_length = 128)]
+    pub call_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CancelScope {
+    Tool,
     Turn,
     Run,
 }

@@ -13,6 +13,7 @@
 //! gateway's (`gateway/src/harness/`), which drives these functions step by step.
 
 pub mod approval;
+pub mod context;
 mod files;
 pub mod model;
 pub mod output;

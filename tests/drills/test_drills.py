@@ -326,10 +326,17 @@ def assert_within_credits(cluster, token, team, start, answers):
     """What the team was billed fits in the credits it had: no overdraft."""
     paid = answers.count(200)
     assert 402 in answers and paid > 0, answers
-    settled = cluster.sql("SELECT count(*) || ' ' || coalesce(sum(cost_micro), 0) || ' ' || "
-                          "coalesce(min(cost_micro), 0) FROM store_requests "
-                          f"WHERE team_id = '{team}' AND status = 200").split()
-    rows, spent, cheapest = (int(value) for value in settled)
+    # A whole answer is settled just after it is sent (its reservation holds the money
+    # meanwhile): the rows are read once they are all there.
+    deadline = time.time() + 15
+    while True:
+        settled = cluster.sql("SELECT count(*) || ' ' || coalesce(sum(cost_micro), 0) || ' ' || "
+                              "coalesce(min(cost_micro), 0) FROM store_requests "
+                              f"WHERE team_id = '{team}' AND status = 200").split()
+        rows, spent, cheapest = (int(value) for value in settled)
+        if rows >= paid or time.time() > deadline:
+            break
+        time.sleep(0.1)
     # Every answered call was billed, once; what was billed fits in the credits.
     assert rows >= paid, (rows, paid)
     assert spent <= start and paid * cheapest <= start, (answers, spent, cheapest, start)

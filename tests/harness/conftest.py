@@ -61,6 +61,15 @@ cached_input = "0.30"
 cache_write = "3.75"
 output = "15"
 
+[[store.models]]
+id = "openai/gpt-tiny"
+provider = "oa"
+upstream = "gpt-tiny"
+context_window = 3000
+max_output = 100
+input = "1"
+output = "1"
+
 [[store.mcp_servers]]
 name = "upstream"
 url = "http://127.0.0.1:{mcp_port}/mcp"

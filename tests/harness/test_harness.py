@@ -272,3 +272,37 @@ def test_a_denied_call_does_not_run_and_the_model_is_told(team):
     assert completed["is_error"] and "denied by the run's approval rules" in completed["output"]
     counted = team.exec(done["sandbox_id"], "cat /work/.denied 2>/dev/null; echo end")
     assert counted["stdout"] == "end\n", counted
+
+
+def test_a_cancelled_call_gives_the_model_an_error_and_the_turn_goes_on(team):
+    import time
+    steps = [{"tool": "shell", "arguments": {"command": "sleep 600"}},
+             {"tool": "shell", "arguments": {"command": "echo after"}},
+             {"text": "went on"}]
+    run = team.run("openai/gpt-test", "cancel-tool", steps)
+    deadline = time.time() + 60
+    while not (called := [e for e in team.events(run["id"]) if e["type"] == "tool.called"]):
+        assert time.time() < deadline
+        time.sleep(0.05)
+    time.sleep(1)
+    team.call("POST", f"/v1/agent-runs/{run['id']}/cancel",
+              {"scope": "tool", "call_id": called[0]["data"]["call_id"]})
+    done = team.wait(run["id"], statuses=("idle",), deadline=30)
+    assert (done["turns"], done["tool_calls"]) == (1, 2), done
+    first, second = [e["data"] for e in team.events(run["id"]) if e["type"] == "tool.completed"]
+    assert first["is_error"] and "cancelled by the client" in first["output"], first
+    assert second["output"].splitlines()[1] == "after", second
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        team.call("POST", f"/v1/agent-runs/{run['id']}/cancel", {"scope": "turn", "call_id": "x"})
+    assert error_of(refused) == (422, "invalid_request")
+
+
+def test_older_tool_outputs_are_left_out_near_the_context_window(team):
+    big = {"tool": "shell", "arguments": {"command": "head -c 5000 /dev/zero | tr '\\0' b"}}
+    run = team.run("openai/gpt-tiny", "elide", [big, big, {"text": "fits"}])
+    assert team.wait(run["id"])["status"] == "idle"
+    (elided,) = [e["data"] for e in team.events(run["id"]) if e["type"] == "context.elided"]
+    assert elided["count"] == 1, elided
+    last = team.cluster.standin.requests("[[script:elide]]")[-1]["body"]["messages"]
+    outputs = [m["content"] for m in last if m.get("role") == "tool"]
+    assert "left out to fit the model's context" in outputs[0] and "bbbb" in outputs[1], outputs

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use super::journal;
 use super::lease::{self, Lease};
-use super::lifecycle::Status;
+use super::lifecycle::{self, Status};
 use super::rows::{self, AgentRunRow};
 use super::run::{DEFAULT_MAX_TURNS, Flow, Halt, Run};
 use crate::state::AppState;
@@ -90,6 +90,8 @@ async fn prepare<'a, B: Backend>(
         parts,
         family: Family::OpenAi,
         max_output: 4096,
+        context_window: 128_000,
+        elided: Default::default(),
         mcp: Vec::new(),
     };
     if token.is_none() {
@@ -98,7 +100,12 @@ async fn prepare<'a, B: Backend>(
             .await?;
         return Ok(None);
     }
-    if run.row.cancel_scope.is_some() {
+    if run
+        .row
+        .cancel_scope
+        .as_deref()
+        .is_some_and(|scope| !scope.starts_with("tool:"))
+    {
         // Cancelled before it was stepped: the loop ends it first thing.
         return Ok(Some(run));
     }
@@ -132,6 +139,7 @@ async fn find_model<B: Backend>(run: &mut Run<'_, B>) -> Result<bool, Halt> {
         Some(model) => {
             run.family = Family::parse(model["family"].as_str().unwrap_or_default());
             run.max_output = model["max_output"].as_u64().unwrap_or(4096);
+            run.context_window = model["context_window"].as_u64().unwrap_or(128_000);
             Ok(true)
         }
         None => {
@@ -187,6 +195,12 @@ async fn ensure_sandbox<B: Backend>(run: &mut Run<'_, B>) -> Result<bool, Halt> 
     }
     run.check_lease()?;
     let mut spec = run.row.sandbox_spec.clone().unwrap_or_else(|| json!({}));
+    if let Some(cap) = &run.row.limits.0.max_credits
+        && spec.get("max_credits").is_none_or(Value::is_null)
+    {
+        // The sandbox stops at the run's budget too (the run's key caps it as well).
+        spec["max_credits"] = json!(cap);
+    }
     if spec.get("timeout_secs").is_none_or(Value::is_null) {
         // The sandbox lives as long as the run may (the run destroys it when it ends).
         spec["timeout_secs"] = json!(run.state.settings.sandboxes.max_timeout_secs);
@@ -283,6 +297,13 @@ async fn turns<B: Backend>(run: &Run<'_, B>) -> Result<(), Halt> {
         let conversation = rows::conversation(&mut connection, run.row.id).await?;
         drop(connection);
         if let Some(scope) = now.cancel_scope.as_deref() {
+            if scope.starts_with("tool:") {
+                // The call was cancelled (or had ended): the turn goes on.
+                let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+                lifecycle::tool_cancel_done(&mut write.tx, run.row.id, scope).await?;
+                run.commit(write).await?;
+                continue;
+            }
             cancelled(run, scope).await?;
             return Ok(());
         }

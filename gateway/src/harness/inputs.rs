@@ -297,20 +297,27 @@ pub async fn cancel(
     team_id: Uuid,
     id: Uuid,
     scope: Option<CancelScope>,
+    call_id: Option<String>,
 ) -> ApiResult<AgentRunRow> {
-    let scope = match scope.unwrap_or(CancelScope::Run) {
-        CancelScope::Run => "run",
-        CancelScope::Turn => "turn",
-    };
     let mut connection = state.db.acquire().await?;
     rows::fetch(&mut connection, team_id, id).await?;
     drop(connection);
+    let scope = match (scope.unwrap_or(CancelScope::Run), call_id) {
+        (CancelScope::Run, None) => "run".to_owned(),
+        (CancelScope::Turn, None) => "turn".to_owned(),
+        (CancelScope::Tool, Some(call_id)) if !call_id.contains('\0') => format!("tool:{call_id}"),
+        _ => {
+            return Err(ApiError::InvalidRequest(
+                "`call_id` goes with `scope: tool`, and only with it".to_owned(),
+            ));
+        }
+    };
     let mut write = Write::unleased(&state.db, id).await?;
     let row = rows::load(&mut write.tx, id).await?;
     if row.status.is_final() {
         return Err(finished(&row));
     }
-    if lifecycle::ask_cancel(&mut write.tx, id, scope).await? {
+    if lifecycle::ask_cancel(&mut write.tx, id, &scope).await? {
         write
             .event("cancel.requested", json!({ "scope": scope }))
             .await?;

@@ -190,9 +190,10 @@ pub async fn expire_revoked(connection: &mut PgConnection) -> Result<u64, sqlx::
     Ok(expired.rows_affected())
 }
 
-/// Asks for a cancel of `scope` (`turn`, `run`); a waiting run is made one a gateway steps,
-/// so that it is carried out (its sandbox destroyed) at once. Nothing to do for a turn of a
-/// run that is idle already: false then.
+/// Asks for a cancel of `scope` (`turn`, `run`, `tool:CALL_ID`); a waiting run is made one a
+/// gateway steps, so that it is carried out (its sandbox destroyed) at once. Nothing to do
+/// for a turn of a run that is idle already, nor for a call of a run that is not running:
+/// false then.
 pub async fn ask_cancel(
     connection: &mut PgConnection,
     run_id: Uuid,
@@ -202,11 +203,26 @@ pub async fn ask_cancel(
         "UPDATE agent_runs SET cancel_scope = $2, updated_at = now(), \
              status = CASE WHEN status IN ('idle', 'requires_action') THEN 'running' ELSE status END, \
              lease_until = CASE WHEN status IN ('idle', 'requires_action') THEN NULL ELSE lease_until END \
-         WHERE id = $1 AND NOT ($2 = 'turn' AND status = 'idle')",
+         WHERE id = $1 AND NOT ($2 = 'turn' AND status = 'idle') \
+           AND NOT ($2 LIKE 'tool:%' AND status <> 'running')",
     )
     .bind(run_id)
     .bind(scope)
     .execute(connection)
     .await?;
     Ok(asked.rows_affected() == 1)
+}
+
+/// Clears a carried-out cancel of one tool call (`tool:CALL_ID`).
+pub async fn tool_cancel_done(
+    connection: &mut PgConnection,
+    run_id: Uuid,
+    scope: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE agent_runs SET cancel_scope = NULL WHERE id = $1 AND cancel_scope = $2")
+        .bind(run_id)
+        .bind(scope)
+        .execute(connection)
+        .await?;
+    Ok(())
 }

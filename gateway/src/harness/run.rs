@@ -57,6 +57,10 @@ pub struct Run<'a, B> {
     pub parts: http::request::Parts,
     pub family: Family,
     pub max_output: u64,
+    pub context_window: u64,
+    /// How many tool outputs the last model call left out (a `context.elided` event tells
+    /// each time more are).
+    pub elided: std::sync::atomic::AtomicUsize,
     pub system: String,
     pub tools: Vec<ToolDef>,
     /// The store's MCP tools the run offers: the name the model calls, the server's name

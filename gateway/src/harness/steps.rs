@@ -52,7 +52,25 @@ pub async fn model<B: Backend>(run: &Run<'_, B>) -> Result<Flow, Halt> {
     let mut connection = run.state.db.acquire().await?;
     let conversation = super::rows::conversation(&mut connection, run.row.id).await?;
     drop(connection);
+    let (conversation, elided) = sandbase_harness::context::fit(
+        &run.system,
+        &conversation,
+        run.context_window,
+        run.max_output,
+    );
     let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    if elided.len()
+        > run
+            .elided
+            .swap(elided.len(), std::sync::atomic::Ordering::Relaxed)
+    {
+        write
+            .event(
+                "context.elided",
+                json!({ "call_ids": elided, "count": elided.len() }),
+            )
+            .await?;
+    }
     let args = json!({ "messages": conversation.len() });
     let step = write
         .intend("model", &run.row.model, None, &args, run.lease.claim.epoch)
@@ -350,7 +368,7 @@ async fn tool<B: Backend>(run: &Run<'_, B>, call: &ToolCall, gate: &Gate) -> Res
     run.check_lease()?;
     let exec_id = exec_id(run, step);
     let started = Instant::now();
-    let outcome = super::cancel::watched(run, &exec_id, kind, async {
+    let outcome = super::cancel::watched(run, &call.id, &exec_id, kind, async {
         match kind {
             _ if matches!(gate, Gate::Deny(_)) => {
                 let Gate::Deny(why) = gate else {

@@ -107,8 +107,10 @@ export interface paths {
         put?: never;
         /**
          * Cancel the run (`scope: run`, the default: it ends `cancelled`, its sandbox destroyed if
-         *     it made it) or its turn (`scope: turn`: the run is idle and takes the next message). A
-         *     command going on is interrupted (SIGINT, SIGKILL a second later).
+         *     it made it), its turn (`scope: turn`: the run is idle and takes the next message), or one
+         *     tool call (`scope: tool` with its `call_id`: the model gets its output marked cancelled
+         *     and the turn goes on). A command going on is interrupted (SIGINT, SIGKILL a second later;
+         *     Python gets KeyboardInterrupt).
          */
         post: operations["cancel_agent_run"];
         delete?: never;
@@ -1835,10 +1837,12 @@ export interface components {
             username: string;
         };
         CancelAgentRunRequest: {
+            /** @description The call to cancel, with `scope: tool`. */
+            call_id?: string | null;
             scope?: components["schemas"]["CancelScope"] | null;
         };
         /** @enum {string} */
-        CancelScope: "turn" | "run";
+        CancelScope: "tool" | "turn" | "run";
         CheckoutAnswer: {
             session_id: string;
             /** @description Stripe Checkout's page: open it to pay. */

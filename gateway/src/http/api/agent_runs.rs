@@ -272,8 +272,10 @@ async fn agent_run_inputs(
 }
 
 /// Cancel the run (`scope: run`, the default: it ends `cancelled`, its sandbox destroyed if
-/// it made it) or its turn (`scope: turn`: the run is idle and takes the next message). A
-/// command going on is interrupted (SIGINT, SIGKILL a second later).
+/// it made it), its turn (`scope: turn`: the run is idle and takes the next message), or one
+/// tool call (`scope: tool` with its `call_id`: the model gets its output marked cancelled
+/// and the turn goes on). A command going on is interrupted (SIGINT, SIGKILL a second later;
+/// Python gets KeyboardInterrupt).
 #[utoipa::path(post, path = "/v1/agent-runs/{id}/cancel", tag = "agent-runs", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "Agent run id")),
     request_body = CancelAgentRunRequest,
@@ -289,6 +291,13 @@ async fn cancel_agent_run(
 ) -> ApiResult<(StatusCode, Json<AgentRun>)> {
     context.action("agent_run.cancel");
     principal.require(Role::Member)?;
-    let row = inputs::cancel(&state, principal.team_id, id, request.scope).await?;
+    let row = inputs::cancel(
+        &state,
+        principal.team_id,
+        id,
+        request.scope,
+        request.call_id,
+    )
+    .await?;
     Ok((StatusCode::ACCEPTED, Json(row.to_api())))
 }

@@ -47,6 +47,18 @@ pub fn document(document: &mut Value, settings: &Settings) {
             "properties": { "allow": { "minItems": 1 } }
         });
     }
+    // An Idempotency-Key is 1 to 255 visible ASCII characters (`agent_runs::idempotency_key`).
+    for path in ["/v1/agent-runs", "/v1/agent-runs/{id}/inputs"] {
+        let pointer = format!("/paths/{}/post/parameters", path.replace('/', "~1"));
+        if let Some(parameters) = document.pointer_mut(&pointer).and_then(Value::as_array_mut) {
+            for parameter in parameters
+                .iter_mut()
+                .filter(|p| p["name"] == "Idempotency-Key")
+            {
+                parameter["schema"]["pattern"] = json!("^[!-~]{1,255}$");
+            }
+        }
+    }
     // A secret's name in its path has the name's syntax (`secrets::validate_name`).
     for method in ["put", "delete"] {
         if let Some(parameters) = document
@@ -467,6 +479,13 @@ fn agent_runs(schemas: &mut Map<String, Value>) {
         metadata["maxProperties"] = json!(16);
         metadata["propertyNames"] = json!({ "type": "string", "maxLength": 64 });
         metadata["additionalProperties"] = json!({ "type": "string", "maxLength": 512 });
+    }
+    // `harness::inputs::cancel`: a call id with the `tool` scope, and only with it.
+    if let Some(cancel) = schemas.get_mut("CancelAgentRunRequest") {
+        cancel["if"] =
+            json!({ "required": ["scope"], "properties": { "scope": { "const": "tool" } } });
+        cancel["then"] = given("call_id");
+        cancel["else"] = none_of(&["call_id"]);
     }
     if let Some(cap) = schemas
         .get_mut("AgentLimits")

@@ -359,7 +359,7 @@ class BasicAuth(BaseModel):
     ]
 
 
-CancelScope = TypeAliasType("CancelScope", Literal['turn', 'run'])
+CancelScope = TypeAliasType("CancelScope", Literal['tool', 'turn', 'run'])
 
 
 class CheckoutAnswer(BaseModel):
@@ -1656,6 +1656,14 @@ class CancelAgentRunRequest(BaseModel):
     model_config = ConfigDict(
         extra='forbid',
     )
+    call_id: Annotated[
+        str | None,
+        Field(
+            description='The call to cancel, with `scope: tool`.',
+            max_length=128,
+            min_length=1,
+        ),
+    ] = None
     scope: CancelScope | None = None
 
 
