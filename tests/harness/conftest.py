@@ -124,6 +124,8 @@ class Cluster:
                                WORKERS__HEARTBEAT_TTL_SECS="30",
                                WORKERS__LOST_AFTER_SECS="60",
                                RATE_LIMIT__PER_SECOND="10000", RATE_LIMIT__BURST="10000",
+                               RATE_LIMIT__TEAM_PER_SECOND="100000",
+                               RATE_LIMIT__TEAM_BURST="100000",
                                SERVER__REQUESTS_PER_IP_PER_SECOND="100000",
                                SERVER__REQUESTS_PER_IP_BURST="100000")
         self.ports = [(free_port(), free_port()) for _ in range(2)]

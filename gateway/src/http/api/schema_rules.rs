@@ -480,6 +480,18 @@ fn agent_runs(schemas: &mut Map<String, Value>) {
         metadata["propertyNames"] = json!({ "type": "string", "maxLength": 64 });
         metadata["additionalProperties"] = json!({ "type": "string", "maxLength": 512 });
     }
+    // Their variants take no other field (serde's `deny_unknown_fields`).
+    for name in ["AgentRunInput", "AgentTool"] {
+        if let Some(variants) = schemas
+            .get_mut(name)
+            .and_then(|schema| schema.get_mut("oneOf"))
+            .and_then(Value::as_array_mut)
+        {
+            for variant in variants {
+                variant["additionalProperties"] = json!(false);
+            }
+        }
+    }
     // `harness::inputs::cancel`: a call id with the `tool` scope, and only with it.
     if let Some(cancel) = schemas.get_mut("CancelAgentRunRequest") {
         cancel["if"] =

@@ -123,6 +123,9 @@ class AgentRunInput1(BaseModel):
     A user message: the next turn's input (queued when a turn is going on).
     """
 
+    model_config = ConfigDict(
+        extra='forbid',
+    )
     content: Annotated[
         str, Field(max_length=1000000, min_length=1, pattern='^[^\\u0000]*$')
     ]
@@ -134,6 +137,9 @@ class AgentRunInput2(BaseModel):
     The result of a client function the run waits for.
     """
 
+    model_config = ConfigDict(
+        extra='forbid',
+    )
     call_id: Annotated[
         str, Field(max_length=128, min_length=1, pattern='^[^\\u0000]*$')
     ]
@@ -199,6 +205,9 @@ class AgentTool1(BaseModel):
     command's output (its first and last 8 KiB).
     """
 
+    model_config = ConfigDict(
+        extra='forbid',
+    )
     type: Literal['shell']
 
 
@@ -208,6 +217,9 @@ class AgentTool2(BaseModel):
     sandbox.
     """
 
+    model_config = ConfigDict(
+        extra='forbid',
+    )
     type: Literal['files']
 
 
@@ -217,6 +229,9 @@ class AgentTool3(BaseModel):
     endpoint).
     """
 
+    model_config = ConfigDict(
+        extra='forbid',
+    )
     type: Literal['python']
 
 
@@ -228,6 +243,9 @@ class AgentTool4(BaseModel):
     runs beside other such calls.
     """
 
+    model_config = ConfigDict(
+        extra='forbid',
+    )
     server: Annotated[str, Field(pattern='^[A-Za-z0-9_-]{1,64}$')]
     type: Literal['mcp']
 
@@ -238,6 +256,9 @@ class AgentTool5(BaseModel):
     posted (`POST …/inputs`, `tool_result`).
     """
 
+    model_config = ConfigDict(
+        extra='forbid',
+    )
     description: Annotated[
         str | None, Field(max_length=4096, pattern='^[^\\u0000]*$')
     ] = None
@@ -1571,6 +1592,9 @@ class AgentRunInput3(BaseModel):
     A decision on a call that waits for approval.
     """
 
+    model_config = ConfigDict(
+        extra='forbid',
+    )
     call_id: Annotated[
         str, Field(max_length=128, min_length=1, pattern='^[^\\u0000]*$')
     ]
