@@ -48,6 +48,26 @@ pub async fn parent_of(
     .await
 }
 
+/// The same, read without locking the parent's row: for a key the harness makes for a run
+/// in a transaction that also inserts rows naming the team (the parent's lock taken first
+/// would order it against the charger and placement the other way round: a deadlock under
+/// load). A cap bounded by a slightly stale `spent_micro` is safe: a child's spending counts
+/// against its parent's cap as well.
+pub async fn parent_unlocked(
+    connection: &mut PgConnection,
+    principal: &Principal,
+) -> Result<Option<Parent>, sqlx::Error> {
+    let Actor::ApiKey(record) = &principal.actor else {
+        return Ok(None);
+    };
+    sqlx::query_as(
+        "SELECT id, lineage, max_credits, spent_micro, expires_at FROM api_keys WHERE id = $1",
+    )
+    .bind(record.id)
+    .fetch_optional(connection)
+    .await
+}
+
 /// The cap and expiry of a child key: what was asked for, within the parent's; what was not
 /// asked for, the parent's (its remaining cap, its expiry). Asking for more is refused.
 pub fn bound_by_parent(

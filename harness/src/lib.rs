@@ -20,5 +20,5 @@ pub mod output;
 pub mod prompt;
 pub mod tools;
 
-pub use model::{Family, ModelAnswer, ModelRequest};
+pub use model::{Family, ModelAnswer, ModelRequest, Prices};
 pub use tools::{ToolKind, ToolOutcome};

@@ -33,6 +33,53 @@ impl Family {
     }
 }
 
+/// A model's prices as the store lists them, in micro-credits per million tokens of each
+/// kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Prices {
+    pub input: i64,
+    pub cached_input: i64,
+    pub cache_write: i64,
+    pub output: i64,
+}
+
+impl Prices {
+    /// From an entry of `GET /v1/store/models` (`prices`: credits per million, decimals).
+    pub fn from_listing(model: &Value) -> Prices {
+        let price = |kind: &str| micro(model["prices"][kind].as_str().unwrap_or("0"));
+        Prices {
+            input: price("input"),
+            cached_input: price("cached_input"),
+            cache_write: price("cache_write"),
+            output: price("output"),
+        }
+    }
+
+    /// What `usage` costs, rounded up once over the call — as the store charges it.
+    pub fn cost(&self, usage: &Usage) -> i64 {
+        let part = |tokens: u64, price: i64| u128::from(tokens) * price.max(0) as u128;
+        let total = part(usage.input_tokens, self.input)
+            + part(usage.cached_input_tokens, self.cached_input)
+            + part(usage.cache_write_tokens, self.cache_write)
+            + part(usage.output_tokens, self.output);
+        i64::try_from(total.div_ceil(1_000_000)).unwrap_or(i64::MAX)
+    }
+}
+
+/// Micro-credits of a decimal amount of credits (`"2.50"` → 2 500 000); 0 when unreadable.
+fn micro(text: &str) -> i64 {
+    let (whole, fraction) = text.trim().split_once('.').unwrap_or((text.trim(), ""));
+    let fraction: String = fraction
+        .chars()
+        .chain(std::iter::repeat('0'))
+        .take(6)
+        .collect();
+    match (whole.parse::<i64>(), fraction.parse::<i64>()) {
+        (Ok(whole), Ok(fraction)) => whole.saturating_mul(1_000_000).saturating_add(fraction),
+        _ => 0,
+    }
+}
+
 /// What a model is asked.
 pub struct ModelRequest<'a> {
     pub model: &'a str,
@@ -362,6 +409,22 @@ mod tests {
         assert_eq!(anthropic["messages"][1]["content"][0]["type"], "tool_use");
         assert_eq!(anthropic["messages"][2]["content"][0]["tool_use_id"], "c1");
         assert_eq!(anthropic["tools"][0]["cache_control"]["type"], "ephemeral");
+    }
+
+    #[test]
+    fn a_call_is_priced_as_the_store_prices_it() {
+        let listing = json!({ "prices": { "input": "2.50", "cached_input": "1.25",
+                                          "cache_write": "0", "output": "10" } });
+        let prices = Prices::from_listing(&listing);
+        assert_eq!(prices.input, 2_500_000);
+        let usage = Usage {
+            input_tokens: 800,
+            cached_input_tokens: 200,
+            cache_write_tokens: 0,
+            output_tokens: 50,
+        };
+        // 800 × 2.5 + 200 × 1.25 + 50 × 10 = 2750 micro-credits.
+        assert_eq!(prices.cost(&usage), 2750);
     }
 
     #[test]

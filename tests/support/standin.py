@@ -41,6 +41,7 @@ serving and stops when its standard input closes. From Python: ``StandIn.start()
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -157,6 +158,12 @@ def sse(data, kind=None):
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+
+    def setup(self):
+        super().setup()
+        # Headers and body go out in two writes: without this, Nagle's algorithm holds the
+        # body until the client's delayed ACK (40 ms a request).
+        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def log_message(self, *args):
         pass

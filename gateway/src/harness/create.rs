@@ -117,8 +117,8 @@ pub async fn create(
             json!({ "model": request.model, "key_id": sealed.key_id }),
         )
         .await?;
-    tx.commit().await?;
-    first_turn(state, id, &request).await?;
+    first_turn(tx, id, &request).await?;
+    let _ = state.harness.events.send(id);
     state.harness.wake.notify_one();
     let mut connection = state.db.acquire().await?;
     Ok((
@@ -127,9 +127,13 @@ pub async fn create(
     ))
 }
 
-/// The run's first events and its first turn's messages.
-async fn first_turn(state: &AppState, id: Uuid, request: &CreateAgentRunRequest) -> ApiResult<()> {
-    let mut write = Write::unleased(&state.db, id).await?;
+/// The run's first events and its first turn's messages, committed with the run.
+async fn first_turn(
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    id: Uuid,
+    request: &CreateAgentRunRequest,
+) -> ApiResult<()> {
+    let mut write = Write::within(tx, id).await?;
     write
         .event(
             "run.created",
@@ -142,7 +146,6 @@ async fn first_turn(state: &AppState, id: Uuid, request: &CreateAgentRunRequest)
         write.message(&message).await?;
     }
     write.commit().await?;
-    let _ = state.harness.events.send(id);
     Ok(())
 }
 

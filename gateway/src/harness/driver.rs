@@ -90,6 +90,7 @@ async fn prepare<'a, B: Backend>(
         parts,
         family: Family::OpenAi,
         max_output: 4096,
+        prices: sandbase_harness::Prices::default(),
         context_window: 128_000,
         elided: Default::default(),
         mcp: Vec::new(),
@@ -140,6 +141,7 @@ async fn find_model<B: Backend>(run: &mut Run<'_, B>) -> Result<bool, Halt> {
             run.family = Family::parse(model["family"].as_str().unwrap_or_default());
             run.max_output = model["max_output"].as_u64().unwrap_or(4096);
             run.context_window = model["context_window"].as_u64().unwrap_or(128_000);
+            run.prices = sandbase_harness::Prices::from_listing(&model);
             Ok(true)
         }
         None => {
@@ -312,7 +314,7 @@ async fn turns<B: Backend>(run: &Run<'_, B>) -> Result<(), Halt> {
             return Ok(());
         }
         let flow = match next(&conversation) {
-            Next::Model => super::steps::model(run).await?,
+            Next::Model => super::steps::model(run, &conversation).await?,
             Next::Tools(calls) => super::steps::tools(run, &now, calls).await?,
             Next::EndOfTurn => end_of_turn(run, &now).await?,
         };

@@ -59,7 +59,15 @@ pub async fn begin(db: &PgPool, claim: Claim) -> Result<Write, JournalError> {
 impl Write {
     /// Opens a write of a run no gateway holds (a waiting run, from a request).
     pub async fn unleased(db: &PgPool, run_id: Uuid) -> Result<Write, sqlx::Error> {
-        let mut tx = db.begin().await?;
+        Write::within(db.begin().await?, run_id).await
+    }
+
+    /// Opens a write in a transaction already begun (the one that made the run: its first
+    /// turn is written with it, so no gateway sees the run without its input).
+    pub async fn within(
+        mut tx: Transaction<'static, Postgres>,
+        run_id: Uuid,
+    ) -> Result<Write, sqlx::Error> {
         let (last_seq, last_step, turn): (i64, i32, i32) = sqlx::query_as(
             "SELECT last_seq, last_step, turns FROM agent_runs WHERE id = $1 FOR UPDATE",
         )

@@ -56,6 +56,7 @@ pub struct Run<'a, B> {
     /// The head of every call the run makes (its key).
     pub parts: http::request::Parts,
     pub family: Family,
+    pub prices: sandbase_harness::Prices,
     pub max_output: u64,
     pub context_window: u64,
     /// How many tool outputs the last model call left out (a `context.elided` event tells

@@ -32,7 +32,7 @@ pub async fn mint(
     run_id: Uuid,
     max_credits: Option<i64>,
 ) -> ApiResult<Sealed> {
-    let parent = keys::parent_of(connection, principal).await?;
+    let parent = keys::parent_unlocked(connection, principal).await?;
     let (max_credits, expires_at): (Option<i64>, Option<DateTime<Utc>>) = match &parent {
         Some(parent) => keys::bound_by_parent(parent, max_credits, None)?,
         None => (max_credits, None),

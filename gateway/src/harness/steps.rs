@@ -47,14 +47,14 @@ pub async fn over_limit<B: Backend>(
 }
 
 /// One model call, journaled before it is made.
-pub async fn model<B: Backend>(run: &Run<'_, B>) -> Result<Flow, Halt> {
+pub async fn model<B: Backend>(
+    run: &Run<'_, B>,
+    conversation: &[sandbase_api::conversation::Message],
+) -> Result<Flow, Halt> {
     run.check_lease()?;
-    let mut connection = run.state.db.acquire().await?;
-    let conversation = super::rows::conversation(&mut connection, run.row.id).await?;
-    drop(connection);
     let (conversation, elided) = sandbase_harness::context::fit(
         &run.system,
-        &conversation,
+        conversation,
         run.context_window,
         run.max_output,
     );
@@ -124,7 +124,8 @@ pub async fn model<B: Backend>(run: &Run<'_, B>) -> Result<Flow, Halt> {
     let request_id = answer
         .header(crate::http::store::forward::REQUEST_HEADER)
         .map(str::to_owned);
-    let cost = store_cost(run, request_id.as_deref()).await;
+    // The store charges this call after answering it: priced here as it prices it.
+    let cost = run.prices.cost(&parsed.usage);
     let result = json!({ "usage": parsed.usage, "stop_reason": parsed.stop_reason,
                          "latency_ms": latency_ms, "store_request": request_id, "attempts": attempt });
     let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
@@ -175,32 +176,6 @@ async fn call_model<B: Backend>(
         tokio::time::sleep(backoff(attempt, retry_after.as_deref())).await;
         attempt += 1;
     }
-}
-
-/// What a store call cost, from the team's record of it once the store settled it (within
-/// a second; 0 when it cannot be read).
-async fn store_cost<B: Backend>(run: &Run<'_, B>, request_id: Option<&str>) -> i64 {
-    let Some(id) = request_id else { return 0 };
-    let path = format!("/v1/store/requests/{id}");
-    for _ in 0..40 {
-        let answer = run
-            .backend
-            .call(Some(&run.parts), ApiRequest::get(path.clone()))
-            .await;
-        match answer {
-            Ok(answer) if answer.is_success() => {
-                return answer
-                    .json()
-                    .and_then(|body| body["credits_micro"].as_i64())
-                    .unwrap_or(0);
-            }
-            Ok(answer) if answer.status == 404 => {
-                tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-            }
-            _ => return 0,
-        }
-    }
-    0
 }
 
 /// A model call that failed for good: the step `failed`, the run `limited` when credits or
