@@ -22,10 +22,6 @@ CREATE TABLE agent_runs (
     sandbox_id        uuid,
     owns_sandbox      boolean NOT NULL,
     limits            jsonb NOT NULL DEFAULT '{}',
-    -- The approval rules, and the decisions made on calls ({call_id, tool, rule, decision,
-    -- remember, reason, by}).
-    approvals         jsonb NOT NULL DEFAULT '[]',
-    decisions         jsonb NOT NULL DEFAULT '[]',
     parallel_tool_calls boolean NOT NULL DEFAULT true,
     on_uncertain_tool text NOT NULL DEFAULT 'fail',
     idle_timeout_secs integer NOT NULL,

@@ -24,6 +24,9 @@ class OwnTeam:
         answer.raise_for_status()
         token = answer.json()["api_key"]["token"]
         SHARED.update(token=token, id=None, checked=0.0)
+        if os.environ.get("SANDBASE_FUZZ_SANDBOX"):
+            # The shared sandbox first, before the fuzzer's own sandboxes fill the worker.
+            shared_sandbox()
         return token
 
     def set(self, case, data, context):
@@ -47,8 +50,9 @@ def before_load_schema(context, raw_schema):
 
 
 SHARED = {"token": None, "id": None, "checked": 0.0, "calls": 0}
-# What would end the shared sandbox at once: these keep the id generated for them.
-ENDING = {("DELETE", "/v1/sandboxes/{id}")}
+# What would end the shared sandbox at once or soon (a timeout of a second): these keep the
+# id generated for them.
+ENDING = {("DELETE", "/v1/sandboxes/{id}"), ("POST", "/v1/sandboxes/{id}/timeout")}
 
 
 def shared_sandbox():
@@ -71,8 +75,10 @@ def shared_sandbox():
                           timeout=60)
             return SHARED["id"]
     made = make_sandbox(headers)
-    if made.status_code == 429 and "sandbox_quota_reached" in made.text:
-        # The sandboxes the fuzzer made itself hold the team's quota: they make room.
+    if made.status_code in (429, 503) and ("sandbox_quota_reached" in made.text
+                                           or "no_capacity" in made.text):
+        # The sandboxes the fuzzer made itself hold the team's quota or fill the worker:
+        # they make room.
         listed = requests.get(f"{URL}/v1/sandboxes", headers=headers, timeout=30)
         for sandbox in listed.json().get("sandboxes", []) if listed.ok else []:
             requests.delete(f"{URL}/v1/sandboxes/{sandbox['id']}", headers=headers,
@@ -85,8 +91,9 @@ def shared_sandbox():
 
 
 def make_sandbox(headers):
+    # Small, so that it finds room beside the fuzzer's own sandboxes.
     return requests.post(f"{URL}/v1/sandboxes", headers=headers, timeout=60,
-                         json={"timeout_secs": 3600})
+                         json={"timeout_secs": 3600, "resources": {"memory_mb": 128}})
 
 
 @schemathesis.hook
