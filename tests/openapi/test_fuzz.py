@@ -111,7 +111,7 @@ def test_the_fuzzer_with_a_worker_finds_nothing():
                       VAULT__KEY_FILE=keys, PREVIEWS__DOMAIN="preview.localhost",
                       PREVIEWS__SCHEME="http",
                       # The fuzzer's own sandboxes must not spend what its shared one needs.
-                      BILLING__STARTER_CREDITS="100000", **UNTHROTTLED)
+                      BILLING__STARTER_CREDITS="\"100000\"", **UNTHROTTLED)
     gateway, url = start_gateway(env, free_port(), os.path.join(workdir, "gateway.log"))
     worker, _ = start_worker(f"http://{internal}", uuid.uuid4().hex, workdir, NODE_TOKEN,
                              "fuzz")
