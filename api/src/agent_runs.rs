@@ -59,6 +59,14 @@ pub struct CreateAgentRunRequest {
     /// Up to 16 string pairs of the caller's own.
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+    /// Answer at once with the run queued (true, the default), or once its first turn has
+    /// stopped (`idle`, `requires_action` or ended) with the run as it then is (false).
+    #[serde(default)]
+    pub background: Option<bool>,
+    /// Answer with the run's events as Server-Sent Events (as `GET …/events` streams them)
+    /// until its first turn has stopped.
+    #[serde(default)]
+    pub stream: Option<bool>,
 }
 
 /// A turn's input: a text (one user message) or messages.
@@ -98,13 +106,42 @@ pub enum AgentTool {
     /// `python`: Python in a context whose variables live on between calls (the code
     /// endpoint).
     Python,
-    /// The tools of an MCP server of the store (`GET /v1/store/apis` lists none of them;
-    /// the operator's `[[store.mcp_servers]]`), by name: its credential injected by the
-    /// gateway, each call priced as the store prices it. A tool the server marks read-only
-    /// runs beside other such calls.
+    /// An MCP server's tools, offered to the model as `LABEL__TOOL` (a tool the server marks
+    /// read-only runs beside other such calls). Exactly one of: `server`, one of the store's
+    /// (the operator's `[[store.mcp_servers]]`, its credential injected by the gateway, each
+    /// call priced as the store prices it); `server_url`, a remote one the team names
+    /// (Streamable HTTP), reached only at a public address (resolved, checked and dialled as
+    /// checked, no redirect followed), with a credential given here (`credential`: kept by
+    /// the vault, never shown or journaled) or a team secret bound to its host
+    /// (`credential_secret`).
     Mcp {
+        /// A store MCP server by name.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
-        server: String,
+        server: Option<String>,
+        /// A remote MCP server's endpoint (`https://…` or `http://…`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(min_length = 8, max_length = 2048, pattern = "^https?://")]
+        server_url: Option<String>,
+        /// What the model sees before its tools' names (`LABEL__TOOL`) and approval rules name
+        /// (`mcp:LABEL`); a remote server's host's first label when not given.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
+        server_label: Option<String>,
+        /// A remote server's token, sent as `Authorization: Bearer …`. Write-only: the vault
+        /// keeps it for this run, and no answer, event, export or log line holds it.
+        #[serde(default, skip_serializing)]
+        #[schema(value_type = Option<String>, write_only, min_length = 1, max_length = 4096)]
+        credential: Option<Secret>,
+        /// A remote server's credential from the team's secrets (`POST /v1/secrets`),
+        /// injected as the secret says; the secret must be bound to the server's host.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+        credential_secret: Option<String>,
+        /// Only these of the server's tools (all when not given).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(max_items = 128)]
+        allowed_tools: Option<Vec<String>>,
     },
     /// A function the client runs: the run waits in `requires_action` until its result is
     /// posted (`POST …/inputs`, `tool_result`).
@@ -118,6 +155,17 @@ pub enum AgentTool {
         #[serde(default)]
         parameters: Option<Value>,
     },
+}
+
+/// A value a client gives once and never sees again (only its length is ever told).
+#[derive(Clone, PartialEq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "[secret, {} bytes]", self.0.len())
+    }
 }
 
 /// A rule of a run's approvals.
@@ -361,6 +409,29 @@ pub struct AgentRunStep {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct AgentRunStepList {
     pub steps: Vec<AgentRunStep>,
+}
+
+/// One turn of a run: its input, its steps and what they cost.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AgentRunTurn {
+    pub turn: u32,
+    /// The turn's first message (its input), in the typed conversation form.
+    #[serde(default)]
+    pub input: Option<Value>,
+    pub model_steps: u32,
+    pub tool_steps: u32,
+    /// What its steps cost, in micro-credits (1 credit = 1 000 000).
+    pub cost_micro: i64,
+    #[serde(default)]
+    pub started_at: Option<DateTime<Utc>>,
+    /// When it ended (none: it goes on, or waits for its client).
+    #[serde(default)]
+    pub completed_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AgentRunTurnList {
+    pub turns: Vec<AgentRunTurn>,
 }
 
 /// Something sent to a run.

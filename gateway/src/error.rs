@@ -102,8 +102,11 @@ pub enum ApiError {
         "the team's recordings hold {used_mb} MiB of its {quota_mb} MiB quota: delete some (DELETE /v1/recordings/{{id}}) or ask with `record: false`"
     )]
     RecordingQuotaReached { used_mb: u64, quota_mb: u64 },
-    /// 402 `spend_cap_reached`: the API key's cap does not cover the first minute.
-    #[error("this API key's spend cap (`max_credits`) does not cover this sandbox's first minute")]
+    /// 402 `spend_cap_reached`: a spend cap (the key's, an ancestor's, or the calling
+    /// sandbox's) does not cover what this would cost.
+    #[error(
+        "a spend cap (`max_credits` of this API key, a key it was made from, or the sandbox) does not cover this"
+    )]
     SpendCapReached,
     /// 422 `template_not_found`: no live worker has the template.
     #[error("no worker has the template `{0}`")]

@@ -27,6 +27,7 @@ mod ip_guard;
 mod jobs;
 mod keys;
 mod mail;
+mod outbound;
 mod ratelimit;
 mod runs;
 mod sandboxes;

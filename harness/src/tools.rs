@@ -125,8 +125,8 @@ fn definition(tool: &AgentTool) -> ToolDef {
                 "timeout_secs": { "type": "integer", "minimum": 1, "maximum": 3600 } },
                 "required": ["code"] }),
         ),
-        AgentTool::Mcp { server } => def(
-            server,
+        AgentTool::Mcp { .. } => def(
+            "mcp",
             "(an MCP server's tools: offered one by one)",
             json!({ "type": "object" }),
         ),

@@ -21,8 +21,8 @@ import pytest
 
 from tests.support.api import call, new_key
 from tests.support.gateways import (
-    BINARY, drop_database, free_port, fresh_database, gateway_env, start_worker,
-    wait_for_base, wait_ready)
+    BINARY, drop_database, free_port, fresh_database, gateway_env, internal_tls, proxy_ports,
+    start_worker, wait_for_base, wait_ready)
 from tests.support.standin import ANTHROPIC_SECRET, OPENAI_SECRET, StandIn
 
 NODE_TOKEN = "harness-node-token-" + "x" * 32
@@ -113,11 +113,15 @@ class Cluster:
             upstream=self.standin.url, openai_file=os.path.join(workdir, "openai.key"),
             anthropic_file=os.path.join(workdir, "anthropic.key"), mcp_port=self.mcp_port,
             mcp_secret=os.path.join(workdir, "mcp.secret")))
-        self.env = gateway_env(database_url, "harness", workdir,
+        # The internal channel over TLS: a sandbox with store access needs it.
+        tls_settings, self.tls_args = internal_tls(workdir)
+        self.env = gateway_env(database_url, "harness", workdir, **tls_settings,
                                WORKERS__NODE_TOKEN=NODE_TOKEN,
                                VAULT__KEY_FILE=os.path.join(workdir, "vault.keys"),
                                SANDBOXES__DEFAULT_TEMPLATE="base",
                                HARNESS__LEASE_SECS="3",
+                               # Runtime priced high: a run's 0.05 credits last seconds.
+                               BILLING__VCPU_SECOND_MICRO="2000",
                                # A sandbox nobody keeps alive lives 5 s: a run's lives as
                                # long as the run.
                                SANDBOXES__DEFAULT_TIMEOUT_SECS="5",
@@ -177,8 +181,11 @@ def cluster():
         wait_for_port(cluster.mcp_port)
         cluster.start_gateway(0)
         cluster.start_gateway(1)
-        cluster.worker, _ = start_worker(f"http://127.0.0.1:{cluster.ports[0][1]}",
-                                         uuid.uuid4().hex, workdir, NODE_TOKEN, "harness")
+        # Egress (a pool of its own, a proxy): the store is reached from inside through it.
+        egress = ["--egress-pool", "10.215.0.0", "--egress-proxy-port", str(proxy_ports())]
+        cluster.worker, _ = start_worker(f"https://127.0.0.1:{cluster.ports[0][1]}",
+                                         uuid.uuid4().hex, workdir, NODE_TOKEN, "harness",
+                                         egress, cluster.tls_args)
         wait_for_base(cluster.urls[0], new_key(cluster.urls[0], "Harness"), cluster.worker,
                       workdir)
         yield cluster
@@ -232,7 +239,20 @@ class Team:
 
 @pytest.fixture
 def team(cluster):
-    return Team(cluster)
+    """A new team; its runs that still wait are cancelled after the test, so that the
+    sandboxes they keep paused give the worker's room back."""
+    team = Team(cluster)
+    yield team
+    try:
+        runs = team.call("GET", "/v1/agent-runs")["agent_runs"]
+    except Exception:
+        return
+    for run in runs:
+        if run["status"] not in ("completed", "failed", "cancelled", "limited"):
+            try:
+                team.call("POST", f"/v1/agent-runs/{run['id']}/cancel", {"scope": "run"})
+            except Exception:
+                pass
 
 
 class Sse:

@@ -306,3 +306,35 @@ def test_older_tool_outputs_are_left_out_near_the_context_window(team):
     last = team.cluster.standin.requests("[[script:elide]]")[-1]["body"]["messages"]
     outputs = [m["content"] for m in last if m.get("role") == "tool"]
     assert "left out to fit the model's context" in outputs[0] and "bbbb" in outputs[1], outputs
+
+
+def test_a_create_can_wait_for_its_first_turn_or_stream_it(team, cluster):
+    import http.client
+    import urllib.parse
+    steps = [{"tool": "shell", "arguments": {"command": "echo waited"}}, {"text": "turn over"}]
+    cluster.standin.script("wait-turn", steps)
+    body = {"model": "openai/gpt-test", "input": "[[script:wait-turn]] go",
+            "tools": [{"type": "shell"}], "background": False}
+    run = team.call("POST", "/v1/agent-runs", body)
+    assert run["status"] == "idle" and run["tool_calls"] == 1, run
+    (turn,) = team.call("GET", f"/v1/agent-runs/{run['id']}/turns")["turns"]
+    assert (turn["turn"], turn["model_steps"], turn["tool_steps"]) == (1, 2, 1), turn
+    assert turn["cost_micro"] > 0 and turn["completed_at"] and turn["input"], turn
+    # Streamed: the events of the first turn, the same bytes a later replay gives, and the
+    # stream ends when the turn does.
+    cluster.standin.script("stream-turn", steps)
+    parsed = urllib.parse.urlparse(cluster.urls[1])
+    connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=60)
+    connection.request("POST", "/v1/agent-runs", json.dumps(
+        {**body, "input": "[[script:stream-turn]] go", "background": True, "stream": True}),
+        {"authorization": f"Bearer {team.token}", "content-type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 201 and response.getheader("content-type") == "text/event-stream"
+    streamed = response.read()
+    frames = [f for f in streamed.split(b"\n\n") if f]
+    kinds = [f.split(b"\n")[1][len(b"event: "):].decode() for f in frames]
+    assert kinds[0] == "run.created" and "tool.completed" in kinds, kinds
+    assert kinds[-1] == "run.status", kinds
+    run_id = json.loads(frames[0].split(b"data: ", 1)[1])["run_id"]
+    replay = team.events(run_id)
+    assert [e["seq"] for e in replay[:len(frames)]] == list(range(1, len(frames) + 1))

@@ -1,7 +1,9 @@
 """A stand-in for an operator's MCP server, written with the `mcp` package's server side
 (stateful Streamable HTTP, as its default): it refuses any request without its own
-credential, and counts the calls it serves in a file."""
+credential (UPSTREAM_MCP_SECRET), and counts the calls it serves in a file. Arguments: PORT
+COUNTER [HOST]."""
 
+import os
 import sys
 
 import anyio
@@ -9,8 +11,9 @@ import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations
 
-SECRET = "upstream-mcp-secret"
+SECRET = os.environ.get("UPSTREAM_MCP_SECRET", "upstream-mcp-secret")
 port, counter = int(sys.argv[1]), sys.argv[2]
+host = sys.argv[3] if len(sys.argv) > 3 else "127.0.0.1"
 
 server = MCPServer("upstream")
 
@@ -54,5 +57,7 @@ class RequireCredential:
         await self.app(scope, receive, send)
 
 
-uvicorn.run(RequireCredential(server.streamable_http_app()), host="127.0.0.1", port=port,
+# Reached by its address when it is not on loopback: that Host is allowed.
+app = server.streamable_http_app(host=host)
+uvicorn.run(RequireCredential(app), host=host, port=port,
             log_level="warning")

@@ -1,5 +1,5 @@
-"""An upstream for egress scenarios, in a network namespace of its own: HTTP on port 80 and
-HTTPS on 443 (a certificate for `*.test.example` from a CA made for the run), on a
+"""An upstream for egress scenarios, in a network namespace of its own (`Namespace`, where a
+test may run a server of its own): HTTP on port 80 and HTTPS on 443 (a certificate for `*.test.example` from a CA made for the run), on a
 documentation address (203.0.113.240/28, apart from the Rust suites' upstreams) joined to the
 host by a veth pair, so a worker's egress proxy reaches a real server through the production
 SSRF guard. A worker is pointed at it with `--egress-resolve NAME=ADDRESS` and trusts its CA
@@ -53,14 +53,16 @@ plain.serve_forever()
 """
 
 
-class Upstream:
-    def __init__(self, token):
-        self.token = token
+class Namespace:
+    """A network namespace joined to the host by a veth pair, its end at a documentation
+    address of 203.0.113.240/28 (`address`), which the SSRF guard lets through: a real
+    server a test starts in it (`popen`) is reached as a public one would be."""
+
+    def __init__(self):
         self.tag = uuid.uuid4().hex[:6]
         self.namespace = f"sbx-up-{self.tag}"
         self.links = (f"vuh{self.tag}", f"vup{self.tag}")
         self.directory = tempfile.mkdtemp(prefix=f"sandbase-upstream-{self.tag}-")
-        self.log = os.path.join(self.directory, "requests.log")
         self.server = None
 
     def _slot(self):
@@ -83,24 +85,22 @@ class Upstream:
         certs.run("ip", "-n", self.namespace, "addr", "add", f"{self.address}/30", "dev", peer_link)
         certs.run("ip", "-n", self.namespace, "link", "set", peer_link, "up")
         certs.run("ip", "-n", self.namespace, "link", "set", "lo", "up")
-        self.ca, chain, key = certs.issue(self.directory, ["*.test.example"])
-        open(self.log, "w").close()
+        return self
+
+    def popen(self, command, port, env=None):
+        """Starts `command` in the namespace (its standard error in `server.err`) and waits
+        until it listens on `port` of the namespace's address."""
         self.server = subprocess.Popen(
-            ["ip", "netns", "exec", self.namespace, sys.executable, "-c", SERVER,
-             self.address, self.token, self.log, chain, key],
+            ["ip", "netns", "exec", self.namespace, *command], env=env,
             stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.directory, "server.err"), "w"))
-        deadline = time.time() + 20
+        deadline = time.time() + 30
         while subprocess.run(["ip", "netns", "exec", self.namespace, "python3", "-c",
-                              f"import socket; socket.create_connection(('{self.address}', 443), 1)"],
+                              f"import socket; socket.create_connection(('{self.address}', {port}), 1)"],
                              capture_output=True).returncode != 0:
             if self.server.poll() is not None or time.time() > deadline:
                 raise RuntimeError(open(os.path.join(self.directory, "server.err")).read())
             time.sleep(0.1)
-        return self
-
-    def requests(self):
-        """The request lines the upstream has seen."""
-        return open(self.log).read().splitlines()
+        return self.server
 
     def __exit__(self, *_):
         if self.server is not None:
@@ -108,6 +108,29 @@ class Upstream:
             self.server.wait()
         subprocess.run(["ip", "link", "del", self.links[0]], capture_output=True)
         subprocess.run(["ip", "netns", "del", self.namespace], capture_output=True)
+
+
+class Upstream(Namespace):
+    def __init__(self, token):
+        super().__init__()
+        self.token = token
+        self.log = os.path.join(self.directory, "requests.log")
+
+    def __enter__(self):
+        super().__enter__()
+        try:
+            self.ca, chain, key = certs.issue(self.directory, ["*.test.example"])
+            open(self.log, "w").close()
+            self.popen([sys.executable, "-c", SERVER, self.address, self.token, self.log, chain,
+                        key], 443)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def requests(self):
+        """The request lines the upstream has seen."""
+        return open(self.log).read().splitlines()
 
 
 if __name__ == "__main__":

@@ -574,6 +574,10 @@ pub struct HarnessSettings {
     pub lease_secs: u64,
     /// Most runs one gateway steps at once.
     pub max_concurrent: usize,
+    /// Networks a URL a team names (a remote MCP server) may not reach, besides what the
+    /// egress guard always refuses (loopback, private, link-local, metadata, …) and the
+    /// gateway's own listeners: the fleet's public addresses, say.
+    pub denied_networks: Vec<sandbase_egress::ssrf::Cidr>,
 }
 
 impl Default for HarnessSettings {
@@ -581,6 +585,7 @@ impl Default for HarnessSettings {
         HarnessSettings {
             lease_secs: 15,
             max_concurrent: 256,
+            denied_networks: Vec::new(),
         }
     }
 }

@@ -36,6 +36,7 @@ pub async fn create(
 ) -> ApiResult<(bool, AgentRunRow)> {
     let keyring = crate::secrets::keyring(state)?;
     check(state, &request)?;
+    super::remote_mcp::check_all(state, principal, &request.tools).await?;
     let max_credits = crate::sandboxes::validate::parse_cap(
         "limits.max_credits",
         request.limits.max_credits.as_deref(),
@@ -109,6 +110,7 @@ pub async fn create(
             None => Err(reused()),
         };
     }
+    super::remote_mcp::seal_all(&mut tx, keyring, principal.team_id, id, &request.tools).await?;
     audit
         .record(
             &mut tx,
@@ -224,21 +226,19 @@ fn check(state: &AppState, request: &CreateAgentRunRequest) -> ApiResult<()> {
     }
     sandbase_harness::approval::check(&request.approvals).map_err(ApiError::InvalidRequest)?;
     let mut names = std::collections::BTreeSet::new();
-    for tool in &request.tools {
+    let labels: Vec<String> = (request.tools.iter().enumerate())
+        .map(|(index, tool)| {
+            super::remote_mcp::named(index, tool)
+                .map(|named| super::remote_mcp::label_of(&named))
+                .unwrap_or_default()
+        })
+        .collect();
+    for (index, tool) in request.tools.iter().enumerate() {
         let name = match tool {
             AgentTool::Shell => "shell",
             AgentTool::Files => "files",
             AgentTool::Python => "python",
-            AgentTool::Mcp { server } => {
-                let servers = &state.store.mcp_servers;
-                if !servers.iter().any(|known| known.settings.name == *server) {
-                    return invalid(format!(
-                        "the store has no MCP server `{server}` (the operator's \
-                         `[[store.mcp_servers]]`)"
-                    ));
-                }
-                server.as_str()
-            }
+            AgentTool::Mcp { .. } => mcp_name(state, tool, &labels[index])?,
             AgentTool::Function {
                 name, parameters, ..
             } => {
@@ -283,4 +283,41 @@ fn check(state: &AppState, request: &CreateAgentRunRequest) -> ApiResult<()> {
         );
     }
     Ok(())
+}
+
+/// The name an `mcp` tool goes by among the run's tools: a store server's (which must exist
+/// and takes no credential), or a remote one's label.
+fn mcp_name<'a>(state: &AppState, tool: &'a AgentTool, label: &'a str) -> ApiResult<&'a str> {
+    let invalid = |message: String| Err(ApiError::InvalidRequest(message));
+    let AgentTool::Mcp {
+        server,
+        server_url,
+        server_label,
+        credential,
+        credential_secret,
+        ..
+    } = tool
+    else {
+        return invalid("not an `mcp` tool".to_owned());
+    };
+    match (server, server_url) {
+        (Some(server), None) => {
+            let servers = &state.store.mcp_servers;
+            if !servers.iter().any(|known| known.settings.name == *server) {
+                return invalid(format!(
+                    "the store has no MCP server `{server}` (the operator's \
+                     `[[store.mcp_servers]]`)"
+                ));
+            }
+            if credential.is_some() || credential_secret.is_some() {
+                return invalid(format!(
+                    "the store's MCP server `{server}` takes no credential: the operator's is \
+                     injected"
+                ));
+            }
+            Ok(server_label.as_deref().unwrap_or(server))
+        }
+        (None, Some(_)) => Ok(label),
+        _ => invalid("an `mcp` tool names exactly one of `server` and `server_url`".to_owned()),
+    }
 }

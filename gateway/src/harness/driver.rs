@@ -113,7 +113,7 @@ async fn prepare<'a, B: Backend>(
     if !find_model(&mut run).await? || !ensure_sandbox(&mut run).await? {
         return Ok(None);
     }
-    mcp_tools(&mut run).await;
+    super::mcp::offer(&mut run).await?;
     if !super::recover::unfinished(&run).await? {
         return Ok(None);
     }
@@ -149,35 +149,6 @@ async fn find_model<B: Backend>(run: &mut Run<'_, B>) -> Result<bool, Halt> {
             run.settle(Status::Failed, Some(("model_not_found", why)), json!([]))
                 .await?;
             Ok(false)
-        }
-    }
-}
-
-/// The tools of the store's MCP servers the run names, offered one by one.
-async fn mcp_tools<B: Backend>(run: &mut Run<'_, B>) {
-    let servers: Vec<String> = run
-        .row
-        .tools
-        .0
-        .iter()
-        .filter_map(|tool| match tool {
-            sandbase_api::agent_runs::AgentTool::Mcp { server } => Some(format!("{server}.")),
-            _ => None,
-        })
-        .collect();
-    if servers.is_empty() {
-        return;
-    }
-    for tool in run.backend.extra_tools(Some(&run.parts)).await {
-        if servers
-            .iter()
-            .any(|prefix| tool.name.starts_with(prefix.as_str()))
-        {
-            let definition = sandbase_harness::tools::mcp_definition(&tool);
-            let read_only = sandbase_harness::tools::mcp_read_only(&tool);
-            run.mcp
-                .push((definition.name.clone(), tool.name.to_string(), read_only));
-            run.tools.push(definition);
         }
     }
 }
@@ -227,13 +198,16 @@ async fn ensure_sandbox<B: Backend>(run: &mut Run<'_, B>) -> Result<bool, Halt> 
         let message = body["error"]["message"]
             .as_str()
             .unwrap_or("the sandbox could not be made");
-        let status = if code == "spend_cap_reached" {
-            Status::Limited
+        if matches!(code.as_str(), "spend_cap_reached" | "insufficient_credits") {
+            super::steps::spent(run, &code, message.to_owned()).await?;
         } else {
-            Status::Failed
-        };
-        run.settle(status, Some((code.as_str(), message.to_owned())), json!([]))
+            run.settle(
+                Status::Failed,
+                Some((code.as_str(), message.to_owned())),
+                json!([]),
+            )
             .await?;
+        }
         return Ok(false);
     };
     let mut write = journal::begin(&run.state.db, run.lease.claim).await?;

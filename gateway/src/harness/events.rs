@@ -17,26 +17,38 @@ use crate::state::AppState;
 /// Events read at once at most.
 const PAGE: i64 = 500;
 
+/// When a followed stream ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Until {
+    /// The run ended.
+    Ended,
+    /// The run stopped being stepped (it waits for its client, or ended).
+    Stopped,
+}
+
 struct Follow {
     state: AppState,
     run_id: Uuid,
+    until: Until,
     after: i64,
     ready: VecDeque<AgentRunEvent>,
     told: tokio::sync::broadcast::Receiver<Uuid>,
     ended: bool,
 }
 
-/// The run's events after `after`, then as they come, until the run has ended and every
-/// event was given.
+/// The run's events after `after`, then as they come, until the run has ended (or stopped,
+/// as `until` says) and every event was given.
 pub fn follow(
     state: AppState,
     run_id: Uuid,
     after: i64,
+    until: Until,
 ) -> impl Stream<Item = Result<AgentRunEvent, sqlx::Error>> {
     let told = state.harness.events.subscribe();
     let start = Follow {
         state,
         run_id,
+        until,
         after,
         ready: VecDeque::new(),
         told,
@@ -73,7 +85,10 @@ async fn read(follow: &mut Follow) -> Result<bool, sqlx::Error> {
             .fetch_optional(&mut *connection)
             .await?;
     let events = rows::events(&mut connection, follow.run_id, follow.after, PAGE).await?;
-    let over = status.is_none_or(|(status,)| status.is_final());
+    let over = status.is_none_or(|(status,)| match follow.until {
+        Until::Ended => status.is_final(),
+        Until::Stopped => status.has_stopped(),
+    });
     if events.is_empty() && over {
         follow.ended = true;
     }
@@ -97,4 +112,33 @@ async fn wait(follow: &mut Follow) {
         }
     };
     let _ = tokio::time::timeout(Duration::from_millis(500), told).await;
+}
+
+/// The run once it has stopped being stepped (it waits for its client, or ended).
+pub async fn until_stopped(
+    state: &AppState,
+    team_id: Uuid,
+    run_id: Uuid,
+) -> Result<rows::AgentRunRow, crate::error::ApiError> {
+    let mut told = state.harness.events.subscribe();
+    loop {
+        let mut connection = state.db.acquire().await?;
+        let row = rows::fetch(&mut connection, team_id, run_id).await?;
+        drop(connection);
+        if row.status.has_stopped() {
+            return Ok(row);
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(500), async {
+            loop {
+                match told.recv().await {
+                    Ok(id) if id == run_id => return,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                        return std::future::pending().await;
+                    }
+                    _ => {}
+                }
+            }
+        })
+        .await;
+    }
 }

@@ -42,6 +42,11 @@ impl Status {
     pub fn is_final(self) -> bool {
         self.to_api().is_final()
     }
+
+    /// The run is not being stepped: it waits for its client, or it ended.
+    pub fn has_stopped(self) -> bool {
+        matches!(self, Status::Idle | Status::RequiresAction) || self.is_final()
+    }
 }
 
 /// A run a gateway claimed: its id and the epoch of this claim.

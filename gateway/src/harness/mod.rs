@@ -8,7 +8,9 @@
 //! vault; `journal.rs`: epoch-checked writes of steps, events and the conversation;
 //! `lease.rs`: a gateway's lease of a run, renewed by heartbeat; `dispatch.rs`: claiming
 //! runs whose lease is free or ran out; `run.rs`: a run as the gateway stepping it holds it;
-//! `driver.rs` and `steps.rs`: the loop; `cancel.rs`: a tool call watched for a cancel; `recover.rs`:
+//! `driver.rs` and `steps.rs`: the loop; `mcp.rs`: the MCP tools a run offers and calls of
+//! them, `remote_mcp.rs`: a remote server named by URL (the egress guard, its credential in
+//! the vault); `cancel.rs`: a tool call watched for a cancel; `recover.rs`:
 //! what an adopted run does with a step its former owner left begun; `inputs.rs`: messages,
 //! tool results and cancels sent to a run; `events.rs`: reading the stream.
 
@@ -22,7 +24,9 @@ pub mod inputs;
 mod journal;
 mod lease;
 pub mod lifecycle;
+mod mcp;
 mod recover;
+mod remote_mcp;
 pub mod rows;
 mod run;
 mod run_key;

@@ -239,3 +239,52 @@ pub async fn events(
         })
         .collect())
 }
+
+type TurnRow = (
+    i32,
+    Option<serde_json::Value>,
+    i64,
+    i64,
+    i64,
+    Option<DateTime<Utc>>,
+    Option<DateTime<Utc>>,
+);
+
+/// The run's turns, from its events, steps and conversation.
+pub async fn turns(
+    connection: &mut PgConnection,
+    run_id: Uuid,
+) -> Result<Vec<sandbase_api::agent_runs::AgentRunTurn>, sqlx::Error> {
+    let rows: Vec<TurnRow> = sqlx::query_as(
+        "SELECT e.turn, \
+           (SELECT i.message FROM agent_run_items i WHERE i.run_id = $1 AND i.turn = e.turn \
+             ORDER BY i.seq LIMIT 1), \
+           (SELECT count(*) FROM agent_run_steps s \
+             WHERE s.run_id = $1 AND s.turn = e.turn AND s.kind = 'model'), \
+           (SELECT count(*) FROM agent_run_steps s \
+             WHERE s.run_id = $1 AND s.turn = e.turn AND s.kind = 'tool'), \
+           (SELECT coalesce(sum(s.cost_micro), 0)::bigint FROM agent_run_steps s \
+             WHERE s.run_id = $1 AND s.turn = e.turn), \
+           min(e.at) FILTER (WHERE e.type = 'turn.started'), \
+           max(e.at) FILTER (WHERE e.type = 'turn.completed') \
+         FROM agent_run_events e WHERE e.run_id = $1 AND e.turn > 0 \
+         GROUP BY e.turn ORDER BY e.turn",
+    )
+    .bind(run_id)
+    .fetch_all(connection)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(turn, input, models, tools, cost, started, completed)| {
+            sandbase_api::agent_runs::AgentRunTurn {
+                turn: turn.max(0) as u32,
+                input,
+                model_steps: models.max(0) as u32,
+                tool_steps: tools.max(0) as u32,
+                cost_micro: cost,
+                started_at: started,
+                completed_at: completed,
+            }
+        })
+        .collect())
+}

@@ -64,9 +64,8 @@ pub struct Run<'a, B> {
     pub elided: std::sync::atomic::AtomicUsize,
     pub system: String,
     pub tools: Vec<ToolDef>,
-    /// The store's MCP tools the run offers: the name the model calls, the server's name
-    /// (`server.tool`), and whether it changes nothing.
-    pub mcp: Vec<(String, String, bool)>,
+    /// The MCP tools the run offers (its store and remote servers').
+    pub mcp: Vec<super::remote_mcp::Offer>,
 }
 
 impl<B: Backend> Run<'_, B> {
@@ -79,13 +78,9 @@ impl<B: Backend> Run<'_, B> {
 
     /// What a call of the model is.
     pub fn kind(&self, call: &sandbase_api::conversation::ToolCall) -> ToolKind {
-        match self
-            .mcp
-            .iter()
-            .find(|(model_name, ..)| *model_name == call.name)
-        {
-            Some((_, _, read_only)) => ToolKind::Mcp {
-                read_only: *read_only,
+        match self.mcp.iter().find(|offer| offer.model_name == call.name) {
+            Some(offer) => ToolKind::Mcp {
+                read_only: offer.read_only,
             },
             None => sandbase_harness::tools::kind(&self.row.tools.0, call),
         }

@@ -33,6 +33,25 @@ pub async fn limited<B: Backend>(run: &Run<'_, B>, limit: &str) -> Result<Flow, 
         .await
 }
 
+/// The run's credits (its key's cap, an ancestor's or the team's) do not cover what comes
+/// next: `limited`, with the refusal's code and words.
+pub async fn spent<B: Backend>(
+    run: &Run<'_, B>,
+    code: &str,
+    message: String,
+) -> Result<Flow, Halt> {
+    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    write
+        .event(
+            "limit.reached",
+            json!({ "limit": "max_credits", "code": code, "message": message }),
+        )
+        .await?;
+    run.commit(write).await?;
+    run.settle(Status::Limited, Some((code, message)), json!([]))
+        .await
+}
+
 /// The run's wall-clock limit, checked between steps.
 pub async fn over_limit<B: Backend>(
     run: &Run<'_, B>,
@@ -205,10 +224,7 @@ async fn failed_model<B: Backend>(
             )
             .await
         }
-        (402, _) => {
-            run.settle(Status::Limited, Some((code, message)), json!([]))
-                .await
-        }
+        (402, _) => spent(run, code, message).await,
         (408 | 429 | 500..=599, _) if attempts == TRIES => {
             run.settle(
                 Status::Failed,
@@ -351,7 +367,7 @@ async fn tool<B: Backend>(run: &Run<'_, B>, call: &ToolCall, gate: &Gate) -> Res
                 };
                 ToolOutcome::error(why.clone())
             }
-            ToolKind::Mcp { .. } => mcp_call(run, call).await,
+            ToolKind::Mcp { .. } => super::mcp::call(run, call).await,
             _ => {
                 let caller = run.caller();
                 tools::execute(run.backend, &caller, &run.sandbox(), &exec_id, kind, call).await
@@ -367,27 +383,6 @@ async fn tool<B: Backend>(run: &Run<'_, B>, call: &ToolCall, gate: &Gate) -> Res
         started.elapsed().as_millis() as u64,
     )
     .await
-}
-
-/// A call of a store MCP server's tool (its credential injected, priced per call by the
-/// store).
-async fn mcp_call<B: Backend>(run: &Run<'_, B>, call: &ToolCall) -> ToolOutcome {
-    let Some((_, name, _)) = run
-        .mcp
-        .iter()
-        .find(|(model_name, ..)| *model_name == call.name)
-    else {
-        return ToolOutcome::error(format!("there is no tool `{}` in this run", call.name));
-    };
-    let arguments = call.arguments.as_object().cloned();
-    match run
-        .backend
-        .call_extra(Some(&run.parts), name, arguments)
-        .await
-    {
-        Some(result) => tools::mcp_outcome(&result),
-        None => ToolOutcome::error(format!("the MCP server of `{name}` is gone")),
-    }
 }
 
 /// The exec id of a tool step's command: `{run}-{step}`, the same on any gateway.

@@ -32,13 +32,16 @@ pub async fn create(
         .candidates(&placement_of(&sandbox, owner))
         .await?;
     let id = Uuid::now_v7();
-    // The first minute (or the sandbox's cap, when lower) is reserved before anything
-    // starts, against the team's credits and the key's cap; refused when either is spent.
-    let first_minute =
-        crate::credits::price_per_second(sandbox.resources, &state.settings.billing) * 60;
-    let first_minute = sandbox
-        .max_credits
-        .map_or(first_minute, |cap| first_minute.min(cap));
+    // The first minute is reserved before anything starts, against the team's credits and
+    // the key's cap; refused when either is spent. A sandbox with a cap of its own is charged
+    // at every sample and never past its caps: one charging interval ahead is reserved (at
+    // most its cap), so the rest of its key's budget stays for the key's other calls.
+    let billing = &state.settings.billing;
+    let per_second = crate::credits::price_per_second(sandbox.resources, billing);
+    let first_minute = match sandbox.max_credits {
+        Some(cap) => (per_second * billing.charge_every_secs as i64).min(cap),
+        None => per_second * 60,
+    };
     // What the key spends counts against its ancestors' caps too.
     let keys =
         crate::credits::Cap::keys(&crate::keys::with_ancestors(&state.db, owner.api_key_id).await?);

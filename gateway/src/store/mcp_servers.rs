@@ -75,16 +75,6 @@ impl McpServer {
         Duration::from_secs(self.settings.timeout_secs)
     }
 
-    async fn session(&self) -> Result<RunningService<RoleClient, ()>, String> {
-        let transport = StreamableHttpClientTransport::with_client(
-            self.current_client()?,
-            StreamableHttpClientTransportConfig::with_uri(self.settings.url.clone()),
-        );
-        ().serve(transport)
-            .await
-            .map_err(|error| format!("{}: {error}", self.settings.name))
-    }
-
     /// Its tools (from the last minute's listing when there is one).
     pub async fn tools(&self) -> Result<Vec<Tool>, McpFailure> {
         if let Some((at, tools)) = &*self.tools.lock().unwrap_or_else(|p| p.into_inner())
@@ -92,15 +82,14 @@ impl McpServer {
         {
             return Ok(tools.clone());
         }
-        let listed = tokio::time::timeout(self.timeout(), async {
-            let session = self.session().await?;
-            let tools = session.peer().list_all_tools().await;
-            let _ = session.cancel().await;
-            tools.map_err(|error| format!("{}: {error}", self.settings.name))
-        })
-        .await
-        .map_err(|_| McpFailure::Timeout)?
-        .map_err(McpFailure::Failed)?;
+        let client = self.current_client().map_err(McpFailure::Failed)?;
+        let listed = list_tools(
+            client,
+            &self.settings.url,
+            self.timeout(),
+            &self.settings.name,
+        )
+        .await?;
         *self.tools.lock().unwrap_or_else(|p| p.into_inner()) =
             Some((Instant::now(), listed.clone()));
         Ok(listed)
@@ -112,20 +101,66 @@ impl McpServer {
         tool: &str,
         arguments: Option<JsonObject>,
     ) -> Result<CallToolResult, McpFailure> {
-        let mut request = CallToolRequestParams::new(tool.to_owned());
-        if let Some(arguments) = arguments {
-            request = request.with_arguments(arguments);
-        }
-        tokio::time::timeout(self.timeout(), async {
-            let session = self.session().await?;
-            let result = session.peer().call_tool(request).await;
-            let _ = session.cancel().await;
-            result.map_err(|error| format!("{}: {error}", self.settings.name))
-        })
-        .await
-        .map_err(|_| McpFailure::Timeout)?
-        .map_err(McpFailure::Failed)
+        let client = self.current_client().map_err(McpFailure::Failed)?;
+        let server = (self.settings.url.as_str(), self.settings.name.as_str());
+        call_tool(client, server, self.timeout(), tool, arguments).await
     }
+}
+
+/// A client session with the Streamable HTTP server at `url` through `client`.
+async fn session(
+    client: reqwest::Client,
+    url: &str,
+    name: &str,
+) -> Result<RunningService<RoleClient, ()>, String> {
+    let transport = StreamableHttpClientTransport::with_client(
+        client,
+        StreamableHttpClientTransportConfig::with_uri(url.to_owned()),
+    );
+    ().serve(transport)
+        .await
+        .map_err(|error| format!("{name}: {error}"))
+}
+
+/// The tools of the MCP server at `url` (called `name` in errors), in a session of its own.
+pub async fn list_tools(
+    client: reqwest::Client,
+    url: &str,
+    timeout: Duration,
+    name: &str,
+) -> Result<Vec<Tool>, McpFailure> {
+    tokio::time::timeout(timeout, async {
+        let session = session(client, url, name).await?;
+        let tools = session.peer().list_all_tools().await;
+        let _ = session.cancel().await;
+        tools.map_err(|error| format!("{name}: {error}"))
+    })
+    .await
+    .map_err(|_| McpFailure::Timeout)?
+    .map_err(McpFailure::Failed)
+}
+
+/// Calls `tool` of the MCP server `(url, name)` with `arguments`, in a session of its own.
+pub async fn call_tool(
+    client: reqwest::Client,
+    (url, name): (&str, &str),
+    timeout: Duration,
+    tool: &str,
+    arguments: Option<JsonObject>,
+) -> Result<CallToolResult, McpFailure> {
+    let mut request = CallToolRequestParams::new(tool.to_owned());
+    if let Some(arguments) = arguments {
+        request = request.with_arguments(arguments);
+    }
+    tokio::time::timeout(timeout, async {
+        let session = session(client, url, name).await?;
+        let result = session.peer().call_tool(request).await;
+        let _ = session.cancel().await;
+        result.map_err(|error| format!("{name}: {error}"))
+    })
+    .await
+    .map_err(|_| McpFailure::Timeout)?
+    .map_err(McpFailure::Failed)
 }
 
 /// A client whose every request carries `credential` as the server's settings say.

@@ -156,7 +156,8 @@ async fn charge_runtime(
     .fetch_all(&mut *transaction)
     .await?;
     for row in due {
-        let booked_amount = charge_sandbox(&mut *transaction, billing, &row).await?;
+        let headroom = headroom(&mut *transaction, Some(row.id), row.api_key_id).await?;
+        let booked_amount = charge_sandbox(&mut *transaction, billing, &row, headroom).await?;
         sqlx::query(
             "UPDATE sandboxes SET metered_seq = sampled_seq, metered_ms = sampled_ms, \
                metered_cpu_usec = sampled_cpu_usec, metered_paused_ms = sampled_paused_ms, \
@@ -177,12 +178,35 @@ async fn charge_runtime(
     Ok(())
 }
 
-/// Debits one sandbox's runtime since its last charge; returns what was booked (0 when
-/// nothing was due, or the debit was booked before).
+/// What a sandbox's usage may still be charged before its cap or a cap of its key's lineage
+/// is reached (none: no cap). A capped sandbox is stopped once a cap is reached; what it used
+/// past it is not charged, so a cap is never exceeded.
+async fn headroom(
+    transaction: &mut PgConnection,
+    sandbox: Option<Uuid>,
+    api_key_id: Option<Uuid>,
+) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT LEAST( \
+           (SELECT max_credits - spent_micro FROM sandboxes \
+             WHERE id = $1 AND max_credits IS NOT NULL), \
+           (SELECT min(a.max_credits - a.spent_micro) FROM api_keys k JOIN api_keys a \
+              ON a.id = k.id OR a.id = ANY(k.lineage) \
+             WHERE k.id = $2 AND a.max_credits IS NOT NULL))",
+    )
+    .bind(sandbox)
+    .bind(api_key_id)
+    .fetch_one(transaction)
+    .await
+}
+
+/// Debits one sandbox's runtime since its last charge, at most `headroom`; returns what was
+/// booked (0 when nothing was due, or the debit was booked before).
 async fn charge_sandbox(
     transaction: &mut PgConnection,
     billing: &BillingSettings,
     row: &Metered,
+    headroom: Option<i64>,
 ) -> Result<i64, sqlx::Error> {
     let resources = sandbase_api::sandboxes::Resources {
         cpu_millis: row.cpu_millis as u32,
@@ -206,7 +230,8 @@ async fn charge_sandbox(
         cpu_usec: row.metered_cpu_usec,
     };
     let (uptime_ms, cpu_usec) = (now.uptime_ms, now.cpu_usec);
-    let amount = runtime_due(rates, now) - runtime_due(rates, before);
+    let due = runtime_due(rates, now) - runtime_due(rates, before);
+    let amount = headroom.map_or(due, |headroom| due.min(headroom.max(0)));
     if amount <= 0 {
         return Ok(0);
     }
@@ -230,6 +255,8 @@ async fn charge_sandbox(
                 "price_per_second_micro": rates.running,
                 "paused_price_per_second_micro": rates.paused,
                 "cpu_second_micro": billing.cpu_second_micro,
+                // Time past a spend cap, not charged.
+                "forgiven_micro": due - amount,
             }),
         },
     )
@@ -309,9 +336,11 @@ async fn charge_group(
         subject,
     } = group;
     // Prices may change between report and charge; a kind priced out since is free.
-    let Some((amount, price)) = billing.price_of(kind, subject, quantity) else {
+    let Some((due, price)) = billing.price_of(kind, subject, quantity) else {
         return Ok(None);
     };
+    let headroom = headroom(&mut *transaction, *sandbox, *api_key_id).await?;
+    let amount = headroom.map_or(due, |headroom| due.min(headroom.max(0)));
     if amount <= 0 {
         return Ok(None);
     }
@@ -330,6 +359,7 @@ async fn charge_group(
                 "quantity": quantity,
                 "events": ids.len(),
                 "price_micro": price.micro,
+                "forgiven_micro": due - amount,
                 "price_per": price.per,
             }),
         },

@@ -86,6 +86,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/agent-runs/{id}"),
     ("GET", "/v1/agent-runs/{id}/events"),
     ("GET", "/v1/agent-runs/{id}/steps"),
+    ("GET", "/v1/agent-runs/{id}/turns"),
     ("POST", "/v1/agent-runs/{id}/inputs"),
     ("POST", "/v1/agent-runs/{id}/cancel"),
     ("POST", "/v1/sandboxes/{id}/pause"),

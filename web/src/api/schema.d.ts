@@ -68,8 +68,10 @@ export interface paths {
         /**
          * Start an agent run: the model works in its sandbox with its tools, turn by turn, acting
          *     with a key of its own (a child of the caller's, capped at `limits.max_credits`). The run
-         *     is stepped in the background: follow it with `GET …/events`. An `Idempotency-Key` sent
-         *     again with the same body within 24 hours answers the run it made (200).
+         *     is stepped in the background: follow it with `GET …/events`, or ask the answer to wait for
+         *     its first turn (`background: false`) or to stream it (`stream: true`). An
+         *     `Idempotency-Key` sent again with the same body within 24 hours answers the run it made
+         *     (200).
          */
         post: operations["create_agent_run"];
         delete?: never;
@@ -177,6 +179,26 @@ export interface paths {
          *     under), written before it happened.
          */
         get: operations["agent_run_steps"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/agent-runs/{id}/turns": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The run's turns: each one's input, its model and tool steps and their cost, when it
+         *     started and ended.
+         */
+        get: operations["agent_run_turns"];
         put?: never;
         post?: never;
         delete?: never;
@@ -1700,6 +1722,32 @@ export interface components {
         AgentRunStepList: {
             steps: components["schemas"]["AgentRunStep"][];
         };
+        /** @description One turn of a run: its input, its steps and what they cost. */
+        AgentRunTurn: {
+            /**
+             * Format: date-time
+             * @description When it ended (none: it goes on, or waits for its client).
+             */
+            completed_at?: string | null;
+            /**
+             * Format: int64
+             * @description What its steps cost, in micro-credits (1 credit = 1 000 000).
+             */
+            cost_micro: number;
+            /** @description The turn's first message (its input), in the typed conversation form. */
+            input?: unknown;
+            /** Format: int32 */
+            model_steps: number;
+            /** Format: date-time */
+            started_at?: string | null;
+            /** Format: int32 */
+            tool_steps: number;
+            /** Format: int32 */
+            turn: number;
+        };
+        AgentRunTurnList: {
+            turns: components["schemas"]["AgentRunTurn"][];
+        };
         /** @description The sandbox of a run. */
         AgentSandbox: components["schemas"]["ExistingSandbox"] | components["schemas"]["CreateSandboxRequest"];
         /** @description A tool the model may call. */
@@ -1713,7 +1761,22 @@ export interface components {
             /** @enum {string} */
             type: "python";
         } | {
-            server: string;
+            /** @description Only these of the server's tools (all when not given). */
+            allowed_tools?: string[] | null;
+            /**
+             * @description A remote server's credential from the team's secrets (`POST /v1/secrets`),
+             *     injected as the secret says; the secret must be bound to the server's host.
+             */
+            credential_secret?: string | null;
+            /** @description A store MCP server by name. */
+            server?: string | null;
+            /**
+             * @description What the model sees before its tools' names (`LABEL__TOOL`) and approval rules name
+             *     (`mcp:LABEL`); a remote server's host's first label when not given.
+             */
+            server_label?: string | null;
+            /** @description A remote MCP server's endpoint (`https://…` or `http://…`). */
+            server_url?: string | null;
             /** @enum {string} */
             type: "mcp";
         } | {
@@ -1936,6 +1999,11 @@ export interface components {
              */
             approvals?: components["schemas"]["ApprovalRule"][];
             /**
+             * @description Answer at once with the run queued (true, the default), or once its first turn has
+             *     stopped (`idle`, `requires_action` or ended) with the run as it then is (false).
+             */
+            background?: boolean | null;
+            /**
              * Format: int64
              * @description Seconds an idle run waits for a message before it is `completed` (default 3600).
              */
@@ -1959,6 +2027,11 @@ export interface components {
              */
             parallel_tool_calls?: boolean | null;
             sandbox?: components["schemas"]["AgentSandbox"] | null;
+            /**
+             * @description Answer with the run's events as Server-Sent Events (as `GET …/events` streams them)
+             *     until its first turn has stopped.
+             */
+            stream?: boolean | null;
             /** @description The tools the model may call (none: a conversation without tools). */
             tools?: components["schemas"]["AgentTool"][];
         };
@@ -3437,13 +3510,14 @@ export interface operations {
                     "application/json": components["schemas"]["AgentRun"];
                 };
             };
-            /** @description Made (queued) */
+            /** @description Made: queued, or (`background: false`) its first turn stopped; or (`stream: true`) its events until then */
             201: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["AgentRun"];
+                    "text/event-stream": components["schemas"]["AgentRunEvent"];
                 };
             };
             /** @description Body is not valid JSON (`invalid_json`) */
@@ -4007,6 +4081,74 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["AgentRunStepList"];
+                };
+            };
+            /** @description Missing, malformed, unknown, revoked or expired credentials (`unauthenticated`, `invalid_api_key`, `session_expired`, …) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not in the caller's team */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A field or parameter is invalid (`invalid_request`) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too many requests from this address or key (`rate_limited`, with `Retry-After`) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A backing service is unavailable (`unavailable`, `busy`), retry later */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    agent_run_turns: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Agent run id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AgentRunTurnList"];
                 };
             };
             /** @description Missing, malformed, unknown, revoked or expired credentials (`unauthenticated`, `invalid_api_key`, `session_expired`, …) */

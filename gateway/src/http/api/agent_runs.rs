@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use sandbase_api::agent_runs::{
     AgentRun, AgentRunEvent, AgentRunEventPage, AgentRunInput, AgentRunList, AgentRunStepList,
-    CancelAgentRunRequest, CreateAgentRunRequest,
+    AgentRunTurnList, CancelAgentRunRequest, CreateAgentRunRequest,
 };
 use sandbase_api::{ErrorBody, Role};
 use serde::Deserialize;
@@ -32,6 +32,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_agent_run, delete_agent_run))
         .routes(routes!(agent_run_events))
         .routes(routes!(agent_run_steps))
+        .routes(routes!(agent_run_turns))
         .routes(routes!(agent_run_inputs))
         .routes(routes!(cancel_agent_run))
 }
@@ -53,13 +54,18 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
 
 /// Start an agent run: the model works in its sandbox with its tools, turn by turn, acting
 /// with a key of its own (a child of the caller's, capped at `limits.max_credits`). The run
-/// is stepped in the background: follow it with `GET …/events`. An `Idempotency-Key` sent
-/// again with the same body within 24 hours answers the run it made (200).
+/// is stepped in the background: follow it with `GET …/events`, or ask the answer to wait for
+/// its first turn (`background: false`) or to stream it (`stream: true`). An
+/// `Idempotency-Key` sent again with the same body within 24 hours answers the run it made
+/// (200).
 #[utoipa::path(post, path = "/v1/agent-runs", tag = "agent-runs", security(("bearer" = [])),
     request_body = CreateAgentRunRequest,
     params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create answer the first run")),
     responses(
-        (status = 201, description = "Made (queued)", body = AgentRun),
+        (status = 201, description = "Made: queued, or (`background: false`) its first turn stopped; or (`stream: true`) its events until then", content(
+            (AgentRun = "application/json"),
+            (AgentRunEvent = "text/event-stream"),
+        )),
         (status = 200, description = "Made before with this Idempotency-Key and body", body = AgentRun),
         (status = 403, description = "A `max_credits` beyond the caller key's cap (`exceeds_parent_key`), or a role below member", body = ErrorBody),
         (status = 404, description = "The sandbox given by id is not the team's, or stopped", body = ErrorBody),
@@ -72,17 +78,51 @@ async fn create_agent_run(
     context: RequestContext,
     headers: HeaderMap,
     ApiJson(request): ApiJson<CreateAgentRunRequest>,
-) -> ApiResult<(StatusCode, Json<AgentRun>)> {
+) -> ApiResult<Response> {
     let audit = context.action("agent_run.create");
     principal.require(Role::Member)?;
     let key = idempotency_key(&headers)?;
+    let (stream, background) = (
+        request.stream.unwrap_or(false),
+        request.background.unwrap_or(true),
+    );
     let (made, row) = create::create(&state, &principal, &audit, key, request).await?;
     let status = if made {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(row.to_api())))
+    if stream {
+        let events = events::follow(state.clone(), row.id, 0, events::Until::Stopped);
+        return Ok((status, sse(events)).into_response());
+    }
+    let row = if background {
+        row
+    } else {
+        events::until_stopped(&state, principal.team_id, row.id).await?
+    };
+    Ok((status, Json(row.to_api())).into_response())
+}
+
+/// A followed stream of events as Server-Sent Events.
+fn sse(
+    events: impl futures_util::Stream<Item = Result<AgentRunEvent, sqlx::Error>> + Send + 'static,
+) -> Response {
+    let frames = events.map(|event| match event {
+        Ok(event) => Ok(sse_frame(&event)),
+        Err(error) => Err(std::io::Error::other(error.to_string())),
+    });
+    let mut response = Body::from_stream(frames).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        "text/event-stream".parse().expect("a media type"),
+    );
+    headers.insert(
+        header::CACHE_CONTROL,
+        "no-cache".parse().expect("a header value"),
+    );
+    response
 }
 
 /// The team's agent runs, newest first (the last 100).
@@ -198,21 +238,7 @@ async fn agent_run_events(
         return Ok(Json(page).into_response());
     }
     drop(connection);
-    let frames = events::follow(state, id, after).map(|event| match event {
-        Ok(event) => Ok(sse_frame(&event)),
-        Err(error) => Err(std::io::Error::other(error.to_string())),
-    });
-    let mut response = Body::from_stream(frames).into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        "text/event-stream".parse().expect("a media type"),
-    );
-    headers.insert(
-        header::CACHE_CONTROL,
-        "no-cache".parse().expect("a header value"),
-    );
-    Ok(response)
+    Ok(sse(events::follow(state, id, after, events::Until::Ended)))
 }
 
 /// One event as Server-Sent Events frame it (the same bytes live and replayed).
@@ -238,6 +264,24 @@ async fn agent_run_steps(
     let steps = rows::steps(&mut connection, id).await?;
     Ok(Json(AgentRunStepList {
         steps: steps.iter().map(rows::StepRow::to_api).collect(),
+    }))
+}
+
+/// The run's turns: each one's input, its model and tool steps and their cost, when it
+/// started and ended.
+#[utoipa::path(get, path = "/v1/agent-runs/{id}/turns", tag = "agent-runs", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Agent run id")),
+    responses((status = 200, description = "OK", body = AgentRunTurnList),
+        (status = 404, description = "Not in the caller's team", body = ErrorBody)))]
+async fn agent_run_turns(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<Json<AgentRunTurnList>> {
+    let mut connection = state.db.acquire().await?;
+    rows::fetch(&mut connection, principal.team_id, id).await?;
+    Ok(Json(AgentRunTurnList {
+        turns: rows::turns(&mut connection, id).await?,
     }))
 }
 

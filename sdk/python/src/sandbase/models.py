@@ -198,6 +198,37 @@ class AgentRunStepList(BaseModel):
     steps: list[AgentRunStep]
 
 
+class AgentRunTurn(BaseModel):
+    """
+    One turn of a run: its input, its steps and what they cost.
+    """
+
+    completed_at: Annotated[
+        AwareDatetime | None,
+        Field(description='When it ended (none: it goes on, or waits for its client).'),
+    ] = None
+    cost_micro: Annotated[
+        int,
+        Field(
+            description='What its steps cost, in micro-credits (1 credit = 1 000 000).'
+        ),
+    ]
+    input: Annotated[
+        Any | None,
+        Field(
+            description="The turn's first message (its input), in the typed conversation form."
+        ),
+    ] = None
+    model_steps: Annotated[int, Field(ge=0)]
+    started_at: AwareDatetime | None = None
+    tool_steps: Annotated[int, Field(ge=0)]
+    turn: Annotated[int, Field(ge=0)]
+
+
+class AgentRunTurnList(BaseModel):
+    turns: list[AgentRunTurn]
+
+
 class AgentTool1(BaseModel):
     """
     `shell`: commands in one bash session in the sandbox (its directory and exported
@@ -235,18 +266,62 @@ class AgentTool3(BaseModel):
     type: Literal['python']
 
 
+AllowedTool = TypeAliasType(
+    "AllowedTool", Annotated[str, Field(pattern='^[^\\u0000]*$')]
+)
+
+
 class AgentTool4(BaseModel):
     """
-    The tools of an MCP server of the store (`GET /v1/store/apis` lists none of them;
-    the operator's `[[store.mcp_servers]]`), by name: its credential injected by the
-    gateway, each call priced as the store prices it. A tool the server marks read-only
-    runs beside other such calls.
+    An MCP server's tools, offered to the model as `LABEL__TOOL` (a tool the server marks
+    read-only runs beside other such calls). Exactly one of: `server`, one of the store's
+    (the operator's `[[store.mcp_servers]]`, its credential injected by the gateway, each
+    call priced as the store prices it); `server_url`, a remote one the team names
+    (Streamable HTTP), reached only at a public address (resolved, checked and dialled as
+    checked, no redirect followed), with a credential given here (`credential`: kept by
+    the vault, never shown or journaled) or a team secret bound to its host
+    (`credential_secret`).
     """
 
     model_config = ConfigDict(
         extra='forbid',
     )
-    server: Annotated[str, Field(pattern='^[A-Za-z0-9_-]{1,64}$')]
+    allowed_tools: Annotated[
+        list[AllowedTool] | None,
+        Field(
+            description="Only these of the server's tools (all when not given).",
+            max_length=128,
+        ),
+    ] = None
+    credential_secret: Annotated[
+        str | None,
+        Field(
+            description="A remote server's credential from the team's secrets (`POST /v1/secrets`),\ninjected as the secret says; the secret must be bound to the server's host.",
+            pattern='^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$',
+        ),
+    ] = None
+    server: Annotated[
+        str | None,
+        Field(
+            description='A store MCP server by name.', pattern='^[A-Za-z0-9_-]{1,64}$'
+        ),
+    ] = None
+    server_label: Annotated[
+        str | None,
+        Field(
+            description="What the model sees before its tools' names (`LABEL__TOOL`) and approval rules name\n(`mcp:LABEL`); a remote server's host's first label when not given.",
+            pattern='^[A-Za-z0-9_-]{1,64}$',
+        ),
+    ] = None
+    server_url: Annotated[
+        str | None,
+        Field(
+            description="A remote MCP server's endpoint (`https://…` or `http://…`).",
+            max_length=2048,
+            min_length=8,
+            pattern='^https?://',
+        ),
+    ] = None
     type: Literal['mcp']
 
 
@@ -2428,6 +2503,12 @@ class CreateAgentRunRequest(BaseModel):
             max_length=32,
         ),
     ] = None
+    background: Annotated[
+        bool | None,
+        Field(
+            description='Answer at once with the run queued (true, the default), or once its first turn has\nstopped (`idle`, `requires_action` or ended) with the run as it then is (false).'
+        ),
+    ] = None
     idle_timeout_secs: Annotated[
         int | None,
         Field(
@@ -2472,6 +2553,12 @@ class CreateAgentRunRequest(BaseModel):
         ),
     ] = None
     sandbox: AgentSandbox | None = None
+    stream: Annotated[
+        bool | None,
+        Field(
+            description="Answer with the run's events as Server-Sent Events (as `GET …/events` streams them)\nuntil its first turn has stopped."
+        ),
+    ] = None
     tools: Annotated[
         list[AgentTool] | None,
         Field(
