@@ -42,8 +42,9 @@ pub struct CreateAgentRunRequest {
     #[serde(default)]
     pub parallel_tool_calls: Option<bool>,
     /// What happens to a tool call a gateway was making when it died and that no worker
-    /// knows the end of: `fail` (the default: the model is told it may not have run) —
-    /// whatever was finished is adopted, never run again.
+    /// knows the end of: `fail` (the default: the model is told it may not have run) or
+    /// `ask` (the run waits for a person to decide whether it runs again) — whatever was
+    /// finished is adopted, never run again.
     #[serde(default)]
     pub on_uncertain_tool: Option<UncertainTool>,
     /// Which tool calls need a person's approval: the first rule that matches a call decides
@@ -56,6 +57,16 @@ pub struct CreateAgentRunRequest {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 604800)]
     pub idle_timeout_secs: Option<u64>,
+    /// Seconds a waiting run (`idle`, `requires_action`) keeps the sandbox it made, paused,
+    /// before releasing it (default 86400): snapshotted first when `checkpoints` is on, then
+    /// destroyed; the next turn starts a sandbox from the run's last snapshot (or afresh).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 604800)]
+    pub max_wait_secs: Option<u64>,
+    /// `every_turn`: the sandbox the run made is snapshotted at the end of each turn and when
+    /// it is released (`checkpoint.taken` events; the run's `checkpoint`); `none` (default).
+    #[serde(default)]
+    pub checkpoints: Option<Checkpoints>,
     /// Up to 16 string pairs of the caller's own.
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
@@ -250,12 +261,36 @@ pub struct AgentLimits {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 604800)]
     pub max_wall_secs: Option<u64>,
+    /// When a limit is reached: `stop` (the default: the run ends `limited`) or `ask` (it
+    /// waits in `requires_action` with a `limit` action until new limits are posted,
+    /// `POST …/inputs` `limits`, or it is cancelled).
+    #[serde(default)]
+    pub on_limit: Option<OnLimit>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Checkpoints {
+    None,
+    EveryTurn,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OnLimit {
+    Stop,
+    Ask,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum UncertainTool {
+    /// The model is told the call may or may not have run.
     Fail,
+    /// The run waits in `requires_action` for a decision on the call (an `approval` action
+    /// with `uncertain: true`): `allow` runs it again, `deny` tells the model it may or may
+    /// not have run.
+    Ask,
 }
 
 /// Where a run stands.
@@ -307,8 +342,20 @@ pub enum RequiredAction {
         arguments: Value,
         /// The tool as the rules name it (`shell`, `mcp:SERVER`…).
         tool: String,
-        /// The rule's index in `approvals`.
+        /// The rule's index in `approvals` (0 for an uncertain call).
         rule: u32,
+        /// The call was under way when the gateway making it stopped, and no worker knows
+        /// its end (`on_uncertain_tool: ask`): `allow` runs it again, `deny` tells the model
+        /// that it may or may not have run.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        uncertain: bool,
+    },
+    /// A limit the run reached (`on_limit: ask`): it goes on once new limits allow it
+    /// (`POST …/inputs`, `limits`), or may be cancelled.
+    Limit {
+        /// `max_tool_calls`, `max_wall_secs` or `max_credits`.
+        limit: String,
+        message: String,
     },
 }
 
@@ -326,6 +373,9 @@ pub struct AgentRun {
     pub sandbox_id: Option<Uuid>,
     /// Whether the run made its sandbox (and destroys it when it ends).
     pub owns_sandbox: bool,
+    /// The last snapshot of the sandbox the run made (`checkpoints: every_turn`).
+    #[serde(default)]
+    pub checkpoint: Option<Uuid>,
     pub limits: AgentLimits,
     pub approvals: Vec<ApprovalRule>,
     pub required_actions: Vec<RequiredAction>,
@@ -464,6 +514,11 @@ pub enum AgentRunInput {
         #[serde(default)]
         remember: Option<Remember>,
     },
+    /// New limits: those given replace the run's, the rest stay (`max_credits` becomes the
+    /// cap of the run's key and of the sandbox it made). A run waiting on a limit it reached
+    /// goes on. Needs a person or a key of at least the run creator's role that is neither
+    /// the run's own key nor one it made.
+    Limits { limits: AgentLimits },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

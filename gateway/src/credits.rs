@@ -284,6 +284,13 @@ impl Admission {
             .sum())
     }
 
+    /// Drops a cap's cached headroom (after the cap changed): the next reservation reads it.
+    pub async fn forget_cap(&self, cap: Cap) -> anyhow::Result<()> {
+        let (headroom, _) = self.keys(Budget::Cap(cap));
+        let _: i64 = redis::AsyncCommands::del(&mut self.redis.clone(), &headroom).await?;
+        Ok(())
+    }
+
     /// Drops the team's cached balance (after a grant): the next reservation reads the ledger.
     pub async fn forget(&self, team_id: Uuid) -> anyhow::Result<()> {
         let (balance, _) = self.keys(Budget::Team(team_id));

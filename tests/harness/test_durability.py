@@ -114,3 +114,38 @@ def test_a_paused_owner_writes_nothing_when_it_wakes(team, cluster):
     seen = [r for r in cluster.standin.requests("[[script:pause]]")]
     results = [sum(1 for m in r["body"]["messages"] if m.get("role") == "tool") for r in seen]
     assert sorted(results) == [0, 1, 2], results
+
+
+def test_a_call_whose_end_is_unknown_waits_for_a_person_when_asked(team, cluster):
+    # A Python call has no exec id a worker keeps: after the owner dies, its end is unknown.
+    code = "import time\ntime.sleep(3)\nopen('/work/.py-count', 'a').write('x')\nprint('wrote')"
+    steps = [{"tool": "python", "arguments": {"code": code}}, {"text": "written"}]
+    cluster.restart_gateway(1, HARNESS__MAX_CONCURRENT="0")
+    try:
+        run = team.run("openai/gpt-test", "uncertain", steps, on_uncertain_tool="ask")
+        deadline = time.time() + 60
+        while not any(e["type"] == "tool.called" for e in team.events(run["id"])):
+            assert time.time() < deadline
+            time.sleep(0.05)
+        time.sleep(1)
+        cluster.signal_gateway(0, signal.SIGKILL)
+        cluster.start_gateway(0, HARNESS__MAX_CONCURRENT="0")
+        cluster.restart_gateway(1)
+        waiting = team.wait(run["id"], gateway=1)
+    finally:
+        cluster.restart_gateway(0)
+        cluster.restart_gateway(1)
+    assert waiting["status"] == "requires_action", waiting
+    (action,) = waiting["required_actions"]
+    assert (action["type"], action["tool"], action["uncertain"]) == ("approval", "python", True)
+    asked = [e["data"] for e in team.events(run["id"]) if e["type"] == "approval.requested"]
+    assert asked and asked[0]["uncertain"] is True, asked
+    # Allowed, it runs again: the first run had finished on the worker, so twice in all.
+    team.call("POST", f"/v1/agent-runs/{run['id']}/inputs",
+              {"type": "approval", "call_id": action["call_id"], "decision": "allow"})
+    done = team.wait(run["id"], statuses=("idle", "failed", "completed"))
+    assert done["status"] == "idle", done
+    assert team.exec(done["sandbox_id"], "cat /work/.py-count")["stdout"] == "xx"
+    ledger = team.call("GET", f"/v1/agent-runs/{run['id']}/steps")["steps"]
+    states = [(s["kind"], s["state"]) for s in ledger if s["kind"] == "tool"]
+    assert states == [("tool", "interrupted"), ("tool", "completed")], ledger

@@ -338,3 +338,27 @@ def test_a_create_can_wait_for_its_first_turn_or_stream_it(team, cluster):
     run_id = json.loads(frames[0].split(b"data: ", 1)[1])["run_id"]
     replay = team.events(run_id)
     assert [e["seq"] for e in replay[:len(frames)]] == list(range(1, len(frames) + 1))
+
+
+def test_a_limit_reached_asks_for_more_and_the_run_goes_on(team):
+    steps = [{"tool": "shell", "arguments": {"command": "echo one >> /work/limit.txt"}},
+             {"tool": "shell", "arguments": {"command": "echo two >> /work/limit.txt"}},
+             {"text": "both"}]
+    run = team.run("openai/gpt-test", "limit-ask", steps,
+                   limits={"max_tool_calls": 1, "on_limit": "ask"})
+    waiting = team.wait(run["id"])
+    assert waiting["status"] == "requires_action" and waiting["tool_calls"] == 1, waiting
+    assert waiting["required_actions"] == [
+        {"type": "limit", "limit": "max_tool_calls",
+         "message": "the run reached its `max_tool_calls`"}], waiting
+    # A member below the run creator's role may not raise its limits.
+    member = team.call("POST", "/v1/api-keys", {"name": "low", "role": "member"})
+    raise_ = {"type": "limits", "limits": {"max_tool_calls": 5}}
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        team.call("POST", f"/v1/agent-runs/{run['id']}/inputs", raise_, token=member["token"])
+    assert refused.value.code == 403
+    team.call("POST", f"/v1/agent-runs/{run['id']}/inputs", raise_)
+    done = team.wait(run["id"], statuses=("idle", "failed", "limited"))
+    assert done["status"] == "idle" and done["tool_calls"] == 2, done
+    assert done["limits"]["max_tool_calls"] == 5 and done["limits"]["on_limit"] == "ask"
+    assert team.exec(done["sandbox_id"], "cat /work/limit.txt")["stdout"] == "one\ntwo\n"

@@ -23,6 +23,23 @@ pub fn gate<B>(run: &Run<'_, B>, decisions: &Value, call: &ToolCall) -> Gate
 where
     B: sandbase_mcp::Backend,
 {
+    // A call whose end was unknown runs again only when a person allowed it.
+    if let Some(decision) =
+        decisions.as_array().into_iter().flatten().find(|decision| {
+            decision["call_id"] == call.id.as_str() && decision["uncertain"] == true
+        })
+    {
+        return if decision["decision"] == "allow" {
+            Gate::Run
+        } else {
+            Gate::Deny(
+                "this call was under way when the gateway making it stopped, and a person chose \
+                 not to run it again: it may have run wholly, in part, or not at all. Check the \
+                 sandbox before you repeat it."
+                    .to_owned(),
+            )
+        };
+    }
     let kind = run.kind(call);
     let (policy, rule) = approval::policy(&run.row.approvals.0, kind, call);
     let rule = rule.unwrap_or(0);

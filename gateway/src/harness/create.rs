@@ -5,7 +5,8 @@
 
 use http::StatusCode;
 use sandbase_api::agent_runs::{
-    AgentInput, AgentSandbox, AgentTool, CreateAgentRunRequest, InputRole,
+    AgentInput, AgentSandbox, AgentTool, Checkpoints, CreateAgentRunRequest, InputRole,
+    UncertainTool,
 };
 use sandbase_api::conversation::{Message, Part, Role};
 use serde_json::json;
@@ -22,6 +23,8 @@ use crate::state::AppState;
 
 /// Seconds an idle run waits for a message unless asked otherwise.
 const DEFAULT_IDLE_SECS: u64 = 3600;
+/// Seconds a waiting run keeps the sandbox it made unless asked otherwise.
+const DEFAULT_MAX_WAIT_SECS: u64 = 86_400;
 /// Names the built-in tools take; a client function may not.
 const BUILT_IN: [&str; 3] = ["shell", "files", "python"];
 
@@ -110,6 +113,7 @@ pub async fn create(
             None => Err(reused()),
         };
     }
+    choices(&mut tx, id, &request).await?;
     super::remote_mcp::seal_all(&mut tx, keyring, principal.team_id, id, &request.tools).await?;
     audit
         .record(
@@ -127,6 +131,38 @@ pub async fn create(
         true,
         rows::fetch(&mut connection, principal.team_id, id).await?,
     ))
+}
+
+/// The run's choices about waits and uncertainty.
+async fn choices(
+    tx: &mut sqlx::PgConnection,
+    id: Uuid,
+    request: &CreateAgentRunRequest,
+) -> ApiResult<()> {
+    let uncertain = match request.on_uncertain_tool {
+        Some(UncertainTool::Ask) => "ask",
+        _ => "fail",
+    };
+    let checkpoints = match request.checkpoints {
+        Some(Checkpoints::EveryTurn) => "every_turn",
+        _ => "none",
+    };
+    sqlx::query(
+        "UPDATE agent_runs SET on_uncertain_tool = $2, checkpoints = $3, max_wait_secs = $4 \
+         WHERE id = $1",
+    )
+    .bind(id)
+    .bind(uncertain)
+    .bind(checkpoints)
+    .bind(
+        request
+            .max_wait_secs
+            .unwrap_or(DEFAULT_MAX_WAIT_SECS)
+            .min(604_800) as i32,
+    )
+    .execute(tx)
+    .await?;
+    Ok(())
 }
 
 /// The run's first events and its first turn's messages, committed with the run.
@@ -270,6 +306,15 @@ fn check(state: &AppState, request: &CreateAgentRunRequest) -> ApiResult<()> {
             return invalid("`input` has no messages".to_owned());
         }
         _ => {}
+    }
+    let seconds = [
+        ("idle_timeout_secs", request.idle_timeout_secs),
+        ("max_wait_secs", request.max_wait_secs),
+    ];
+    if let Some((field, _)) =
+        (seconds.iter()).find(|(_, value)| value.is_some_and(|v| v == 0 || v > 604_800))
+    {
+        return invalid(format!("`{field}`: 1 to 604800 seconds"));
     }
     if request.metadata.len() > 16
         || request

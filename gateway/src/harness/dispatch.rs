@@ -36,6 +36,9 @@ async fn claim_all<B: Backend>(
     let mut connection = state.db.acquire().await?;
     lifecycle::expire_idle(&mut connection).await?;
     lifecycle::expire_revoked(&mut connection).await?;
+    drop(connection);
+    super::release::release_expired(state, backend.as_ref()).await?;
+    let mut connection = state.db.acquire().await?;
     let lease_secs = state.settings.harness.lease_secs;
     loop {
         let Ok(slot) = slots.clone().try_acquire_owned() else {

@@ -7,7 +7,6 @@
 
 use std::sync::Arc;
 
-use http::header::AUTHORIZATION;
 use sandbase_api::conversation::{Message, Part, Role, ToolCall};
 use sandbase_harness::{Family, prompt};
 use sandbase_mcp::{ApiRequest, Backend};
@@ -47,27 +46,10 @@ async fn prepare<'a, B: Backend>(
 ) -> Result<Option<Run<'a, B>>, Halt> {
     let mut connection = state.db.acquire().await?;
     let row = rows::load(&mut connection, lease.claim.run_id).await?;
-    let token = match state.vault.as_deref() {
-        Some(keyring) => super::run_key::open(
-            &mut connection,
-            keyring,
-            row.team_id,
-            row.id,
-            &row.key_nonce,
-            &row.key_sealed,
-        )
-        .await
-        .ok(),
-        None => None,
-    };
     drop(connection);
-    let mut parts = http::Request::new(()).into_parts().0;
-    if let Some(value) = token
-        .as_deref()
-        .and_then(|token| http::HeaderValue::from_str(&format!("Bearer {token}")).ok())
-    {
-        parts.headers.insert(AUTHORIZATION, value);
-    }
+    let head = super::run_key::head(state, &row).await;
+    let opened = head.is_some();
+    let parts = head.unwrap_or_else(|| http::Request::new(()).into_parts().0);
     let egress = row.sandbox_spec.as_ref().and_then(|spec| {
         spec.pointer("/egress/allow")
             .and_then(Value::as_array)
@@ -95,7 +77,7 @@ async fn prepare<'a, B: Backend>(
         elided: Default::default(),
         mcp: Vec::new(),
     };
-    if token.is_none() {
+    if !opened {
         let why = "the run's key could not be opened (the vault's keys changed?)".to_owned();
         run.settle(Status::Failed, Some(("key_unavailable", why)), json!([]))
             .await?;
@@ -173,6 +155,10 @@ async fn ensure_sandbox<B: Backend>(run: &mut Run<'_, B>) -> Result<bool, Halt> 
     {
         // The sandbox stops at the run's budget too (the run's key caps it as well).
         spec["max_credits"] = json!(cap);
+    }
+    if let Some(snapshot) = run.row.checkpoint_snapshot {
+        // Released while the run waited: the next sandbox starts from its last snapshot.
+        spec["snapshot"] = json!(snapshot);
     }
     if spec.get("timeout_secs").is_none_or(Value::is_null) {
         // The sandbox lives as long as the run may (the run destroys it when it ends).

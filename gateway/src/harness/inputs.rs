@@ -64,6 +64,10 @@ pub async fn send(
             may_decide(&mut write.tx, principal, &row).await?;
             "approval"
         }
+        AgentRunInput::Limits { .. } => {
+            may_decide(&mut write.tx, principal, &row).await?;
+            "limits"
+        }
     };
     let recorded: Option<(Uuid,)> = sqlx::query_as(
         "INSERT INTO agent_run_inputs (id, run_id, kind, body, idempotency_key, taken) \
@@ -106,8 +110,10 @@ pub async fn send(
                                    "by": principal.actor_id() });
             approval(&mut write, &row, decision).await?
         }
+        AgentRunInput::Limits { limits } => super::limits::raise(&mut write, &row, limits).await?,
     };
     write.commit().await?;
+    super::limits::forget_caps(state, &row).await;
     let _ = state.harness.events.send(id);
     if wake {
         state.harness.wake.notify_one();
@@ -232,11 +238,13 @@ async fn approval(write: &mut Write, row: &AgentRunRow, mut decision: Value) -> 
             call_id: id,
             tool,
             rule,
+            uncertain,
             ..
-        } if *id == call_id => Some((tool.clone(), *rule)),
+        } if *id == call_id => Some((tool.clone(), *rule, *uncertain)),
         _ => None,
     });
-    let Some((tool, rule)) = asked.filter(|_| row.status == Status::RequiresAction) else {
+    let Some((tool, rule, uncertain)) = asked.filter(|_| row.status == Status::RequiresAction)
+    else {
         return Err(refused(
             StatusCode::CONFLICT,
             "not_waiting_for_approval",
@@ -245,6 +253,9 @@ async fn approval(write: &mut Write, row: &AgentRunRow, mut decision: Value) -> 
     };
     decision["tool"] = json!(tool);
     decision["rule"] = json!(rule);
+    if uncertain {
+        decision["uncertain"] = json!(true);
+    }
     write.event("approval.resolved", decision.clone()).await?;
     let left: Vec<&RequiredAction> = waiting
         .iter()
@@ -286,7 +297,9 @@ pub async fn take_messages(
                 role: Role::User,
                 content: vec![Part::Text { text: content }],
             }),
-            AgentRunInput::ToolResult { .. } | AgentRunInput::Approval { .. } => None,
+            AgentRunInput::ToolResult { .. }
+            | AgentRunInput::Approval { .. }
+            | AgentRunInput::Limits { .. } => None,
         })
         .collect())
 }

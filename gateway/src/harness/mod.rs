@@ -9,10 +9,13 @@
 //! `lease.rs`: a gateway's lease of a run, renewed by heartbeat; `dispatch.rs`: claiming
 //! runs whose lease is free or ran out; `run.rs`: a run as the gateway stepping it holds it;
 //! `driver.rs` and `steps.rs`: the loop; `mcp.rs`: the MCP tools a run offers and calls of
-//! them, `remote_mcp.rs`: a remote server named by URL (the egress guard, its credential in
-//! the vault); `cancel.rs`: a tool call watched for a cancel; `recover.rs`:
-//! what an adopted run does with a step its former owner left begun; `inputs.rs`: messages,
-//! tool results and cancels sent to a run; `events.rs`: reading the stream.
+//! them; `remote_mcp.rs`: a remote server named by URL (the egress guard, its credential in
+//! the vault); `limits.rs`: a limit reached (`limited`, or waiting for new limits) and new
+//! limits posted; `cancel.rs`: a tool call watched for a cancel; `recover.rs`: what an
+//! adopted run does with a step its former owner left begun (adopted, interrupted, or asked
+//! about); `inputs.rs`: messages, tool results, decisions, limits and cancels sent to a run;
+//! `events.rs`: reading the stream; `release.rs`: the sandboxes of runs that waited past
+//! `max_wait_secs` released (snapshotted first with checkpoints), and checkpoints.
 
 mod approvals;
 mod cancel;
@@ -24,8 +27,10 @@ pub mod inputs;
 mod journal;
 mod lease;
 pub mod lifecycle;
+mod limits;
 mod mcp;
 mod recover;
+mod release;
 mod remote_mcp;
 pub mod rows;
 mod run;

@@ -16,7 +16,7 @@ use crate::error::{ApiError, ApiResult};
 
 pub const RUN_COLUMNS: &str = "id, team_id, creator_role, run_key_id, key_nonce, key_sealed, \
     model, instructions, tools, sandbox_spec, sandbox_id, owns_sandbox, limits, approvals, \
-    decisions, parallel_tool_calls, \
+    decisions, parallel_tool_calls, on_uncertain_tool, checkpoints, checkpoint_snapshot, \
     metadata, status, error, required_actions, turns, tool_calls, usage, cost_micro, last_seq, \
     cancel_scope, request_hash, created_at, started_at, finished_at";
 
@@ -39,6 +39,11 @@ pub struct AgentRunRow {
     /// The decisions made on calls: `{call_id, tool, rule, decision, remember, reason, by}`.
     pub decisions: Value,
     pub parallel_tool_calls: bool,
+    /// `fail` or `ask`: what becomes of a call whose end no worker knows after adoption.
+    pub on_uncertain_tool: String,
+    /// `none` or `every_turn`.
+    pub checkpoints: String,
+    pub checkpoint_snapshot: Option<Uuid>,
     pub metadata: sqlx::types::Json<BTreeMap<String, String>>,
     pub status: Status,
     pub error: Option<Value>,
@@ -65,6 +70,7 @@ impl AgentRunRow {
             tools: self.tools.0.clone(),
             sandbox_id: self.sandbox_id,
             owns_sandbox: self.owns_sandbox,
+            checkpoint: self.checkpoint_snapshot,
             limits: self.limits.0.clone(),
             approvals: self.approvals.0.clone(),
             required_actions: self.required_actions.0.clone(),

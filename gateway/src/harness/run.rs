@@ -110,6 +110,15 @@ impl<B: Backend> Run<'_, B> {
         Ok(())
     }
 
+    /// A snapshot of the sandbox the run made at a turn's end, when it keeps checkpoints.
+    async fn checkpoint(&self, status: Status) -> Option<uuid::Uuid> {
+        let sandbox = self.row.sandbox_id.filter(|_| self.row.owns_sandbox)?;
+        if status != Status::Idle || self.row.checkpoints != "every_turn" {
+            return None;
+        }
+        super::release::snapshot(self.backend, &self.parts, sandbox).await
+    }
+
     /// Ends the drive with the run in `status` (`idle`, `requires_action` or a final one):
     /// a final status destroys the sandbox the run made, first (its key is revoked with it).
     pub async fn settle(
@@ -119,6 +128,7 @@ impl<B: Backend> Run<'_, B> {
         required: Value,
     ) -> Result<Flow, Halt> {
         self.check_lease()?;
+        let checkpoint = self.checkpoint(status).await;
         if self.row.owns_sandbox && self.row.sandbox_id.is_some() {
             // A final status destroys the sandbox the run made; a wait pauses it (billed as
             // paused) until the run is stepped again.
@@ -134,6 +144,19 @@ impl<B: Backend> Run<'_, B> {
         }
         let error = error.map(|(code, message)| json!({ "code": code, "message": message }));
         let mut write = journal::begin(&self.state.db, self.lease.claim).await?;
+        if let Some(snapshot) = checkpoint {
+            sqlx::query("UPDATE agent_runs SET checkpoint_snapshot = $2 WHERE id = $1")
+                .bind(self.row.id)
+                .bind(snapshot)
+                .execute(&mut *write.tx)
+                .await?;
+            write
+                .event(
+                    "checkpoint.taken",
+                    json!({ "snapshot_id": snapshot, "turn": write.turn }),
+                )
+                .await?;
+        }
         if matches!(status, Status::Idle) || status.is_final() {
             write
                 .event("turn.completed", json!({ "turn": write.turn }))

@@ -86,3 +86,20 @@ pub async fn open(
             .await?;
     String::from_utf8(opened.to_vec()).map_err(|_| sandbase_vault::VaultError::Decrypt)
 }
+
+/// The head of every call the run makes: its key, opened (none: the vault could not open it).
+pub async fn head(
+    state: &crate::state::AppState,
+    row: &super::rows::AgentRunRow,
+) -> Option<http::request::Parts> {
+    let keyring = state.vault.as_deref()?;
+    let mut connection = state.db.acquire().await.ok()?;
+    let (nonce, sealed) = (&row.key_nonce, &row.key_sealed);
+    let token = open(&mut connection, keyring, row.team_id, row.id, nonce, sealed)
+        .await
+        .ok()?;
+    let value = http::HeaderValue::from_str(&format!("Bearer {token}")).ok()?;
+    let mut parts = http::Request::new(()).into_parts().0;
+    parts.headers.insert(http::header::AUTHORIZATION, value);
+    Some(parts)
+}

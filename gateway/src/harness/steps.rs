@@ -23,14 +23,8 @@ const TRIES: u32 = 3;
 
 /// Ends the run `limited` by `limit`.
 pub async fn limited<B: Backend>(run: &Run<'_, B>, limit: &str) -> Result<Flow, Halt> {
-    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
-    write
-        .event("limit.reached", json!({ "limit": limit }))
-        .await?;
-    run.commit(write).await?;
     let message = format!("the run reached its `{limit}`");
-    run.settle(Status::Limited, Some(("limit_reached", message)), json!([]))
-        .await
+    super::limits::reached(run, limit, "limit_reached", message).await
 }
 
 /// The run's credits (its key's cap, an ancestor's or the team's) do not cover what comes
@@ -40,16 +34,7 @@ pub async fn spent<B: Backend>(
     code: &str,
     message: String,
 ) -> Result<Flow, Halt> {
-    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
-    write
-        .event(
-            "limit.reached",
-            json!({ "limit": "max_credits", "code": code, "message": message }),
-        )
-        .await?;
-    run.commit(write).await?;
-    run.settle(Status::Limited, Some((code, message)), json!([]))
-        .await
+    super::limits::reached(run, "max_credits", code, message).await
 }
 
 /// The run's wall-clock limit, checked between steps.

@@ -38,6 +38,7 @@ mod sandboxes;
 mod secrets;
 mod sessions;
 mod snapshots;
+mod spend_caps;
 mod store;
 mod store_attacks;
 mod store_budgets;

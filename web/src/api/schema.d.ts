@@ -1584,10 +1584,16 @@ export interface components {
              * @description Seconds of stepping in all, waits for people not counted (default 86400).
              */
             max_wall_secs?: number | null;
+            on_limit?: components["schemas"]["OnLimit"] | null;
         };
         /** @description An agent run. */
         AgentRun: {
             approvals: components["schemas"]["ApprovalRule"][];
+            /**
+             * Format: uuid
+             * @description The last snapshot of the sandbox the run made (`checkpoints: every_turn`).
+             */
+            checkpoint?: string | null;
             /**
              * Format: int64
              * @description What its model calls cost, in micro-credits.
@@ -1684,6 +1690,10 @@ export interface components {
             remember?: components["schemas"]["Remember"] | null;
             /** @enum {string} */
             type: "approval";
+        } | {
+            limits: components["schemas"]["AgentLimits"];
+            /** @enum {string} */
+            type: "limits";
         };
         AgentRunList: {
             agent_runs: components["schemas"]["AgentRun"][];
@@ -1918,6 +1928,8 @@ export interface components {
              */
             credits: number;
         };
+        /** @enum {string} */
+        Checkpoints: "none" | "every_turn";
         /** @description A code context: a Python interpreter whose state lives on between calls. */
         CodeContext: {
             /** Format: date-time */
@@ -2003,6 +2015,7 @@ export interface components {
              *     stopped (`idle`, `requires_action` or ended) with the run as it then is (false).
              */
             background?: boolean | null;
+            checkpoints?: components["schemas"]["Checkpoints"] | null;
             /**
              * Format: int64
              * @description Seconds an idle run waits for a message before it is `completed` (default 3600).
@@ -2013,6 +2026,13 @@ export interface components {
             /** @description What the model is told first, after SandBase's own words about the sandbox. */
             instructions?: string | null;
             limits?: components["schemas"]["AgentLimits"];
+            /**
+             * Format: int64
+             * @description Seconds a waiting run (`idle`, `requires_action`) keeps the sandbox it made, paused,
+             *     before releasing it (default 86400): snapshotted first when `checkpoints` is on, then
+             *     destroyed; the next turn starts a sandbox from the run's last snapshot (or afresh).
+             */
+            max_wait_secs?: number | null;
             /** @description Up to 16 string pairs of the caller's own. */
             metadata?: {
                 [key: string]: string;
@@ -2574,6 +2594,8 @@ export interface components {
              */
             signed_url_ttl_secs?: number | null;
         };
+        /** @enum {string} */
+        OnLimit: "stop" | "ask";
         /** @description A terminal to open in a sandbox. */
         OpenTerminalRequest: {
             /**
@@ -2760,13 +2782,25 @@ export interface components {
             name: string;
             /**
              * Format: int32
-             * @description The rule's index in `approvals`.
+             * @description The rule's index in `approvals` (0 for an uncertain call).
              */
             rule: number;
             /** @description The tool as the rules name it (`shell`, `mcp:SERVER`…). */
             tool: string;
             /** @enum {string} */
             type: "approval";
+            /**
+             * @description The call was under way when the gateway making it stopped, and no worker knows
+             *     its end (`on_uncertain_tool: ask`): `allow` runs it again, `deny` tells the model
+             *     that it may or may not have run.
+             */
+            uncertain?: boolean;
+        } | {
+            /** @description `max_tool_calls`, `max_wall_secs` or `max_credits`. */
+            limit: string;
+            message: string;
+            /** @enum {string} */
+            type: "limit";
         };
         ResizeRequest: {
             /** Format: int32 */
@@ -3180,7 +3214,7 @@ export interface components {
             output: string;
         };
         /** @enum {string} */
-        UncertainTool: "fail";
+        UncertainTool: "fail" | "ask";
         UpdateMemberRequest: {
             role: components["schemas"]["Role"];
         };

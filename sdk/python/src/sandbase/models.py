@@ -67,39 +67,6 @@ AgentInput1 = TypeAliasType(
 )
 
 
-class AgentLimits(BaseModel):
-    """
-    What a run may do before it stops (`limited`).
-    """
-
-    model_config = ConfigDict(
-        extra='forbid',
-        regex_engine="python-re",
-    )
-    max_credits: Annotated[
-        str | None,
-        Field(
-            description='Credits in all (a decimal, e.g. "0.50"): the cap of the run\'s own key, which every\nmodel call, tool call and its sandbox\'s runtime count against.',
-            pattern='^\\s*(?=[0-9.]*[1-9])[0-9]{0,12}(\\.[0-9]{0,6})?\\s*$',
-        ),
-    ] = None
-    max_tool_calls: Annotated[
-        int | None,
-        Field(description='Tool calls in all (default 1000).', ge=1, le=100000),
-    ] = None
-    max_turns: Annotated[
-        int | None, Field(description='Turns in all (default 100).', ge=1, le=10000)
-    ] = None
-    max_wall_secs: Annotated[
-        int | None,
-        Field(
-            description='Seconds of stepping in all, waits for people not counted (default 86400).',
-            ge=1,
-            le=604800,
-        ),
-    ] = None
-
-
 class AgentRunEvent(BaseModel):
     """
     One entry of a run's stream.
@@ -468,6 +435,9 @@ class CheckoutRequest(BaseModel):
         extra='forbid',
     )
     credits: Annotated[int, Field(description='Whole credits to buy.', ge=0)]
+
+
+Checkpoints = TypeAliasType("Checkpoints", Literal['none', 'every_turn'])
 
 
 class CodeDone(BaseModel):
@@ -946,6 +916,9 @@ class NewPreview(BaseModel):
     ] = None
 
 
+OnLimit = TypeAliasType("OnLimit", Literal['stop', 'ask'])
+
+
 OutputStream = TypeAliasType(
     "OutputStream",
     Annotated[
@@ -1126,18 +1099,43 @@ class RequiredAction2(BaseModel):
     arguments: Any
     call_id: str
     name: str
-    rule: Annotated[int, Field(description="The rule's index in `approvals`.", ge=0)]
+    rule: Annotated[
+        int,
+        Field(
+            description="The rule's index in `approvals` (0 for an uncertain call).",
+            ge=0,
+        ),
+    ]
     tool: Annotated[
         str,
         Field(description='The tool as the rules name it (`shell`, `mcp:SERVER`…).'),
     ]
     type: Literal['approval']
+    uncertain: Annotated[
+        bool | None,
+        Field(
+            description='The call was under way when the gateway making it stopped, and no worker knows\nits end (`on_uncertain_tool: ask`): `allow` runs it again, `deny` tells the model\nthat it may or may not have run.'
+        ),
+    ] = None
+
+
+class RequiredAction3(BaseModel):
+    """
+    A limit the run reached (`on_limit: ask`): it goes on once new limits allow it
+    (`POST …/inputs`, `limits`), or may be cancelled.
+    """
+
+    limit: Annotated[
+        str, Field(description='`max_tool_calls`, `max_wall_secs` or `max_credits`.')
+    ]
+    message: str
+    type: Literal['limit']
 
 
 RequiredAction = TypeAliasType(
     "RequiredAction",
     Annotated[
-        RequiredAction1 | RequiredAction2,
+        RequiredAction1 | RequiredAction2 | RequiredAction3,
         Field(description='Something the run waits for.'),
     ],
 )
@@ -1504,7 +1502,7 @@ class TokenPrices(BaseModel):
     output: str
 
 
-UncertainTool = TypeAliasType("UncertainTool", Literal['fail'])
+UncertainTool = TypeAliasType("UncertainTool", Literal['fail', 'ask'])
 
 
 class UpdateMemberRequest(BaseModel):
@@ -1606,12 +1604,52 @@ class AddMemberRequest(BaseModel):
     role: Role | None = None
 
 
+class AgentLimits(BaseModel):
+    """
+    What a run may do before it stops (`limited`).
+    """
+
+    model_config = ConfigDict(
+        extra='forbid',
+        regex_engine="python-re",
+    )
+    max_credits: Annotated[
+        str | None,
+        Field(
+            description='Credits in all (a decimal, e.g. "0.50"): the cap of the run\'s own key, which every\nmodel call, tool call and its sandbox\'s runtime count against.',
+            pattern='^\\s*(?=[0-9.]*[1-9])[0-9]{0,12}(\\.[0-9]{0,6})?\\s*$',
+        ),
+    ] = None
+    max_tool_calls: Annotated[
+        int | None,
+        Field(description='Tool calls in all (default 1000).', ge=1, le=100000),
+    ] = None
+    max_turns: Annotated[
+        int | None, Field(description='Turns in all (default 100).', ge=1, le=10000)
+    ] = None
+    max_wall_secs: Annotated[
+        int | None,
+        Field(
+            description='Seconds of stepping in all, waits for people not counted (default 86400).',
+            ge=1,
+            le=604800,
+        ),
+    ] = None
+    on_limit: OnLimit | None = None
+
+
 class AgentRun(BaseModel):
     """
     An agent run.
     """
 
     approvals: list[ApprovalRule]
+    checkpoint: Annotated[
+        UUID | None,
+        Field(
+            description='The last snapshot of the sandbox the run made (`checkpoints: every_turn`).'
+        ),
+    ] = None
     cost_micro: Annotated[
         int, Field(description='What its model calls cost, in micro-credits.')
     ]
@@ -1681,10 +1719,25 @@ class AgentRunInput3(BaseModel):
     type: Literal['approval']
 
 
+class AgentRunInput4(BaseModel):
+    """
+    New limits: those given replace the run's, the rest stay (`max_credits` becomes the
+    cap of the run's key and of the sandbox it made). A run waiting on a limit it reached
+    goes on. Needs a person or a key of at least the run creator's role that is neither
+    the run's own key nor one it made.
+    """
+
+    model_config = ConfigDict(
+        extra='forbid',
+    )
+    limits: AgentLimits
+    type: Literal['limits']
+
+
 AgentRunInput = TypeAliasType(
     "AgentRunInput",
     Annotated[
-        AgentRunInput1 | AgentRunInput2 | AgentRunInput3,
+        AgentRunInput1 | AgentRunInput2 | AgentRunInput3 | AgentRunInput4,
         Field(description='Something sent to a run.'),
     ],
 )
@@ -2509,6 +2562,7 @@ class CreateAgentRunRequest(BaseModel):
             description='Answer at once with the run queued (true, the default), or once its first turn has\nstopped (`idle`, `requires_action` or ended) with the run as it then is (false).'
         ),
     ] = None
+    checkpoints: Checkpoints | None = None
     idle_timeout_secs: Annotated[
         int | None,
         Field(
@@ -2529,6 +2583,14 @@ class CreateAgentRunRequest(BaseModel):
         ),
     ] = None
     limits: AgentLimits | None = None
+    max_wait_secs: Annotated[
+        int | None,
+        Field(
+            description="Seconds a waiting run (`idle`, `requires_action`) keeps the sandbox it made, paused,\nbefore releasing it (default 86400): snapshotted first when `checkpoints` is on, then\ndestroyed; the next turn starts a sandbox from the run's last snapshot (or afresh).",
+            ge=1,
+            le=604800,
+        ),
+    ] = None
     metadata: Annotated[
         dict[
             Annotated[str, StringConstraints(max_length=64)], MetadataAdditionalProperty
