@@ -92,6 +92,16 @@ impl Guard {
             .map(|_| ())
     }
 
+    /// Checks `url`'s host when it is an address, which a client dials without resolving it
+    /// (a name is checked by the client's resolver, this guard, at each connection).
+    pub fn check_address(&self, url: &reqwest::Url) -> Result<(), String> {
+        let host = url.host_str().unwrap_or_default();
+        match host.trim_start_matches('[').trim_end_matches(']').parse() {
+            Ok(address) => self.check(address),
+            Err(_) => Ok(()),
+        }
+    }
+
     /// A client that resolves through this guard, carrying `headers` on every request.
     pub fn client(&self, headers: reqwest::header::HeaderMap) -> reqwest::Result<reqwest::Client> {
         reqwest::Client::builder()
@@ -135,7 +145,10 @@ mod tests {
             let parsed = parse(url).expect(url);
             assert!(guard.check_url(&parsed).await.is_err(), "{url}");
         }
+        let literal = parse("http://[::ffff:127.0.0.1]:9/").expect("url");
+        assert!(guard.check_address(&literal).is_err());
         let public = parse("http://203.0.113.9:8080/mcp").expect("url");
+        assert!(guard.check_address(&public).is_ok());
         assert!(guard.check_url(&public).await.is_ok());
         let denied = Guard {
             node: Vec::new(),

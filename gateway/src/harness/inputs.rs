@@ -85,6 +85,7 @@ pub async fn send(
         // Sent before with this Idempotency-Key: answered, not sent again.
         return Ok(row);
     }
+    let new_limits = matches!(input, AgentRunInput::Limits { .. });
     let wake = match input {
         AgentRunInput::Message { content } => message(&mut write, &row, content).await?,
         AgentRunInput::ToolResult {
@@ -113,7 +114,9 @@ pub async fn send(
         AgentRunInput::Limits { limits } => super::limits::raise(&mut write, &row, limits).await?,
     };
     write.commit().await?;
-    super::limits::forget_caps(state, &row).await;
+    if new_limits {
+        super::limits::forget_caps(state, &row).await;
+    }
     let _ = state.harness.events.send(id);
     if wake {
         state.harness.wake.notify_one();

@@ -364,9 +364,10 @@ impl RemoteServer {
         }
     }
 
-    /// Its tools (an address in the URL is checked again first).
+    /// Its tools (an address in the URL is checked again first; a name is checked by the
+    /// client's resolver).
     pub async fn tools(&self) -> Result<Vec<Tool>, String> {
-        self.guard.check_url(&self.url).await?;
+        self.guard.check_address(&self.url)?;
         mcp_servers::list_tools(self.client.clone(), self.url.as_str(), TIMEOUT, &self.label)
             .await
             .map_err(|failure| self.failure(failure))
@@ -378,7 +379,7 @@ impl RemoteServer {
         tool: &str,
         arguments: Option<JsonObject>,
     ) -> Result<CallToolResult, String> {
-        self.guard.check_url(&self.url).await?;
+        self.guard.check_address(&self.url)?;
         let server = (self.url.as_str(), self.label.as_str());
         mcp_servers::call_tool(self.client.clone(), server, TIMEOUT, tool, arguments)
             .await
