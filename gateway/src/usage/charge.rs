@@ -186,6 +186,9 @@ async fn headroom(
     sandbox: Option<Uuid>,
     api_key_id: Option<Uuid>,
 ) -> Result<Option<i64>, sqlx::Error> {
+    if sandbox.is_none() && api_key_id.is_none() {
+        return Ok(None);
+    }
     sqlx::query_scalar(
         "SELECT LEAST( \
            (SELECT max_credits - spent_micro FROM sandboxes \
