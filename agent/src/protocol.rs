@@ -295,13 +295,19 @@ impl AgentError {
     pub fn from_io(error: &io::Error, context: &str) -> AgentError {
         let kind = match error.kind() {
             io::ErrorKind::NotFound => "not_found",
-            io::ErrorKind::PermissionDenied => "permission_denied",
+            io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem => {
+                "permission_denied"
+            }
             io::ErrorKind::AlreadyExists => "already_exists",
             io::ErrorKind::NotADirectory => "not_a_directory",
             io::ErrorKind::IsADirectory => "is_a_directory",
             io::ErrorKind::DirectoryNotEmpty => "not_empty",
-            io::ErrorKind::InvalidInput => "invalid",
-            io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => "no_space",
+            io::ErrorKind::InvalidInput
+            | io::ErrorKind::InvalidFilename
+            | io::ErrorKind::TooManyLinks => "invalid",
+            io::ErrorKind::StorageFull
+            | io::ErrorKind::QuotaExceeded
+            | io::ErrorKind::FileTooLarge => "no_space",
             _ => "io",
         };
         AgentError {
@@ -336,6 +342,20 @@ pub struct Entry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_read_only_file_system_or_a_bad_name_is_the_callers_mistake() {
+        use rustix::io::Errno;
+        for (errno, kind) in [
+            (Errno::ROFS, "permission_denied"),
+            (Errno::NAMETOOLONG, "invalid"),
+            (Errno::FBIG, "no_space"),
+            (Errno::IO, "io"),
+        ] {
+            let error = io::Error::from(errno);
+            assert_eq!(AgentError::from_io(&error, "/x").kind, kind, "{error}");
+        }
+    }
 
     #[test]
     fn frames_round_trip_and_oversized_frames_are_refused() {

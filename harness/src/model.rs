@@ -135,6 +135,17 @@ impl ModelRequest<'_> {
         }
     }
 
+    /// The request body asking for the answer as a stream of events (with its usage at the
+    /// end, where a family must be asked for it).
+    pub fn streamed(&self) -> Value {
+        let mut body = self.body();
+        body["stream"] = json!(true);
+        if self.family == Family::OpenAi {
+            body["stream_options"] = json!({ "include_usage": true });
+        }
+        body
+    }
+
     fn chat(&self) -> Value {
         let mut messages = vec![json!({ "role": "system", "content": self.system })];
         for message in self.conversation {

@@ -1,6 +1,8 @@
 //! What a model is shown of a tool's output: at most [`MAX_SHOWN`] bytes — its first and
 //! last half of that — and a line saying how much was left out and where the whole of it is
-//! kept.
+//! kept; a tool call's outcome ([`ToolOutcome`]).
+
+use serde_json::{Value, json};
 
 /// The most of one tool output a model is shown.
 pub const MAX_SHOWN: usize = 16 * 1024;
@@ -41,6 +43,52 @@ pub fn shown_within(text: &str, kept_at: &str, max: usize) -> String {
     let elided = tail_cut - head_cut;
     let note = format!("\n[… {elided} bytes elided; the whole output: {kept_at} …]\n");
     format!("{}{note}{}", &text[..head_cut], &text[tail_cut..])
+}
+
+/// What a tool call gave.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolOutcome {
+    /// What the model is shown (capped).
+    pub content: String,
+    pub is_error: bool,
+    /// For the ledger: exit code, duration, the exec id the output is kept under…
+    pub detail: Value,
+}
+
+impl ToolOutcome {
+    pub fn error(message: impl Into<String>) -> ToolOutcome {
+        let content = message.into();
+        ToolOutcome {
+            detail: json!({ "error": content }),
+            content,
+            is_error: true,
+        }
+    }
+
+    /// A call whose end is unknown (its gateway stopped while it ran).
+    pub fn interrupted(message: impl Into<String>) -> ToolOutcome {
+        let mut outcome = ToolOutcome::error(message);
+        outcome.detail["interrupted"] = json!(true);
+        outcome
+    }
+
+    /// The ledger's state of the step it ends.
+    pub fn step_state(&self) -> &'static str {
+        if self.detail["interrupted"] == true {
+            "interrupted"
+        } else if self.is_error {
+            "failed"
+        } else {
+            "completed"
+        }
+    }
+}
+
+/// An API refusal as the model is told it.
+pub fn refusal(body: &Value, status: u16) -> String {
+    let code = body["error"]["code"].as_str().unwrap_or("error");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    format!("refused ({status} {code}): {message}")
 }
 
 #[cfg(test)]

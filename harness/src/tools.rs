@@ -10,12 +10,9 @@ use sandbase_mcp::{ApiRequest, Backend, Caller};
 use serde_json::{Value, json};
 
 use crate::output;
-
-/// The shell session every `shell` call of a run runs in.
-pub const SHELL_SESSION: &str = "agent";
-
-/// Seconds a `shell` or `python` call may run unless the model asks otherwise.
-pub const DEFAULT_TOOL_SECS: u64 = 600;
+pub use crate::output::ToolOutcome;
+use crate::shell::{self, OutputSink};
+pub use crate::shell::{DEFAULT_TOOL_SECS, SHELL_SESSION, command_outcome, kept_at, shell_request};
 
 /// A tool as a model is told of it.
 #[derive(Debug, Clone, PartialEq)]
@@ -190,52 +187,9 @@ pub fn kind(tools: &[AgentTool], call: &ToolCall) -> ToolKind {
         .unwrap_or(ToolKind::Unknown)
 }
 
-/// What a tool call gave.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ToolOutcome {
-    /// What the model is shown (capped).
-    pub content: String,
-    pub is_error: bool,
-    /// For the ledger: exit code, duration, the exec id the output is kept under…
-    pub detail: Value,
-}
-
-impl ToolOutcome {
-    pub fn error(message: impl Into<String>) -> ToolOutcome {
-        let content = message.into();
-        ToolOutcome {
-            detail: json!({ "error": content }),
-            content,
-            is_error: true,
-        }
-    }
-
-    /// A call whose end is unknown (its gateway stopped while it ran).
-    pub fn interrupted(message: impl Into<String>) -> ToolOutcome {
-        let mut outcome = ToolOutcome::error(message);
-        outcome.detail["interrupted"] = json!(true);
-        outcome
-    }
-
-    /// The ledger's state of the step it ends.
-    pub fn step_state(&self) -> &'static str {
-        if self.detail["interrupted"] == true {
-            "interrupted"
-        } else if self.is_error {
-            "failed"
-        } else {
-            "completed"
-        }
-    }
-}
-
-/// Where a sandbox's named command's whole output is kept.
-pub fn kept_at(sandbox: &str, exec_id: &str) -> String {
-    format!("GET /v1/sandboxes/{sandbox}/execs/{exec_id}")
-}
-
 /// Runs `call` (of kind `kind`, not a client function) in `sandbox`; `exec_id` names its
-/// command where the tool has one.
+/// command where the tool has one. A `shell` command's output goes to `sink` as it comes,
+/// when there is one.
 pub async fn execute<B: Backend>(
     backend: &B,
     caller: &Caller<'_>,
@@ -243,9 +197,12 @@ pub async fn execute<B: Backend>(
     exec_id: &str,
     kind: ToolKind,
     call: &ToolCall,
+    sink: Option<&OutputSink>,
 ) -> ToolOutcome {
     match kind {
-        ToolKind::Shell => shell(backend, caller, sandbox, exec_id, &call.arguments).await,
+        ToolKind::Shell => {
+            shell::run(backend, caller, sandbox, exec_id, &call.arguments, sink).await
+        }
         ToolKind::Python => python(backend, caller, sandbox, &call.arguments).await,
         ToolKind::Files { .. } => {
             match crate::files::run(backend, caller, sandbox, &call.arguments).await {
@@ -265,76 +222,6 @@ pub async fn execute<B: Backend>(
     }
 }
 
-fn timeout(arguments: &Value) -> u64 {
-    arguments["timeout_secs"]
-        .as_u64()
-        .unwrap_or(DEFAULT_TOOL_SECS)
-        .clamp(1, 3600)
-}
-
-/// The exec request of a `shell` call (the same for its first start and any later one).
-pub fn shell_request(sandbox: &str, exec_id: &str, arguments: &Value) -> Option<ApiRequest> {
-    let command = arguments["command"].as_str()?;
-    Some(ApiRequest::post(
-        format!("/v1/sandboxes/{sandbox}/exec"),
-        json!({ "command": command, "session": SHELL_SESSION, "exec_id": exec_id,
-                "timeout_secs": timeout(arguments) }),
-    ))
-}
-
-async fn shell<B: Backend>(
-    backend: &B,
-    caller: &Caller<'_>,
-    sandbox: &str,
-    exec_id: &str,
-    arguments: &Value,
-) -> ToolOutcome {
-    let Some(request) = shell_request(sandbox, exec_id, arguments) else {
-        return ToolOutcome::error("`command` (a string) is required");
-    };
-    let answer = match backend.call(caller.parts, request).await {
-        Ok(answer) => answer,
-        Err(why) => return ToolOutcome::error(format!("the sandbox could not be reached: {why}")),
-    };
-    let body = answer.json().unwrap_or(Value::Null);
-    if !answer.is_success() {
-        return ToolOutcome::error(refusal(&body, answer.status));
-    }
-    command_outcome(sandbox, exec_id, &body)
-}
-
-/// A named command's result (`ExecResult`) as the model sees it.
-pub fn command_outcome(sandbox: &str, exec_id: &str, result: &Value) -> ToolOutcome {
-    let exit = result["exit_code"].as_i64().unwrap_or(-1);
-    let mut text = String::new();
-    let stdout = result["stdout"].as_str().unwrap_or_default();
-    let stderr = result["stderr"].as_str().unwrap_or_default();
-    text.push_str(stdout);
-    if !stderr.is_empty() {
-        if !text.is_empty() && !text.ends_with('\n') {
-            text.push('\n');
-        }
-        text.push_str(stderr);
-    }
-    let head = format!("exit code {exit}\n");
-    let mut notes = String::new();
-    if result["timed_out"] == true {
-        notes.push_str("[the command timed out and was killed]\n");
-    }
-    if result["truncated"] == true {
-        notes.push_str("[only the last MiB of the output was kept]\n");
-    }
-    let room = output::MAX_SHOWN - head.len() - notes.len();
-    let shown = output::shown_within(&text, &kept_at(sandbox, exec_id), room);
-    ToolOutcome {
-        content: format!("{head}{notes}{shown}"),
-        is_error: exit != 0,
-        detail: json!({ "exit_code": exit, "exec_id": exec_id,
-                        "duration_ms": result["duration_ms"], "timed_out": result["timed_out"],
-                        "output_bytes": text.len() }),
-    }
-}
-
 async fn python<B: Backend>(
     backend: &B,
     caller: &Caller<'_>,
@@ -346,7 +233,7 @@ async fn python<B: Backend>(
     };
     let request = ApiRequest::post(
         format!("/v1/sandboxes/{sandbox}/code"),
-        json!({ "code": code, "timeout_secs": timeout(arguments) }),
+        json!({ "code": code, "timeout_secs": shell::timeout(arguments) }),
     );
     let answer = match backend.call(caller.parts, request).await {
         Ok(answer) => answer,
@@ -354,7 +241,7 @@ async fn python<B: Backend>(
     };
     let body = answer.json().unwrap_or(Value::Null);
     if !answer.is_success() {
-        return ToolOutcome::error(refusal(&body, answer.status));
+        return ToolOutcome::error(output::refusal(&body, answer.status));
     }
     let mut text = String::new();
     for stream in ["stdout", "stderr"] {
@@ -383,13 +270,6 @@ async fn python<B: Backend>(
                         "duration_ms": body["duration_ms"], "timed_out": body["timed_out"],
                         "exception": exception["name"] }),
     }
-}
-
-/// An API refusal as the model is told it.
-fn refusal(body: &Value, status: u16) -> String {
-    let code = body["error"]["code"].as_str().unwrap_or("error");
-    let message = body["error"]["message"].as_str().unwrap_or_default();
-    format!("refused ({status} {code}): {message}")
 }
 
 #[cfg(test)]

@@ -32,9 +32,9 @@ import time
 import urllib.request
 import uuid
 
-from tests.harness.conftest import NODE_TOKEN, Cluster, Sse, Team, wait_for_port
+from tests.harness.conftest import Cluster, Sse, Team
 from tests.support.api import call
-from tests.support.gateways import BINARY, drop_database, fresh_database, start_worker, wait_for_base
+from tests.support.gateways import drop_database, fresh_database
 
 STEPS = int(os.environ.get("BENCH_STEPS", "40"))
 RUNS = int(os.environ.get("BENCH_RUNS", "100"))
@@ -56,6 +56,16 @@ def timed(function):
     started = time.perf_counter()
     result = function()
     return time.perf_counter() - started, result
+
+
+def read_whole(url, token, path, body):
+    """A POST whose answer — JSON, or a stream of events as the run asked for — is read to
+    its last byte."""
+    request = urllib.request.Request(f"{url}{path}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"content-type": "application/json",
+                                              "authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return answer.read()
 
 
 def overhead(cluster, team):
@@ -83,6 +93,9 @@ def overhead(cluster, team):
     # The harness's time per step: from the end of the step before (the first: its start)
     # to the end of this one — the journal writes, the loop and the call itself.
     ends = [at(step["finished_at"]) for step in ledger]
+    # Of which before the step was written `intended` (the loop's reads, the checks).
+    before = [at(step["started_at"]) - start
+              for step, start in zip(ledger, [at(ledger[0]["started_at"])] + ends[:-1])]
     harness = [end - start for start, end in zip([at(ledger[0]["started_at"])] + ends[:-1], ends)]
     # The same calls made directly, in the same order: each model request the run made (as
     # the stand-in received it, sent to the store's route under the store's name of the
@@ -93,7 +106,8 @@ def overhead(cluster, team):
     direct = []
     for index, request in enumerate(requests):
         request = {**request, "model": "openai/gpt-test"}
-        direct.append(timed(lambda: team.call("POST", "/openai/v1/chat/completions", request))[0])
+        direct.append(timed(lambda: read_whole(cluster.urls[0], team.token,
+                                               "/openai/v1/chat/completions", request))[0])
         if index < STEPS:
             exec_body = {"command": "true", "session": "agent"}
             direct.append(timed(lambda: team.call("POST", f"/v1/sandboxes/{sandbox}/exec",
@@ -109,6 +123,8 @@ def overhead(cluster, team):
         "steps": len(harness),
         "model_step_ms_p50": ms(harness[0::2]), "model_direct_ms_p50": ms(direct[0::2]),
         "tool_step_ms_p50": ms(harness[1::2]), "tool_direct_ms_p50": ms(direct[1::2]),
+        "model_before_intended_ms_p50": ms(before[0::2]),
+        "tool_before_intended_ms_p50": ms(before[1::2]),
         "ratio_p50": round(statistics.median(harness) / statistics.median(direct), 3),
         "overhead_ms_p50": round(percentile(extra, 0.5), 2),
         "overhead_ms_p99": round(percentile(extra, 0.99), 2),
@@ -188,14 +204,8 @@ def main():
     database, database_url = fresh_database("sandbase_test_harness_bench")
     cluster = Cluster(workdir, database_url)
     try:
-        subprocess.run([BINARY, "migrate"], env=cluster.env, check=True, capture_output=True)
-        wait_for_port(cluster.mcp_port)
-        cluster.start_gateway(0)
-        cluster.start_gateway(1)
-        cluster.worker, _ = start_worker(f"http://127.0.0.1:{cluster.ports[0][1]}",
-                                         uuid.uuid4().hex, workdir, NODE_TOKEN, "harness")
+        cluster.start()
         team = Team(cluster)
-        wait_for_base(cluster.urls[0], team.token, cluster.worker, workdir)
         for name, phase in [("overhead", lambda: overhead(cluster, team)),
                             ("concurrent", lambda: concurrent(cluster)),
                             ("waiting", lambda: waiting(cluster))]:

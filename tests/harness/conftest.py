@@ -137,6 +137,19 @@ class Cluster:
         self.urls = [f"http://127.0.0.1:{public}" for public, _ in self.ports]
         self.worker = None
 
+    def start(self):
+        """Migrates, starts both gateways and the worker, and waits for the base template."""
+        subprocess.run([BINARY, "migrate"], env=self.env, check=True, capture_output=True)
+        wait_for_port(self.mcp_port)
+        self.start_gateway(0)
+        self.start_gateway(1)
+        # Egress (a pool of its own, a proxy): the store is reached from inside through it.
+        egress = ["--egress-pool", "10.215.0.0", "--egress-proxy-port", str(proxy_ports())]
+        self.worker, _ = start_worker(f"https://127.0.0.1:{self.ports[0][1]}",
+                                      uuid.uuid4().hex, self.workdir, NODE_TOKEN, "harness",
+                                      egress, self.tls_args)
+        wait_for_base(self.urls[0], new_key(self.urls[0], "Harness"), self.worker, self.workdir)
+
     def start_gateway(self, index, **settings):
         """Gateway `index` (started again after a kill); `settings` are SANDBASE_* variables
         of this start only (`HARNESS__MAX_CONCURRENT="0"`: it steps no run)."""
@@ -177,17 +190,7 @@ def cluster():
     database, database_url = fresh_database("sandbase_test_harness")
     cluster = Cluster(workdir, database_url)
     try:
-        subprocess.run([BINARY, "migrate"], env=cluster.env, check=True, capture_output=True)
-        wait_for_port(cluster.mcp_port)
-        cluster.start_gateway(0)
-        cluster.start_gateway(1)
-        # Egress (a pool of its own, a proxy): the store is reached from inside through it.
-        egress = ["--egress-pool", "10.215.0.0", "--egress-proxy-port", str(proxy_ports())]
-        cluster.worker, _ = start_worker(f"https://127.0.0.1:{cluster.ports[0][1]}",
-                                         uuid.uuid4().hex, workdir, NODE_TOKEN, "harness",
-                                         egress, cluster.tls_args)
-        wait_for_base(cluster.urls[0], new_key(cluster.urls[0], "Harness"), cluster.worker,
-                      workdir)
+        cluster.start()
         yield cluster
     finally:
         cluster.close()

@@ -37,6 +37,18 @@ def test_a_three_tool_run_completes_on_each_family(team, model):
     assert "count 1" in completed[2]["output"] and "howdy" in completed[2]["output"]
     final = [e for e in events if e["type"] == "model.completed"][-1]["data"]
     assert final["message"]["content"][0]["text"] == "All three tools ran."
+    # Each answer streamed: its pieces, put together, are the answer's parts.
+    for answer in [e["data"] for e in events if e["type"] == "model.completed"]:
+        deltas = [e["data"] for e in events
+                  if e["type"] == "model.delta" and e["data"]["step"] == answer["step"]]
+        for number, part in enumerate(answer["message"]["content"]):
+            pieces = [d for d in deltas if d["part"] == number]
+            joined = "".join(d["delta"] for d in pieces)
+            if part["type"] == "tool_call":
+                assert json.loads(joined) == part["arguments"], (joined, part)
+                assert (pieces[0]["call_id"], pieces[0]["tool"]) == (part["id"], part["name"])
+            elif part["type"] == "text":
+                assert joined == part["text"], (joined, part)
     # Each tool ran once: counted inside the sandbox.
     counted = team.exec(done["sandbox_id"], "cat /work/.count")
     assert counted["stdout"] == "x\n", counted
@@ -141,6 +153,33 @@ def test_ten_mib_of_output_reaches_the_model_as_16_kib(team):
     assert tool_messages, sent
     assert all(len(text.encode()) <= 16 * 1024 for text in tool_messages), [len(t) for t in tool_messages]
     assert "bytes elided" in tool_messages[0] and tool_messages[0].rstrip().endswith("END")
+    # The journal streamed 64 KiB of it, in rows of 4 KiB at most, not ten MiB.
+    deltas = [e["data"]["delta"] for e in team.events(run["id"]) if e["type"] == "tool.output.delta"]
+    assert sum(len(d) for d in deltas) == 64 * 1024, sum(len(d) for d in deltas)
+    assert all(len(d) <= 4096 for d in deltas) and set("".join(deltas)) == {"a"}
+
+
+def test_a_commands_output_streams_as_it_is_printed(team):
+    import datetime
+    command = "for i in 1 2 3 4 5; do echo line$i; sleep 0.3; done; echo oops >&2"
+    steps = [{"tool": "shell", "arguments": {"command": command}}, {"text": "printed"}]
+    run = team.run("openai/gpt-test", "slow-output", steps)
+    assert team.wait(run["id"])["status"] == "idle"
+    events = team.events(run["id"])
+    deltas = [e for e in events if e["type"] == "tool.output.delta"]
+    (completed,) = [e for e in events if e["type"] == "tool.completed"]
+    (called,) = [e for e in events if e["type"] == "tool.called"]
+    assert {d["data"]["call_id"] for d in deltas} == {called["data"]["call_id"]}
+
+    def joined(stream):
+        return "".join(d["data"]["delta"] for d in deltas if d["data"]["stream"] == stream)
+    assert joined("stdout") == "".join(f"line{i}\n" for i in range(1, 6)), deltas
+    assert joined("stderr") == "oops\n", deltas
+
+    def at(event):
+        return datetime.datetime.fromisoformat(event["at"].replace("Z", "+00:00"))
+    # As it was printed: the first line was journaled more than a second before the end.
+    assert (at(completed) - at(deltas[0])).total_seconds() > 1.0, (deltas[0], completed)
 
 
 def test_bad_requests_get_clear_errors_and_leave_the_run_intact(team):
@@ -362,3 +401,56 @@ def test_a_limit_reached_asks_for_more_and_the_run_goes_on(team):
     assert done["status"] == "idle" and done["tool_calls"] == 2, done
     assert done["limits"]["max_tool_calls"] == 5 and done["limits"]["on_limit"] == "ask"
     assert team.exec(done["sandbox_id"], "cat /work/limit.txt")["stdout"] == "one\ntwo\n"
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_an_answer_streams_as_coalesced_deltas_and_a_replay_is_the_same_bytes(team, cluster, model):
+    import http.client
+    import time
+    import urllib.parse
+    from tests.harness.conftest import Sse
+    # 200 pieces, 5 ms apart: about a second of streaming, live and coalesced.
+    parsed = urllib.parse.urlparse(cluster.urls[0])
+    connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=60)
+    body = {"model": model, "input": "say it [[deltas:200]]", "tools": [{"type": "shell"}],
+            "stream": True}
+    connection.request("POST", "/v1/agent-runs", json.dumps(body),
+                       {"authorization": f"Bearer {team.token}", "content-type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 201, response.read()
+    live, raw, seen = [], b"", {}
+    while line := response.readline():
+        raw += line
+        if line == b"\n":
+            event = json.loads([l[6:] for l in raw.split(b"\n") if l.startswith(b"data: ")][0])
+            live.append(raw)
+            seen.setdefault(event["type"], time.monotonic())
+            raw = b""
+    connection.close()
+    run_id = json.loads(live[0].split(b"data: ", 1)[1])["run_id"]
+    events = team.events(run_id)
+    deltas = [e for e in events if e["type"] == "model.delta"]
+    (completed,) = [e["data"] for e in events if e["type"] == "model.completed"]
+    text = completed["message"]["content"][-1]["text"]
+    assert text == "word " * 200 or text == ("word " * 200).strip(), text
+    assert "".join(d["data"]["delta"] for d in deltas) == text
+    # Coalesced: about ten rows a second, not two hundred, each at most 4 KiB and at least
+    # 100 ms after the one before (by the journal's clock, to the millisecond) — but the
+    # last, written as the stream ends.
+    assert 4 <= len(deltas) <= 25, len(deltas)
+    assert all(len(d["data"]["delta"].encode()) <= 4096 for d in deltas)
+    import datetime
+    ats = [datetime.datetime.fromisoformat(d["at"].replace("Z", "+00:00")) for d in deltas]
+    gaps = [(b - a).total_seconds() for a, b in zip(ats, ats[1:])]
+    assert min(gaps[:-1]) >= 0.095, gaps
+    # Live: the first piece reached the client well before the answer was complete.
+    assert seen["model.completed"] - seen["model.delta"] > 0.5, seen
+    # A replay from another gateway is the same bytes, frame for frame.
+    replay = Sse(cluster.urls[1], team.token, run_id)
+    frames = []
+    for frame, _ in replay.frames():
+        frames.append(frame)
+        if len(frames) == len(live):
+            break
+    replay.close()
+    assert frames == live

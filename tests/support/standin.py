@@ -13,15 +13,15 @@ What it answers is chosen per request, so concurrent tests share one process:
   carries *i* tool results, so a step is a tool call (``{"tool": NAME, "arguments": {…}}``),
   sent back once its result arrives, then the next step or a final answer
   (``{"text": "…"}``); a step ``{"tools": [{"tool": …, "arguments": …}, …]}`` is several
-  calls at once (answered whole, not streamed), and the next step is the one numbered by
+  calls at once, and the next step is the one numbered by
   how many results then came. Past its end a script repeats its last step.
 * Failures on demand, in the last user message: ``busy`` (429 with ``Retry-After: 7``),
   ``overloaded`` (Anthropic's 529 with ``Retry-After: 3``), ``[[overloaded:N]]`` (529 with
   ``Retry-After: 1`` to the first N requests of that text, then answered), ``broken`` (500, body
   ``BROKEN``), ``slow`` (a whole answer after a second, a stream 200 ms between events),
   ``[[first-byte:SECONDS]]`` (nothing at all for that long), ``[[cut]]`` (a stream that
-  breaks off before its final usage), ``[[deltas:N]]`` (an Anthropic text streamed as N
-  deltas of ``word ``), ``no usage`` (a chat stream that ends without the
+  breaks off before its final usage), ``[[deltas:N]]`` (a text streamed as N deltas of
+  ``word ``), ``no usage`` (a chat stream that ends without the
   usage it was asked for).
 * ``thinking`` asked of an Anthropic model: a thinking block with a signature comes first.
 * Without a script, given tools: ``weather`` calls the first tool with ``{"city": "Paris"}``;
@@ -319,20 +319,28 @@ class Handler(BaseHTTPRequestHandler):
                 data["usage"] = None
             return sse(data)
 
-        if said[0] == "tool":
-            arguments = json.dumps(said[2])
-            half = len(arguments) // 2
-            events = [
-                chunk({"role": "assistant", "content": None, "tool_calls": [
-                    {"index": 0, "id": "call_1", "type": "function",
-                     "function": {"name": said[1], "arguments": ""}}]}),
-                chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments[:half]}}]}),
-                chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments[half:]}}]}),
-            ]
+        if said[0] in ("tool", "tools"):
+            calls = said[1] if said[0] == "tools" else [(said[1], said[2])]
+            events = []
+            for index, (name, arguments) in enumerate(calls):
+                arguments = json.dumps(arguments)
+                half = len(arguments) // 2
+                events += [
+                    chunk({"role": "assistant", "content": None, "tool_calls": [
+                        {"index": index, "id": f"call_{index + 1}", "type": "function",
+                         "function": {"name": name, "arguments": ""}}]}),
+                    chunk({"tool_calls": [{"index": index,
+                                           "function": {"arguments": arguments[:half]}}]}),
+                    chunk({"tool_calls": [{"index": index,
+                                           "function": {"arguments": arguments[half:]}}]}),
+                ]
         else:
             events = [chunk({"role": "assistant", "content": ""})]
             # Words with the space after them, as providers stream them.
-            events += [chunk({"content": word}) for word in re.findall(r"\S+\s*", said[1])]
+            words = re.findall(r"\S+\s*", said[1])
+            if self.deltas:
+                words = ["word "] * self.deltas
+            events += [chunk({"content": word}) for word in words]
         events.append(chunk({}, finish))
         if with_usage and not self.no_usage:
             events.append(sse({"id": "chatcmpl-1", "object": "chat.completion.chunk",

@@ -75,6 +75,7 @@ async fn prepare<'a, B: Backend>(
         prices: sandbase_harness::Prices::default(),
         context_window: 128_000,
         elided: Default::default(),
+        conversation: Default::default(),
         mcp: Vec::new(),
     };
     if !opened {
@@ -256,7 +257,7 @@ async fn turns<B: Backend>(run: &Run<'_, B>) -> Result<(), Halt> {
         run.check_lease()?;
         let mut connection = run.state.db.acquire().await?;
         let now = rows::load(&mut connection, run.row.id).await?;
-        let conversation = rows::conversation(&mut connection, run.row.id).await?;
+        let conversation = run.conversation(&mut connection).await?;
         drop(connection);
         if let Some(scope) = now.cancel_scope.as_deref() {
             if scope.starts_with("tool:") {

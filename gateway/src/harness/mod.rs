@@ -8,7 +8,8 @@
 //! vault; `journal.rs`: epoch-checked writes of steps, events and the conversation;
 //! `lease.rs`: a gateway's lease of a run, renewed by heartbeat; `dispatch.rs`: claiming
 //! runs whose lease is free or ran out; `run.rs`: a run as the gateway stepping it holds it;
-//! `driver.rs` and `steps.rs`: the loop; `mcp.rs`: the MCP tools a run offers and calls of
+//! `driver.rs` and `steps.rs`: the loop; `deltas.rs`: pieces journaled as they
+//! come (a model's streamed answer, `model.delta`; a command's output, `tool.output.delta`); `mcp.rs`: the MCP tools a run offers and calls of
 //! them; `remote_mcp.rs`: a remote server named by URL (the egress guard, its credential in
 //! the vault); `limits.rs`: a limit reached (`limited`, or waiting for new limits) and new
 //! limits posted; `cancel.rs`: a tool call watched for a cancel; `recover.rs`: what an
@@ -20,6 +21,7 @@
 mod approvals;
 mod cancel;
 pub mod create;
+mod deltas;
 pub mod dispatch;
 mod driver;
 pub mod events;

@@ -195,16 +195,24 @@ pub async fn unfinished_steps(
 }
 
 /// The conversation as the model sees it, in order.
-pub async fn conversation(
+/// The messages after the `after`th, with their numbers (messages are only ever appended,
+/// under the run's row lock, so a run's conversation can be read on from where it was).
+pub async fn conversation_after(
     connection: &mut PgConnection,
     run_id: Uuid,
-) -> Result<Vec<Message>, sqlx::Error> {
-    let rows: Vec<(sqlx::types::Json<Message>,)> =
-        sqlx::query_as("SELECT message FROM agent_run_items WHERE run_id = $1 ORDER BY seq")
-            .bind(run_id)
-            .fetch_all(connection)
-            .await?;
-    Ok(rows.into_iter().map(|(message,)| message.0).collect())
+    after: i32,
+) -> Result<Vec<(i32, Message)>, sqlx::Error> {
+    let rows: Vec<(i32, sqlx::types::Json<Message>)> = sqlx::query_as(
+        "SELECT seq, message FROM agent_run_items WHERE run_id = $1 AND seq > $2 ORDER BY seq",
+    )
+    .bind(run_id)
+    .bind(after)
+    .fetch_all(connection)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(seq, message)| (seq, message.0))
+        .collect())
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]

@@ -66,6 +66,9 @@ pub struct Run<'a, B> {
     pub tools: Vec<ToolDef>,
     /// The MCP tools the run offers (its store and remote servers').
     pub mcp: Vec<super::remote_mcp::Offer>,
+    /// The conversation as far as it was read (the number of its last message): each step
+    /// reads only what was appended since.
+    pub conversation: std::sync::Mutex<(i32, Vec<sandbase_api::conversation::Message>)>,
 }
 
 impl<B: Backend> Run<'_, B> {
@@ -91,6 +94,26 @@ impl<B: Backend> Run<'_, B> {
             .sandbox_id
             .map(|id| id.to_string())
             .unwrap_or_default()
+    }
+
+    /// The whole conversation, read on from where the last step read it.
+    pub async fn conversation(
+        &self,
+        connection: &mut sqlx::PgConnection,
+    ) -> Result<Vec<sandbase_api::conversation::Message>, sqlx::Error> {
+        let after = self.conversation.lock().map_or(0, |read| read.0);
+        let new = super::rows::conversation_after(connection, self.row.id, after).await?;
+        let mut read = self
+            .conversation
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (seq, message) in new {
+            if seq > read.0 {
+                read.0 = seq;
+                read.1.push(message);
+            }
+        }
+        Ok(read.1.clone())
     }
 
     /// Fails unless this gateway still holds the lease: checked before every side effect.

@@ -12,7 +12,10 @@ use sandbase_harness::{ModelRequest, model};
 use sandbase_mcp::{ApiRequest, Backend};
 use serde_json::{Value, json};
 
+use crate::http::store::forward::REQUEST_HEADER;
+
 use super::approvals::{Gate, gate};
+use super::deltas::{self, Called};
 use super::journal;
 use super::lifecycle::Status;
 use super::rows::AgentRunRow;
@@ -95,44 +98,38 @@ pub async fn model<B: Backend>(
         max_output: run.max_output,
         parallel_tool_calls: run.row.parallel_tool_calls,
     }
-    .body();
+    .streamed();
     let started = Instant::now();
-    let (answer, attempt) = call_model(run, step, &body).await?;
+    let (called, attempt) = call_model(run, step, &body).await?;
     let latency_ms = started.elapsed().as_millis() as u64;
-    let answer = match answer {
-        Ok(answer) => answer,
-        Err(why) => return failed_model(run, step, 502, "upstream_failed", &why, attempt).await,
+    let (parsed, request_id, rest) = match called {
+        Called::Answer {
+            answer,
+            request_id,
+            rest,
+        } => (answer, request_id, rest),
+        Called::Broken { why, .. } => {
+            return failed_model(run, step, 502, "upstream_failed", &why, attempt).await;
+        }
+        Called::Whole(answer) => match whole(run, &answer) {
+            Ok(parsed) => (
+                parsed,
+                answer.header(REQUEST_HEADER).map(str::to_owned),
+                Vec::new(),
+            ),
+            Err((code, message)) => {
+                return failed_model(run, step, answer.status, &code, &message, attempt).await;
+            }
+        },
     };
-    let body = answer.json().unwrap_or(Value::Null);
-    let parsed = answer
-        .is_success()
-        .then(|| model::parse_answer(run.family, &body))
-        .flatten();
-    let Some(parsed) = parsed else {
-        let code = body["error"]["code"]
-            .as_str()
-            .or(body["error"]["type"].as_str());
-        let message = body["error"]["message"]
-            .as_str()
-            .unwrap_or("the model's answer could not be read");
-        return failed_model(
-            run,
-            step,
-            answer.status,
-            code.unwrap_or("model_error"),
-            message,
-            attempt,
-        )
-        .await;
-    };
-    let request_id = answer
-        .header(crate::http::store::forward::REQUEST_HEADER)
-        .map(str::to_owned);
     // The store charges this call after answering it: priced here as it prices it.
     let cost = run.prices.cost(&parsed.usage);
     let result = json!({ "usage": parsed.usage, "stop_reason": parsed.stop_reason,
                          "latency_ms": latency_ms, "store_request": request_id, "attempts": attempt });
     let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    for (kind, data) in rest {
+        write.event(kind, data).await?;
+    }
     write.finish_step(step, "completed", &result, cost).await?;
     write.message(&parsed.message).await?;
     write.spent(parsed.usage, cost);
@@ -148,29 +145,55 @@ pub async fn model<B: Backend>(
     Ok(Flow::Continue)
 }
 
+/// A model's answer that came whole (a refusal, an error, or a provider that does not
+/// stream), read; its error's code and message when it is not an answer.
+fn whole<B: Backend>(
+    run: &Run<'_, B>,
+    answer: &sandbase_mcp::ApiAnswer,
+) -> Result<sandbase_harness::ModelAnswer, (String, String)> {
+    let body = answer.json().unwrap_or(Value::Null);
+    let parsed = answer
+        .is_success()
+        .then(|| model::parse_answer(run.family, &body))
+        .flatten();
+    parsed.ok_or_else(|| {
+        let code = body["error"]["code"]
+            .as_str()
+            .or(body["error"]["type"].as_str());
+        let message = body["error"]["message"]
+            .as_str()
+            .unwrap_or("the model's answer could not be read");
+        (code.unwrap_or("model_error").to_owned(), message.to_owned())
+    })
+}
+
 /// The model call, tried again after an overload or a failure before any output (its
-/// `Retry-After` honoured, a `model.retry` event each time), [`TRIES`] times at most; the
-/// last answer and how many tries it took.
+/// `Retry-After` honoured, a `model.retry` event each time), [`TRIES`] times at most; what
+/// the last try came to and how many tries it took.
 async fn call_model<B: Backend>(
     run: &Run<'_, B>,
     step: i32,
     body: &Value,
-) -> Result<(Result<sandbase_mcp::ApiAnswer, String>, u32), Halt> {
+) -> Result<(Called, u32), Halt> {
     let mut attempt = 1;
     loop {
         run.check_lease()?;
         let request = ApiRequest::post(run.family.path(), body.clone());
-        let answer = run.backend.call(Some(&run.parts), request).await;
-        let (status, retry_after) = match &answer {
-            Ok(answer) => (
+        let called = match run.backend.stream(Some(&run.parts), request).await {
+            Ok(stream) => deltas::read(run, step, stream).await?,
+            Err(why) => Called::Broken { why, told: false },
+        };
+        let (status, retry_after) = match &called {
+            Called::Whole(answer) => (
                 answer.status,
                 answer.header("retry-after").map(str::to_owned),
             ),
-            Err(_) => (502, None),
+            Called::Broken { told: false, .. } => (502, None),
+            Called::Answer { .. } | Called::Broken { told: true, .. } => (200, None),
         };
         let overloaded = matches!(status, 408 | 429 | 500..=599);
         if !overloaded || attempt == TRIES {
-            return Ok((answer, attempt));
+            return Ok((called, attempt));
         }
         let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
         let retry = json!({ "step": step, "attempt": attempt, "status": status,
@@ -344,7 +367,9 @@ async fn tool<B: Backend>(run: &Run<'_, B>, call: &ToolCall, gate: &Gate) -> Res
     run.check_lease()?;
     let exec_id = exec_id(run, step);
     let started = Instant::now();
-    let outcome = super::cancel::watched(run, &call.id, &exec_id, kind, async {
+    let (sink, pieces) = tokio::sync::mpsc::unbounded_channel();
+    let exec = exec_id.as_str();
+    let watched = super::cancel::watched(run, &call.id, &exec_id, kind, async move {
         match kind {
             _ if matches!(gate, Gate::Deny(_)) => {
                 let Gate::Deny(why) = gate else {
@@ -355,11 +380,23 @@ async fn tool<B: Backend>(run: &Run<'_, B>, call: &ToolCall, gate: &Gate) -> Res
             ToolKind::Mcp { .. } => super::mcp::call(run, call).await,
             _ => {
                 let caller = run.caller();
-                tools::execute(run.backend, &caller, &run.sandbox(), &exec_id, kind, call).await
+                let sandbox = run.sandbox();
+                tools::execute(
+                    run.backend,
+                    &caller,
+                    &sandbox,
+                    exec,
+                    kind,
+                    call,
+                    Some(&sink),
+                )
+                .await
             }
         }
-    })
-    .await;
+    });
+    let (outcome, written) =
+        tokio::join!(watched, deltas::tool_output(run, step, &call.id, pieces));
+    written?;
     record_tool(
         run,
         step,

@@ -239,6 +239,18 @@ async fn files_are_binary_safe_listed_removed_and_capped(sandbox: &TestSandbox<'
         .get("/files?path=/nope")
         .await
         .assert_error(404, "path_not_found");
+    // The image's own file system is read-only (found by the fuzzer: 500 `sandbox_io_error`):
+    // writing there is the sender's mistake, not the sandbox's.
+    let (status, body, _) = sandbox
+        .raw(
+            Method::PUT,
+            "/files?path=/%26&recursive=true",
+            Some(b"x".to_vec()),
+        )
+        .await;
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(body["error"]["code"], "permission_denied", "{body}");
     sandbox
         .delete("/files?path=/work/data")
         .await

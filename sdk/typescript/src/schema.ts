@@ -1659,9 +1659,12 @@ export interface components {
             /** Format: int32 */
             turn: number;
             /**
-             * @description `run.created`, `run.status`, `turn.started`, `turn.completed`, `model.started`,
-             *     `model.completed`, `model.retry`, `tool.called`, `tool.completed`, `input.received`,
-             *     `limit.reached`, `error`.
+             * @description `run.created`, `run.status`, `sandbox.ready`, `turn.started`, `turn.completed`,
+             *     `checkpoint.taken`, `sandbox.released`, `model.started`, `model.retry`, `model.delta`
+             *     (a piece of the answer as it streams), `model.completed`, `context.elided`,
+             *     `tool.called`, `tool.output.delta` (a command's output as it is printed),
+             *     `tool.completed`, `approval.requested`, `approval.resolved`, `input.received`,
+             *     `cancel.requested`, `limit.reached`, `error`.
              */
             type: string;
         };

@@ -80,7 +80,7 @@ class AgentRunEvent(BaseModel):
     type: Annotated[
         str,
         Field(
-            description='`run.created`, `run.status`, `turn.started`, `turn.completed`, `model.started`,\n`model.completed`, `model.retry`, `tool.called`, `tool.completed`, `input.received`,\n`limit.reached`, `error`.'
+            description="`run.created`, `run.status`, `sandbox.ready`, `turn.started`, `turn.completed`,\n`checkpoint.taken`, `sandbox.released`, `model.started`, `model.retry`, `model.delta`\n(a piece of the answer as it streams), `model.completed`, `context.elided`,\n`tool.called`, `tool.output.delta` (a command's output as it is printed),\n`tool.completed`, `approval.requested`, `approval.resolved`, `input.received`,\n`cancel.requested`, `limit.reached`, `error`."
         ),
     ]
 
