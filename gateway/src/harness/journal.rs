@@ -167,8 +167,8 @@ impl Write {
 
     /// Appends a message to the conversation.
     pub async fn message(&mut self, message: &Message) -> Result<(), sqlx::Error> {
-        let message = serde_json::to_value(message)
-            .map_err(|error| sqlx::Error::Encode(Box::new(error)))?;
+        let message =
+            serde_json::to_value(message).map_err(|error| sqlx::Error::Encode(Box::new(error)))?;
         self.added.item_turn.push(self.turn);
         self.added.item_message.push(message);
         Ok(())
