@@ -197,7 +197,7 @@ async fn ensure_sandbox<B: Backend>(run: &mut Run<'_, B>) -> Result<bool, Halt> 
         }
         return Ok(false);
     };
-    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    let mut write = journal::begin(&run.state.db, &run.lease).await?;
     sqlx::query("UPDATE agent_runs SET sandbox_id = $2 WHERE id = $1")
         .bind(run.row.id)
         .bind(id)
@@ -262,7 +262,7 @@ async fn turns<B: Backend>(run: &Run<'_, B>) -> Result<(), Halt> {
         if let Some(scope) = now.cancel_scope.as_deref() {
             if scope.starts_with("tool:") {
                 // The call was cancelled (or had ended): the turn goes on.
-                let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+                let mut write = journal::begin(&run.state.db, &run.lease).await?;
                 lifecycle::tool_cancel_done(&mut write.tx, run.row.id, scope).await?;
                 run.commit(write).await?;
                 continue;
@@ -307,7 +307,7 @@ async fn cancelled<B: Backend>(run: &Run<'_, B>, scope: &str) -> Result<Flow, Ha
 /// The turn ended: the next queued message starts another (within `max_turns`), else the
 /// run is idle.
 async fn end_of_turn<B: Backend>(run: &Run<'_, B>, now: &AgentRunRow) -> Result<Flow, Halt> {
-    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    let mut write = journal::begin(&run.state.db, &run.lease).await?;
     let queued = super::inputs::take_messages(&mut write.tx, run.row.id).await?;
     if queued.is_empty() {
         drop(write);
@@ -318,13 +318,13 @@ async fn end_of_turn<B: Backend>(run: &Run<'_, B>, now: &AgentRunRow) -> Result<
         drop(write);
         return super::steps::limited(run, "max_turns").await;
     }
+    let turn = write.turn;
     write
-        .event("turn.completed", json!({ "turn": write.turn }))
+        .event("turn.completed", json!({ "turn": turn }))
         .await?;
     write.next_turn();
-    write
-        .event("turn.started", json!({ "turn": write.turn }))
-        .await?;
+    let turn = write.turn;
+    write.event("turn.started", json!({ "turn": turn })).await?;
     for message in queued {
         write.message(&message).await?;
     }

@@ -148,9 +148,8 @@ async fn message(write: &mut Write, row: &AgentRunRow, content: String) -> ApiRe
         ));
     }
     write.next_turn();
-    write
-        .event("turn.started", json!({ "turn": write.turn }))
-        .await?;
+    let turn = write.turn;
+    write.event("turn.started", json!({ "turn": turn })).await?;
     write
         .event(
             "input.received",

@@ -15,6 +15,13 @@ pub struct Lease {
     pub claim: Claim,
     deadline: std::sync::Mutex<Instant>,
     lost: AtomicBool,
+    /// The run's last step and turn as this gateway's last journal write left them: only
+    /// the lease's holder changes them, so its next write numbers from them without reading
+    /// the row first (the write checks them, and is refused when they moved).
+    counters: std::sync::Mutex<Option<(i32, i32)>>,
+    /// Held by a journal write of this lease from its start to its commit: the lease's
+    /// writes (parallel tool calls') number one after the other.
+    writing: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// How long before its deadline a lease is no longer used here.
@@ -26,7 +33,30 @@ impl Lease {
             claim,
             deadline: std::sync::Mutex::new(claimed_at + Duration::from_secs(lease_secs)),
             lost: AtomicBool::new(false),
+            counters: std::sync::Mutex::new(None),
+            writing: Arc::new(tokio::sync::Mutex::new(())),
         })
+    }
+
+    /// The run's (last step, turn) after this gateway's last write, when known.
+    pub fn counters(&self) -> Option<(i32, i32)> {
+        *self
+            .counters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Waits for the lease's write in progress, if any: the returned guard is the next's.
+    pub async fn writing(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        self.writing.clone().lock_owned().await
+    }
+
+    /// Keeps what a write left (`None`: read them again before the next one).
+    pub fn remember(&self, counters: Option<(i32, i32)>) {
+        *self
+            .counters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = counters;
     }
 
     /// Whether this gateway may still act for the run.

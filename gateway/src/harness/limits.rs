@@ -23,7 +23,7 @@ pub async fn reached<B: Backend>(
     message: String,
 ) -> Result<Flow, Halt> {
     let ask = run.row.limits.0.on_limit == Some(OnLimit::Ask);
-    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    let mut write = journal::begin(&run.state.db, &run.lease).await?;
     write
         .event(
             "limit.reached",

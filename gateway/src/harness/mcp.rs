@@ -74,7 +74,7 @@ pub async fn offer<B: Backend>(run: &mut Run<'_, B>) -> Result<(), Halt> {
             }
             Err(why) => {
                 let label = remote_mcp::label_of(&named);
-                let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+                let mut write = journal::quick(&run.state.db, &run.lease).await?;
                 write
                     .event(
                         "error",
@@ -82,7 +82,7 @@ pub async fn offer<B: Backend>(run: &mut Run<'_, B>) -> Result<(), Halt> {
                         "message": format!("the tools of `{label}` are not offered: {why}") }),
                     )
                     .await?;
-                run.commit(write).await?;
+                run.commit_quick(write).await?;
             }
         }
     }

@@ -65,14 +65,14 @@ pub async fn unfinished<B: Backend>(run: &Run<'_, B>) -> Result<bool, Halt> {
 
 /// A step ended `interrupted`, with nothing told the model yet.
 async fn interrupted<B: Backend>(run: &Run<'_, B>, step: i32, reason: &Value) -> Result<(), Halt> {
-    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    let mut write = journal::begin(&run.state.db, &run.lease).await?;
     write.finish_step(step, "interrupted", reason, 0).await?;
     run.commit(write).await
 }
 
 /// The run waits for a person to decide whether each call whose end is unknown runs again.
 async fn ask<B: Backend>(run: &Run<'_, B>, calls: &[ToolCall]) -> Result<(), Halt> {
-    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    let mut write = journal::begin(&run.state.db, &run.lease).await?;
     let mut required = Vec::new();
     for call in calls {
         write

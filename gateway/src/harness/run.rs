@@ -133,6 +133,14 @@ impl<B: Backend> Run<'_, B> {
         Ok(())
     }
 
+    /// Commits a quick write of the run (see `journal::Quick`).
+    pub async fn commit_quick(&self, write: journal::Quick) -> Result<(), Halt> {
+        if write.commit(&self.state.db).await? {
+            let _ = self.state.harness.events.send(self.row.id);
+        }
+        Ok(())
+    }
+
     /// A snapshot of the sandbox the run made at a turn's end, when it keeps checkpoints.
     async fn checkpoint(&self, status: Status) -> Option<uuid::Uuid> {
         let sandbox = self.row.sandbox_id.filter(|_| self.row.owns_sandbox)?;
@@ -166,23 +174,25 @@ impl<B: Backend> Run<'_, B> {
             }
         }
         let error = error.map(|(code, message)| json!({ "code": code, "message": message }));
-        let mut write = journal::begin(&self.state.db, self.lease.claim).await?;
+        let mut write = journal::begin(&self.state.db, &self.lease).await?;
         if let Some(snapshot) = checkpoint {
             sqlx::query("UPDATE agent_runs SET checkpoint_snapshot = $2 WHERE id = $1")
                 .bind(self.row.id)
                 .bind(snapshot)
                 .execute(&mut *write.tx)
                 .await?;
+            let turn = write.turn;
             write
                 .event(
                     "checkpoint.taken",
-                    json!({ "snapshot_id": snapshot, "turn": write.turn }),
+                    json!({ "snapshot_id": snapshot, "turn": turn }),
                 )
                 .await?;
         }
         if matches!(status, Status::Idle) || status.is_final() {
+            let turn = write.turn;
             write
-                .event("turn.completed", json!({ "turn": write.turn }))
+                .event("turn.completed", json!({ "turn": turn }))
                 .await?;
         }
         let (event, revoked) =

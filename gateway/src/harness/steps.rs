@@ -65,7 +65,7 @@ pub async fn model<B: Backend>(
         run.context_window,
         run.max_output,
     );
-    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    let mut write = journal::quick(&run.state.db, &run.lease).await?;
     if elided.len()
         > run
             .elided
@@ -88,7 +88,7 @@ pub async fn model<B: Backend>(
             json!({ "step": step, "model": run.row.model }),
         )
         .await?;
-    run.commit(write).await?;
+    run.commit_quick(write).await?;
     let body = ModelRequest {
         model: &run.row.model,
         family: run.family,
@@ -126,7 +126,7 @@ pub async fn model<B: Backend>(
     let cost = run.prices.cost(&parsed.usage);
     let result = json!({ "usage": parsed.usage, "stop_reason": parsed.stop_reason,
                          "latency_ms": latency_ms, "store_request": request_id, "attempts": attempt });
-    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    let mut write = journal::quick(&run.state.db, &run.lease).await?;
     for (kind, data) in rest {
         write.event(kind, data).await?;
     }
@@ -141,7 +141,7 @@ pub async fn model<B: Backend>(
             "latency_ms": latency_ms, "message": parsed.message }),
         )
         .await?;
-    run.commit(write).await?;
+    run.commit_quick(write).await?;
     Ok(Flow::Continue)
 }
 
@@ -195,11 +195,11 @@ async fn call_model<B: Backend>(
         if !overloaded || attempt == TRIES {
             return Ok((called, attempt));
         }
-        let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+        let mut write = journal::quick(&run.state.db, &run.lease).await?;
         let retry = json!({ "step": step, "attempt": attempt, "status": status,
                             "retry_after": retry_after });
         write.event("model.retry", retry).await?;
-        run.commit(write).await?;
+        run.commit_quick(write).await?;
         tokio::time::sleep(backoff(attempt, retry_after.as_deref())).await;
         attempt += 1;
     }
@@ -215,12 +215,12 @@ async fn failed_model<B: Backend>(
     message: &str,
     attempts: u32,
 ) -> Result<Flow, Halt> {
-    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    let mut write = journal::quick(&run.state.db, &run.lease).await?;
     let result =
         json!({ "status": status, "code": code, "message": message, "attempts": attempts });
     write.finish_step(step, "failed", &result, 0).await?;
     write.event("error", result.clone()).await?;
-    run.commit(write).await?;
+    run.commit_quick(write).await?;
     let message = message.to_owned();
     match (status, code) {
         (401, _) => {
@@ -312,7 +312,7 @@ pub async fn tools<B: Backend>(
                             "arguments": call.arguments })
         })
         .collect();
-    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    let mut write = journal::quick(&run.state.db, &run.lease).await?;
     for call in &functions {
         write
             .event(
@@ -322,7 +322,7 @@ pub async fn tools<B: Backend>(
             )
             .await?;
     }
-    run.commit(write).await?;
+    run.commit_quick(write).await?;
     run.settle(Status::RequiresAction, None, Value::Array(required))
         .await
 }
@@ -332,7 +332,7 @@ async fn ask<B: Backend>(run: &Run<'_, B>, call: &ToolCall, gate: &Gate) -> Resu
     let Gate::Ask(rule) = gate else {
         return Ok(Flow::Continue);
     };
-    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    let mut write = journal::quick(&run.state.db, &run.lease).await?;
     write
         .event(
             "approval.requested",
@@ -340,7 +340,7 @@ async fn ask<B: Backend>(run: &Run<'_, B>, call: &ToolCall, gate: &Gate) -> Resu
                                                "args": call.arguments, "rule": rule }),
         )
         .await?;
-    run.commit(write).await?;
+    run.commit_quick(write).await?;
     let tool = sandbase_harness::approval::tool_label(run.kind(call), call);
     let required = json!([{ "type": "approval", "call_id": call.id, "name": call.name,
                             "arguments": call.arguments, "tool": tool, "rule": rule }]);
@@ -351,7 +351,7 @@ async fn ask<B: Backend>(run: &Run<'_, B>, call: &ToolCall, gate: &Gate) -> Resu
 async fn tool<B: Backend>(run: &Run<'_, B>, call: &ToolCall, gate: &Gate) -> Result<(), Halt> {
     run.check_lease()?;
     let kind = run.kind(call);
-    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    let mut write = journal::quick(&run.state.db, &run.lease).await?;
     let epoch = run.lease.claim.epoch;
     let step = write
         .intend("tool", &call.name, Some(&call.id), &call.arguments, epoch)
@@ -363,7 +363,7 @@ async fn tool<B: Backend>(run: &Run<'_, B>, call: &ToolCall, gate: &Gate) -> Res
                                        "args": call.arguments }),
         )
         .await?;
-    run.commit(write).await?;
+    run.commit_quick(write).await?;
     run.check_lease()?;
     let exec_id = exec_id(run, step);
     let started = Instant::now();
@@ -422,7 +422,7 @@ pub async fn record_tool<B: Backend>(
 ) -> Result<(), Halt> {
     let mut detail = outcome.detail.clone();
     detail["duration_ms"] = json!(duration_ms);
-    let mut write = journal::begin(&run.state.db, run.lease.claim).await?;
+    let mut write = journal::quick(&run.state.db, &run.lease).await?;
     write
         .finish_step(step, outcome.step_state(), &detail, 0)
         .await?;
@@ -445,5 +445,5 @@ pub async fn record_tool<B: Backend>(
             "duration_ms": duration_ms, "exec_id": detail["exec_id"], "output": outcome.content }),
         )
         .await?;
-    run.commit(write).await
+    run.commit_quick(write).await
 }
