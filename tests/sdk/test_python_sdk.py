@@ -203,6 +203,52 @@ def test_async_scenarios(cluster):
     asyncio.run(scenario())
 
 
+def test_sync_code_named_commands_and_root(cluster):
+    client = Sandbase(cluster.key(), cluster.url)
+    with Sandbox.create(template="base", timeout=300, client=client) as sbx:
+        # The code endpoint: state between calls, output, the last expression, exceptions
+        # as results, an interrupt that keeps the context.
+        first = sbx.code.run("import math\nx = 41\nprint('hi')")
+        assert (first.stdout, first.main, first.exception) == ("hi\n", None, None)
+        assert sbx.code.run("x + 1").main == {"text/plain": "42"}
+        failed = sbx.code.run("1 / 0")
+        assert failed.exception is not None and failed.exception.name == "ZeroDivisionError"
+        slow = sbx.code.run("import time\ny = 'kept'\ntime.sleep(30)", timeout=1)
+        assert slow.timed_out and slow.exception.name == "KeyboardInterrupt"
+        assert sbx.code.run("y").main == {"text/plain": "'kept'"}
+        events = list(sbx.code.stream("print('a')\n6 * 7"))
+        assert [e.kind for e in events] == ["stdout", "result", "done"], events
+        assert events[1].main and events[1].data["text/plain"] == "42"
+        other = sbx.code.create_context(cwd="/tmp")
+        assert sbx.code.run("import os\nos.getcwd()", context=other.id).main == {"text/plain": "'/tmp'"}
+        assert sorted(c.id for c in sbx.code.contexts()) == sorted(["default", other.id])
+        sbx.code.delete_context(other.id)
+        with pytest.raises(NotFound):
+            sbx.code.run("1", context=other.id)
+        # A named command is cancelled by its name; a command runs as root when asked.
+        events = sbx.commands.stream("echo begun; sleep 600", exec_id="sdk-sleeper")
+        assert next(events).kind == "pid" and next(events).text == "begun\n"
+        sbx.commands.cancel("sdk-sleeper")
+        assert [e for e in events if e.kind == "exit"][0].exit_code != 0
+        assert sbx.commands.run("id -un", user="root").stdout == "root\n"
+        # A command longer than the client's own timeout is waited for.
+        patient = Sandbox.connect(sbx.id, client=Sandbase(client._http.settings.api_key, cluster.url, timeout=1))
+        assert patient.commands.run("sleep 2; echo waited", timeout=10).stdout == "waited\n"
+
+
+def test_async_code(cluster):
+    async def scenario():
+        async with AsyncSandbase(cluster.key(), cluster.url) as client:
+            async with await AsyncSandbox.create(template="base", timeout=300, client=client) as sbx:
+                await sbx.code.run("z = 6")
+                assert (await sbx.code.run("z * 7")).main == {"text/plain": "42"}
+                kinds = [e.kind async for e in sbx.code.stream("print(z)")]
+                assert kinds == ["stdout", "done"], kinds
+                assert [c.id for c in await sbx.code.contexts()] == ["default"]
+
+    asyncio.run(scenario())
+
+
 def test_async_egress_policy_credentials_and_flows(cluster):
     async def scenario():
         async with AsyncSandbase(cluster.key(), cluster.url) as client:

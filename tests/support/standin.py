@@ -355,8 +355,10 @@ class Handler(BaseHTTPRequestHandler):
         model = body["model"]
         tools = [tool.get("name") for tool in body.get("tools") or [] if tool.get("type") == "function"]
         said = decide(body, tools)
+        # Each step's call has ids of its own (the first is call_1), as a model's would.
+        step = tool_results(body) + 1
         if said[0] == "tool":
-            item = {"type": "function_call", "id": "fc_1", "call_id": "call_1",
+            item = {"type": "function_call", "id": f"fc_{step}", "call_id": f"call_{step}",
                     "name": said[1], "arguments": json.dumps(said[2]), "status": "completed"}
         else:
             item = {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
@@ -384,9 +386,9 @@ class Handler(BaseHTTPRequestHandler):
             events.append(event("response.output_item.added", {
                 "output_index": 0, "item": dict(item, arguments="", status="in_progress")}))
             events.append(event("response.function_call_arguments.delta", {
-                "item_id": "fc_1", "output_index": 0, "delta": item["arguments"]}))
+                "item_id": item["id"], "output_index": 0, "delta": item["arguments"]}))
             events.append(event("response.function_call_arguments.done", {
-                "item_id": "fc_1", "output_index": 0, "arguments": item["arguments"]}))
+                "item_id": item["id"], "output_index": 0, "arguments": item["arguments"]}))
         else:
             for number, word in enumerate(said[1].split(" ")):
                 events.append(event("response.output_text.delta", {
@@ -517,6 +519,18 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("content-length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+
+def store_config(url, key_file, model="openai/gpt-test"):
+    """A gateway's `[store]` with one OpenAI provider, this stand-in at `url` (its key in
+    `key_file`), and one model of it, `model`."""
+    return (
+        "[store]\n[[store.providers]]\n"
+        f'name = "oa"\nkind = "openai"\nbase_url = "{url}/v1"\ncredential_file = "{key_file}"\n\n'
+        "[[store.models]]\n"
+        f'id = "{model}"\nprovider = "oa"\nupstream = "{model.split("/")[-1]}"\n'
+        'context_window = 100000\nmax_output = 1000\ninput = "2.50"\noutput = "10"\n'
+    )
 
 
 class StandIn:

@@ -1,11 +1,11 @@
-"""SandBase's Python SDK: sandboxes for AI agents (commands, files, terminals, egress,
+"""SandBase's Python SDK: sandboxes for AI agents (commands, Python code, files, terminals, egress,
 snapshots) and the team's keys, members, credits, usage, audit log, secrets, runs and model
 store. `Sandbase`/`Sandbox` block; `AsyncSandbase`/`AsyncSandbox` are the same with `await`."""
 
 from . import models
-from ._async import AsyncCommands, AsyncFiles, AsyncProcess, AsyncSandbase, AsyncSandbox, AsyncTerminal
-from ._core import CommandEvent
-from ._sync import Commands, Files, Process, Sandbase, Sandbox, Terminal
+from ._async import AsyncCode, AsyncCommands, AsyncFiles, AsyncProcess, AsyncSandbase, AsyncSandbox, AsyncTerminal
+from ._core import CodeEvent, CommandEvent
+from ._sync import Code, Commands, Files, Process, Sandbase, Sandbox, Terminal
 from .errors import (
     AuthenticationError,
     Conflict,
@@ -20,8 +20,8 @@ from .errors import (
 )
 
 __all__ = [
-    "AsyncCommands", "AsyncFiles", "AsyncProcess", "AsyncSandbase", "AsyncSandbox", "AsyncTerminal",
-    "AuthenticationError", "CommandEvent", "Commands", "Conflict", "Files", "InsufficientCredits",
+    "AsyncCode", "AsyncCommands", "AsyncFiles", "AsyncProcess", "AsyncSandbase", "AsyncSandbox", "AsyncTerminal",
+    "AuthenticationError", "Code", "CodeEvent", "CommandEvent", "Commands", "Conflict", "Files", "InsufficientCredits",
     "InvalidRequest", "NotFound", "PermissionDenied", "Process", "RateLimited", "Sandbase",
     "SandbaseError", "Sandbox", "ServiceUnavailable", "SpendCapReached", "Terminal", "models",
 ]

@@ -14,7 +14,7 @@ import httpx
 from pydantic import BaseModel
 
 from . import _core, models
-from ._core import Call, CommandEvent, Paths
+from ._core import Call, CodeEvent, CommandEvent, Paths
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -37,6 +37,7 @@ class _Http:
                 json=call.json,
                 content=call.content,
                 headers=_core.headers(self.settings, call),
+                timeout=_core.request_timeout(self.settings, call),
             )
             response = await self.client.send(request, stream=stream)
             if response.is_success:
@@ -157,6 +158,7 @@ class AsyncSandbox:
         self.files = AsyncFiles(self)
         self.egress = AsyncEgress(self)
         self.pty = AsyncPty(self)
+        self.code = AsyncCode(self)
 
     @classmethod
     async def create(
@@ -236,10 +238,15 @@ class AsyncCommands:
         timeout: float | None = None,
         stdin: str | None = None,
         session: str | None = None,
+        user: str | None = None,
+        exec_id: str | None = None,
     ) -> models.ExecResult:
-        """Runs `cmd` (a shell line, or an argv) to its end: exit code, stdout, stderr."""
-        body = _core.exec_body(cmd, cwd=cwd, env=env, timeout=timeout, stdin=stdin, session=session)
-        return await self._sandbox._model(Call("POST", self._sandbox._paths.of("/exec"), json=body), models.ExecResult)
+        """Runs `cmd` (a shell line, or an argv) to its end: exit code, stdout, stderr. `user`
+        is `user` (the default) or `root`; a named command (`exec_id`) runs to its end even
+        when the connection drops."""
+        body = _core.exec_body(cmd, cwd=cwd, env=env, timeout=timeout, stdin=stdin, session=session,
+                               user=user, exec_id=exec_id)
+        return await self._sandbox._model(_core.exec_call(self._sandbox._paths.of("/exec"), body, timeout), models.ExecResult)
 
     async def stream(
         self,
@@ -248,9 +255,12 @@ class AsyncCommands:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
+        user: str | None = None,
+        exec_id: str | None = None,
     ) -> AsyncIterator[CommandEvent]:
         """Runs `cmd`, yielding its output as it comes, then its exit."""
-        body = _core.exec_body(cmd, cwd=cwd, env=env, timeout=timeout, stdin=None, session=None, stream=True)
+        body = _core.exec_body(cmd, cwd=cwd, env=env, timeout=timeout, stdin=None, session=None, stream=True,
+                               user=user, exec_id=exec_id)
         response = await self._sandbox._send(Call("POST", self._sandbox._paths.of("/exec"), json=body), stream=True)
         try:
             async for line in response.aiter_lines():
@@ -258,6 +268,11 @@ class AsyncCommands:
                     yield _core.command_event(line)
         finally:
             await response.aclose()
+
+    async def cancel(self, exec_id: str) -> None:
+        """Interrupts the named command (SIGINT, then SIGKILL to its process group a second
+        later)."""
+        await self._sandbox._send(Call("POST", self._sandbox._paths.of(f"/execs/{exec_id}/cancel")))
 
     async def start(
         self,
@@ -346,6 +361,53 @@ class AsyncFiles:
         """Unpacks a tar archive into `path`."""
         call = Call("PUT", self._sandbox._paths.of("/archive"), params={"path": path}, content=tar, content_type="application/x-tar")
         await self._sandbox._send(call)
+
+
+class AsyncCode:
+    """Python in stateful contexts of the sandbox: variables, imports and the working
+    directory live on from one call to the next (`default` unless a context is named)."""
+
+    def __init__(self, sandbox: AsyncSandbox) -> None:
+        self._sandbox = sandbox
+        self._path = sandbox._paths.of("/code")
+
+    async def run(self, code: str, *, context: str | None = None, timeout: float | None = None) -> models.CodeResult:
+        """Runs `code` to its end: stdout, stderr, its results (`main`: the last expression's
+        value), the exception it raised. Past `timeout` seconds it is interrupted, the
+        context kept."""
+        call = _core.code_call(self._path, code, context=context, timeout=timeout, stream=False)
+        return await self._sandbox._model(call, models.CodeResult)
+
+    async def stream(
+        self, code: str, *, context: str | None = None, timeout: float | None = None
+    ) -> AsyncIterator[CodeEvent]:
+        """Runs `code`, yielding its output and results as they come, `done` last."""
+        call = _core.code_call(self._path, code, context=context, timeout=timeout, stream=True)
+        response = await self._sandbox._send(call, stream=True)
+        try:
+            async for line in response.aiter_lines():
+                if line.strip():
+                    yield _core.code_event(line)
+        finally:
+            await response.aclose()
+
+    async def create_context(
+        self, *, cwd: str | None = None, env: Mapping[str, str] | None = None, user: str | None = None
+    ) -> models.CodeContext:
+        """A context of its own (an interpreter with its directory, environment and user)."""
+        body = _core.context_body(cwd, env, user)
+        return await self._sandbox._model(Call("POST", f"{self._path}/contexts", json=body), models.CodeContext)
+
+    async def contexts(self) -> list[models.CodeContext]:
+        answer = await self._sandbox._model(Call("GET", f"{self._path}/contexts"), models.CodeContextList)
+        return answer.contexts
+
+    async def delete_context(self, context: str) -> None:
+        await self._sandbox._send(Call("DELETE", f"{self._path}/contexts/{context}"))
+
+    async def interrupt(self, context: str = "default") -> None:
+        """KeyboardInterrupt in what the context runs; its variables are kept."""
+        await self._sandbox._send(Call("POST", f"{self._path}/contexts/{context}/interrupt"))
 
 
 class AsyncEgress:

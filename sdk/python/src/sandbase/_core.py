@@ -4,6 +4,7 @@ retries and how answers become results or exceptions. No I/O here."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ class Call:
     json: Any = None
     content: bytes | None = None
     content_type: str | None = None
+    # Seconds this request may wait for its answer, when longer than the client's own.
+    timeout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,11 @@ def headers(settings: Settings, call: Call) -> dict[str, str]:
     if call.content_type:
         answer["content-type"] = call.content_type
     return answer
+
+
+def request_timeout(settings: Settings, call: Call) -> float:
+    """How long a request waits: the client's timeout, or the call's when longer."""
+    return max(settings.timeout, call.timeout or 0.0)
 
 
 def retry_after(value: str | None) -> float | None:
@@ -152,15 +160,19 @@ def exec_body(
     session: str | None,
     stream: bool = False,
     background: bool = False,
+    exec_id: str | None = None,
+    user: str | None = None,
 ) -> dict[str, Any]:
     """`cmd` as a shell command line (a string) or an argv (a list)."""
     body = drop_none(
         {
             "cwd": cwd,
             "env": dict(env) if env else None,
-            "timeout_secs": int(timeout) if timeout is not None else None,
+            "timeout_secs": max(1, math.ceil(timeout)) if timeout is not None else None,
             "stdin": stdin,
             "session": session,
+            "exec_id": exec_id,
+            "user": user,
         }
     )
     body["command" if isinstance(cmd, str) else "cmd"] = cmd
@@ -169,6 +181,11 @@ def exec_body(
     if background:
         body["background"] = True
     return body
+
+
+def exec_call(path: str, body: dict[str, Any], timeout: float | None) -> Call:
+    """A command run to its end: the request waits for it past its own timeout."""
+    return Call("POST", path, json=body, timeout=timeout + CODE_MARGIN_SECS if timeout is not None else None)
 
 
 def create_body(
@@ -198,3 +215,54 @@ def create_body(
             "snapshot": snapshot,
         }
     )
+
+
+# What a code call may take when it names no `timeout_secs` (the API's default), and the
+# margin the HTTP request waits past it for the answer.
+CODE_DEFAULT_SECS = 300
+CODE_MARGIN_SECS = 30.0
+
+
+def code_call(path: str, code: str, *, context: str | None, timeout: float | None, stream: bool) -> Call:
+    """A run of `code` in a context (`default` when none is named)."""
+    body = drop_none(
+        {"code": code, "context": context, "timeout_secs": int(timeout) if timeout is not None else None}
+    )
+    if stream:
+        body["stream"] = True
+    waits = (timeout if timeout is not None else CODE_DEFAULT_SECS) + CODE_MARGIN_SECS
+    return Call("POST", path, json=body, timeout=waits)
+
+
+def context_body(cwd: str | None, env: Mapping[str, str] | None, user: str | None) -> dict[str, Any]:
+    return drop_none({"cwd": cwd, "env": dict(env) if env else None, "user": user})
+
+
+@dataclass(frozen=True)
+class CodeEvent:
+    """One line of a streamed code call: a chunk of `stdout` or `stderr`, a `result` (the
+    last expression's value has `main`), an `exception`, and `done` last."""
+
+    kind: Literal["stdout", "stderr", "result", "exception", "done"]
+    text: str = ""
+    data: Mapping[str, str] = field(default_factory=dict)
+    main: bool = False
+    exception: Mapping[str, str] | None = None
+    done: Mapping[str, Any] | None = None
+
+
+def code_event(line: str) -> CodeEvent:
+    """A streamed code call's NDJSON line; an `error` line (the context broke) raises it."""
+    event: dict[str, Any] = json.loads(line)
+    if "error" in event:
+        detail = event["error"]
+        raise error_for(500, str(detail.get("code")), str(detail.get("message")), detail.get("request_id"))
+    if "stdout" in event:
+        return CodeEvent("stdout", text=str(event["stdout"]))
+    if "stderr" in event:
+        return CodeEvent("stderr", text=str(event["stderr"]))
+    if "result" in event:
+        return CodeEvent("result", data=dict(event["result"]), main=bool(event.get("main")))
+    if "exception" in event:
+        return CodeEvent("exception", exception=dict(event["exception"]))
+    return CodeEvent("done", done=dict(event.get("done") or {}))

@@ -12,7 +12,7 @@ import httpx
 from pydantic import BaseModel
 
 from . import _core, models
-from ._core import Call, CommandEvent, Paths
+from ._core import Call, CodeEvent, CommandEvent, Paths
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -35,6 +35,7 @@ class _Http:
                 json=call.json,
                 content=call.content,
                 headers=_core.headers(self.settings, call),
+                timeout=_core.request_timeout(self.settings, call),
             )
             response = self.client.send(request, stream=stream)
             if response.is_success:
@@ -155,6 +156,7 @@ class Sandbox:
         self.files = Files(self)
         self.egress = Egress(self)
         self.pty = Pty(self)
+        self.code = Code(self)
 
     @classmethod
     def create(
@@ -234,10 +236,15 @@ class Commands:
         timeout: float | None = None,
         stdin: str | None = None,
         session: str | None = None,
+        user: str | None = None,
+        exec_id: str | None = None,
     ) -> models.ExecResult:
-        """Runs `cmd` (a shell line, or an argv) to its end: exit code, stdout, stderr."""
-        body = _core.exec_body(cmd, cwd=cwd, env=env, timeout=timeout, stdin=stdin, session=session)
-        return self._sandbox._model(Call("POST", self._sandbox._paths.of("/exec"), json=body), models.ExecResult)
+        """Runs `cmd` (a shell line, or an argv) to its end: exit code, stdout, stderr. `user`
+        is `user` (the default) or `root`; a named command (`exec_id`) runs to its end even
+        when the connection drops."""
+        body = _core.exec_body(cmd, cwd=cwd, env=env, timeout=timeout, stdin=stdin, session=session,
+                               user=user, exec_id=exec_id)
+        return self._sandbox._model(_core.exec_call(self._sandbox._paths.of("/exec"), body, timeout), models.ExecResult)
 
     def stream(
         self,
@@ -246,9 +253,12 @@ class Commands:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
+        user: str | None = None,
+        exec_id: str | None = None,
     ) -> Iterator[CommandEvent]:
         """Runs `cmd`, yielding its output as it comes, then its exit."""
-        body = _core.exec_body(cmd, cwd=cwd, env=env, timeout=timeout, stdin=None, session=None, stream=True)
+        body = _core.exec_body(cmd, cwd=cwd, env=env, timeout=timeout, stdin=None, session=None, stream=True,
+                               user=user, exec_id=exec_id)
         response = self._sandbox._send(Call("POST", self._sandbox._paths.of("/exec"), json=body), stream=True)
         try:
             for line in response.iter_lines():
@@ -256,6 +266,11 @@ class Commands:
                     yield _core.command_event(line)
         finally:
             response.close()
+
+    def cancel(self, exec_id: str) -> None:
+        """Interrupts the named command (SIGINT, then SIGKILL to its process group a second
+        later)."""
+        self._sandbox._send(Call("POST", self._sandbox._paths.of(f"/execs/{exec_id}/cancel")))
 
     def start(
         self,
@@ -344,6 +359,50 @@ class Files:
         """Unpacks a tar archive into `path`."""
         call = Call("PUT", self._sandbox._paths.of("/archive"), params={"path": path}, content=tar, content_type="application/x-tar")
         self._sandbox._send(call)
+
+
+class Code:
+    """Python in stateful contexts of the sandbox: variables, imports and the working
+    directory live on from one call to the next (`default` unless a context is named)."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+        self._path = sandbox._paths.of("/code")
+
+    def run(self, code: str, *, context: str | None = None, timeout: float | None = None) -> models.CodeResult:
+        """Runs `code` to its end: stdout, stderr, its results (`main`: the last expression's
+        value), the exception it raised. Past `timeout` seconds it is interrupted, the
+        context kept."""
+        call = _core.code_call(self._path, code, context=context, timeout=timeout, stream=False)
+        return self._sandbox._model(call, models.CodeResult)
+
+    def stream(self, code: str, *, context: str | None = None, timeout: float | None = None) -> Iterator[CodeEvent]:
+        """Runs `code`, yielding its output and results as they come, `done` last."""
+        call = _core.code_call(self._path, code, context=context, timeout=timeout, stream=True)
+        response = self._sandbox._send(call, stream=True)
+        try:
+            for line in response.iter_lines():
+                if line.strip():
+                    yield _core.code_event(line)
+        finally:
+            response.close()
+
+    def create_context(
+        self, *, cwd: str | None = None, env: Mapping[str, str] | None = None, user: str | None = None
+    ) -> models.CodeContext:
+        """A context of its own (an interpreter with its directory, environment and user)."""
+        body = _core.context_body(cwd, env, user)
+        return self._sandbox._model(Call("POST", f"{self._path}/contexts", json=body), models.CodeContext)
+
+    def contexts(self) -> list[models.CodeContext]:
+        return self._sandbox._model(Call("GET", f"{self._path}/contexts"), models.CodeContextList).contexts
+
+    def delete_context(self, context: str) -> None:
+        self._sandbox._send(Call("DELETE", f"{self._path}/contexts/{context}"))
+
+    def interrupt(self, context: str = "default") -> None:
+        """KeyboardInterrupt in what the context runs; its variables are kept."""
+        self._sandbox._send(Call("POST", f"{self._path}/contexts/{context}/interrupt"))
 
 
 class Egress:
