@@ -132,6 +132,20 @@ def test_interactive_processes_and_users(cluster, sandbase_env):
     assert cluster.sandboxes(sandbase_env, "running") == []
 
 
+def test_the_isolation_level_comes_from_the_sandbox_spec(cluster, sandbase_env):
+    client = client_for(cluster, sandbase_env)
+
+    async def scenario():
+        session = await client.create(options=SandbaseSandboxClientOptions(isolation="gvisor"))
+        async with session:
+            assert session._inner.sandbox.info.isolation == "gvisor"
+            assert (await session.exec("echo ok")).stdout == b"ok\n"
+        await client.close()
+
+    asyncio.run(scenario())
+    assert cluster.sandboxes(sandbase_env, "running") == []
+
+
 KILLED = """
 import asyncio, sys, time
 from sandbase.integrations.openai_agents import SandbaseSandboxClient, SandbaseSandboxClientOptions

@@ -256,8 +256,7 @@ async fn turns<B: Backend>(run: &Run<'_, B>) -> Result<(), Halt> {
     loop {
         run.check_lease()?;
         let mut connection = run.state.db.acquire().await?;
-        let now = rows::load(&mut connection, run.row.id).await?;
-        let conversation = run.conversation(&mut connection).await?;
+        let (now, conversation) = run.load(&mut connection).await?;
         drop(connection);
         if let Some(scope) = now.cancel_scope.as_deref() {
             if scope.starts_with("tool:") {

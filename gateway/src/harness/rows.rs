@@ -118,6 +118,32 @@ pub async fn load(connection: &mut PgConnection, id: Uuid) -> Result<AgentRunRow
     .await
 }
 
+/// A run's row with the messages after its conversation's `after`th.
+#[derive(sqlx::FromRow)]
+struct RowAndNew {
+    #[sqlx(flatten)]
+    row: AgentRunRow,
+    new_items: sqlx::types::Json<Vec<(i32, Message)>>,
+}
+
+/// The run's row and, in the same round trip, the messages after the `after`th of its
+/// conversation with their numbers (messages are only ever appended, under the run's row
+/// lock, so a run's conversation can be read on from where it was).
+pub async fn load_after(
+    connection: &mut PgConnection,
+    id: Uuid,
+    after: i32,
+) -> Result<(AgentRunRow, Vec<(i32, Message)>), sqlx::Error> {
+    let loaded: RowAndNew = sqlx::query_as(&format!(
+        "SELECT {RUN_COLUMNS},            (SELECT coalesce(jsonb_agg(jsonb_build_array(i.seq, i.message) ORDER BY i.seq), '[]')             FROM agent_run_items i WHERE i.run_id = $1 AND i.seq > $2) AS new_items          FROM agent_runs WHERE id = $1"
+    ))
+    .bind(id)
+    .bind(after)
+    .fetch_one(connection)
+    .await?;
+    Ok((loaded.row, loaded.new_items.0))
+}
+
 /// The team's runs, newest first (the last 100).
 pub async fn list(connection: &mut PgConnection, team_id: Uuid) -> ApiResult<Vec<AgentRun>> {
     let rows: Vec<AgentRunRow> = sqlx::query_as(&format!(
@@ -192,27 +218,6 @@ pub async fn unfinished_steps(
     .bind("intended")
     .fetch_all(connection)
     .await
-}
-
-/// The conversation as the model sees it, in order.
-/// The messages after the `after`th, with their numbers (messages are only ever appended,
-/// under the run's row lock, so a run's conversation can be read on from where it was).
-pub async fn conversation_after(
-    connection: &mut PgConnection,
-    run_id: Uuid,
-    after: i32,
-) -> Result<Vec<(i32, Message)>, sqlx::Error> {
-    let rows: Vec<(i32, sqlx::types::Json<Message>)> = sqlx::query_as(
-        "SELECT seq, message FROM agent_run_items WHERE run_id = $1 AND seq > $2 ORDER BY seq",
-    )
-    .bind(run_id)
-    .bind(after)
-    .fetch_all(connection)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(seq, message)| (seq, message.0))
-        .collect())
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]

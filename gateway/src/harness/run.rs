@@ -96,13 +96,14 @@ impl<B: Backend> Run<'_, B> {
             .unwrap_or_default()
     }
 
-    /// The whole conversation, read on from where the last step read it.
-    pub async fn conversation(
+    /// The run's row now, and the whole conversation, read on from where the last step
+    /// read it — in one round trip.
+    pub async fn load(
         &self,
         connection: &mut sqlx::PgConnection,
-    ) -> Result<Vec<sandbase_api::conversation::Message>, sqlx::Error> {
+    ) -> Result<(AgentRunRow, Vec<sandbase_api::conversation::Message>), sqlx::Error> {
         let after = self.conversation.lock().map_or(0, |read| read.0);
-        let new = super::rows::conversation_after(connection, self.row.id, after).await?;
+        let (row, new) = super::rows::load_after(connection, self.row.id, after).await?;
         let mut read = self
             .conversation
             .lock()
@@ -113,7 +114,7 @@ impl<B: Backend> Run<'_, B> {
                 read.1.push(message);
             }
         }
-        Ok(read.1.clone())
+        Ok((row, read.1.clone()))
     }
 
     /// Fails unless this gateway still holds the lease: checked before every side effect.

@@ -200,6 +200,7 @@ def create_body(
     metadata: Mapping[str, str] | None,
     store: bool,
     snapshot: str | None,
+    isolation: str | None = None,
 ) -> dict[str, Any]:
     resources = drop_none({"cpu": cpu, "memory_mb": memory_mb})
     return drop_none(
@@ -213,6 +214,7 @@ def create_body(
             "metadata": dict(metadata) if metadata else None,
             "store": store or None,
             "snapshot": snapshot,
+            "isolation": isolation,
         }
     )
 

@@ -172,13 +172,16 @@ class Sandbox:
         metadata: Mapping[str, str] | None = None,
         store: bool = False,
         snapshot: str | None = None,
+        isolation: str | None = None,
         client: Sandbase | None = None,
     ) -> Sandbox:
-        """A new sandbox (`timeout` in seconds; `egress` the hosts it may reach)."""
+        """A new sandbox (`timeout` in seconds; `egress` the hosts it may reach; `isolation`
+        `runc` or `gvisor`, the deployment's default when unset)."""
         owner = client or Sandbase()
         body = _core.create_body(
             template, egress=egress, credentials=credentials, timeout=timeout, cpu=cpu,
             memory_mb=memory_mb, env=env, metadata=metadata, store=store, snapshot=snapshot,
+            isolation=isolation,
         )
         info = owner._http.model(Call("POST", "/v1/sandboxes", json=body), models.Sandbox)
         return cls(owner, info, owns_client=client is None)

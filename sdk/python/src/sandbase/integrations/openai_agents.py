@@ -82,6 +82,8 @@ class SandbaseSandboxClientOptions(BaseSandboxClientOptions):
     """Let the sandbox call the store's models with its own credential."""
     cpu: float | None = None
     memory_mb: int | None = None
+    isolation: Literal["runc", "gvisor"] | None = None
+    """How the sandbox is isolated from its node (the deployment's default when unset)."""
     env: dict[str, str] = Field(default_factory=dict)
     timeout_secs: int = 7200
     """Seconds after which the sandbox is destroyed even if nobody deletes it."""
@@ -327,7 +329,8 @@ class SandbaseSandboxClient(BaseSandboxClient[SandbaseSandboxClientOptions]):
         return await AsyncSandbox.create(
             options.template, egress=options.egress or None, credentials=options.credentials or None,
             timeout=options.timeout_secs, cpu=options.cpu, memory_mb=options.memory_mb,
-            env=options.env or None, store=options.store, metadata={"framework": "openai-agents"},
+            env=options.env or None, store=options.store, isolation=options.isolation,
+            metadata={"framework": "openai-agents"},
             client=self._client,
         )
 
