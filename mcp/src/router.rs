@@ -7,6 +7,7 @@ use rmcp::model::CallToolResult;
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, tool, tool_router};
 
+use crate::agent_tools::{self, AgentRunCreateParams, AgentRunEventsParams, AgentRunParams};
 use crate::backend::Backend;
 use crate::call::{Outcome, caller};
 use crate::params::{
@@ -190,5 +191,45 @@ impl<B: Backend> Sandbase<B> {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         done(tools::store_models(&*self.backend, &caller(&context)).await)
+    }
+
+    #[tool(
+        description = "Hand a task to a SandBase agent run: a model of the store (any family) working in a sandbox of its own with shell, files and python tools. Answers at once with the run's id; follow it with agent_run_events.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            open_world_hint = true
+        )
+    )]
+    async fn agent_run_create(
+        &self,
+        Parameters(params): Parameters<AgentRunCreateParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(agent_tools::agent_run_create(&*self.backend, &caller(&context), params).await)
+    }
+
+    #[tool(
+        description = "An agent run's status, turns, tool calls, spending and what it waits for.",
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn agent_run_get(
+        &self,
+        Parameters(params): Parameters<AgentRunParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(agent_tools::agent_run_get(&*self.backend, &caller(&context), params).await)
+    }
+
+    #[tool(
+        description = "An agent run's events after a seq (its model calls, tool calls and results, status changes), one per line; call again with next_after to follow it.",
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn agent_run_events(
+        &self,
+        Parameters(params): Parameters<AgentRunEventsParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(agent_tools::agent_run_events(&*self.backend, &caller(&context), params).await)
     }
 }

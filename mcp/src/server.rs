@@ -43,7 +43,7 @@ impl<B: Backend> ServerHandler for Sandbase<B> {
             .with_instructions(crate::INSTRUCTIONS)
     }
 
-    /// The tools; `store_models` only when the store offers models.
+    /// The tools; `store_models` and the agent-run tools only when the store offers models.
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
@@ -59,7 +59,8 @@ impl<B: Backend> ServerHandler for Sandbase<B> {
             _ => false,
         };
         if !offered {
-            tools.retain(|tool| tool.name != "store_models");
+            tools
+                .retain(|tool| tool.name != "store_models" && !tool.name.starts_with("agent_run_"));
         }
         let parts = context.extensions.get::<http::request::Parts>();
         tools.extend(self.backend.extra_tools(parts).await);

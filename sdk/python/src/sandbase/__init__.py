@@ -1,8 +1,10 @@
 """SandBase's Python SDK: sandboxes for AI agents (commands, Python code, files, terminals, egress,
-snapshots) and the team's keys, members, credits, usage, audit log, secrets, runs and model
-store. `Sandbase`/`Sandbox` block; `AsyncSandbase`/`AsyncSandbox` are the same with `await`."""
+snapshots), agent runs (`client.agent_runs`), and the team's keys, members, credits, usage,
+audit log, secrets, runs and model store. `Sandbase`/`Sandbox` block; `AsyncSandbase`/`AsyncSandbox` are the same with `await`."""
 
 from . import models
+from ._runs_async import AsyncAgentRuns
+from ._runs_sync import AgentRuns
 from ._async import AsyncCode, AsyncCommands, AsyncFiles, AsyncProcess, AsyncSandbase, AsyncSandbox, AsyncTerminal
 from ._core import CodeEvent, CommandEvent
 from ._sync import Code, Commands, Files, Process, Sandbase, Sandbox, Terminal
@@ -20,7 +22,7 @@ from .errors import (
 )
 
 __all__ = [
-    "AsyncCode", "AsyncCommands", "AsyncFiles", "AsyncProcess", "AsyncSandbase", "AsyncSandbox", "AsyncTerminal",
+    "AgentRuns", "AsyncAgentRuns", "AsyncCode", "AsyncCommands", "AsyncFiles", "AsyncProcess", "AsyncSandbase", "AsyncSandbox", "AsyncTerminal",
     "AuthenticationError", "Code", "CodeEvent", "CommandEvent", "Commands", "Conflict", "Files", "InsufficientCredits",
     "InvalidRequest", "NotFound", "PermissionDenied", "Process", "RateLimited", "Sandbase",
     "SandbaseError", "Sandbox", "ServiceUnavailable", "SpendCapReached", "Terminal", "models",

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from . import _core, models
 from ._core import Call, CodeEvent, CommandEvent, Paths
+from ._runs_async import AsyncAgentRuns
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -70,6 +71,7 @@ class AsyncSandbase:
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
         self._http = _Http(_core.settings(api_key, base_url, timeout, max_retries), http_client)
+        self.agent_runs = AsyncAgentRuns(self._http)
 
     async def __aenter__(self) -> AsyncSandbase:
         return self

@@ -29,6 +29,8 @@ class Call:
     content_type: str | None = None
     # Seconds this request may wait for its answer, when longer than the client's own.
     timeout: float | None = None
+    # Headers of this request besides the key's (`idempotency-key`, `last-event-id`).
+    headers: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ def headers(settings: Settings, call: Call) -> dict[str, str]:
     answer = {"authorization": f"Bearer {settings.api_key}", "user-agent": "sandbase-python/0.1.0"}
     if call.content_type:
         answer["content-type"] = call.content_type
+    if call.headers:
+        answer.update(call.headers)
     return answer
 
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from . import _core, models
 from ._core import Call, CodeEvent, CommandEvent, Paths
+from ._runs_sync import AgentRuns
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -68,6 +69,7 @@ class Sandbase:
         http_client: httpx.Client | None = None,
     ) -> None:
         self._http = _Http(_core.settings(api_key, base_url, timeout, max_retries), http_client)
+        self.agent_runs = AgentRuns(self._http)
 
     def __enter__(self) -> Sandbase:
         return self
