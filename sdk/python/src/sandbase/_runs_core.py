@@ -63,14 +63,11 @@ def stream_call(run_id: str, after: int) -> Call:
 
 def sse_events(lines: Iterable[str]) -> Iterable[models.AgentRunEvent]:
     """The events of a Server-Sent Events stream, frame by frame (its `data` lines)."""
-    data: list[str] = []
+    frames = Frames()
     for line in lines:
-        if line == "":
-            if data:
-                yield models.AgentRunEvent.model_validate(json.loads("\n".join(data)))
-            data = []
-        elif line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
+        event = frames.feed(line)
+        if event is not None:
+            yield event
 
 
 class Frames:
